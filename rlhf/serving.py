@@ -1,0 +1,328 @@
+"""Serving: ONE base model in memory, one LoRA adapter per policy version, replies streamed token by token.
+
+A policy is stateless: it maps a full state (system prompt + history) to a reply. Requests go through a
+bounded queue into a generation worker thread, so adapter switching never races and a full queue says
+"busy" instead of hanging.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+log = logging.getLogger(__name__)
+
+
+class Busy(RuntimeError):
+    """The generation queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float):
+        super().__init__(f"the model is busy; retry in {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+class AdapterError(RuntimeError):
+    """A policy version's adapter cannot be loaded (missing or corrupted directory)."""
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Per-request generation settings."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.7
+    top_p: float = 0.9
+    seed: Optional[int] = None
+
+    def validated(self, max_tokens_limit: int = 2048) -> "GenParams":
+        """Self, or ValueError naming the bad field."""
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or not 1 <= self.max_new_tokens <= max_tokens_limit:
+            raise ValueError(f"max_new_tokens must be an integer in 1..{max_tokens_limit}")
+        for name, lo, hi in (("temperature", 0.0, 5.0), ("top_p", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo}, {hi}]")
+        if self.top_p == 0:
+            raise ValueError("top_p must be > 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
+            raise ValueError("seed must be a non-negative integer")
+        return self
+
+    def to_dict(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """Which weights answer: a policy id and its adapter dir (None = the base model)."""
+
+    policy_id: int
+    path: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return f"p{self.policy_id}"
+
+
+@dataclass
+class ReplyStream:
+    """Text deltas of one reply as they are generated; iterate it, or call ``text()`` to wait."""
+
+    prompt_tokens: int = 0
+    _queue: "queue.Queue" = field(default_factory=queue.Queue)
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    n_tokens: int = 0
+    parts: list = field(default_factory=list)
+    _done: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        while not self._done:
+            item = self._queue.get()
+            if item is None:
+                self._done = True
+                break
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            self.parts.append(item)
+            yield item
+
+    def text(self) -> str:
+        """Block until the reply is complete and return it."""
+        for _ in self:
+            pass
+        return "".join(self.parts)
+
+    def cancel(self) -> None:
+        """Stop generating this reply (other requests are not affected)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def latency_ms(self) -> float:
+        end = self.finished_at or time.perf_counter()
+        return (end - self.submitted) * 1000.0
+
+    # called by the worker
+    def _emit(self, delta: str) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._queue.put(delta)
+
+    def _close(self, error: Optional[BaseException] = None) -> None:
+        self.finished_at = time.perf_counter()
+        if error is not None:
+            self._queue.put(error)
+        self._queue.put(None)
+
+
+@dataclass
+class _Request:
+    input_ids: list
+    adapter: AdapterRef
+    params: GenParams
+    stream: ReplyStream
+
+
+class IncrementalDecoder:
+    """Turns a growing token list into text deltas without splitting multi-byte characters."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def push(self, token_id: int) -> str:
+        self.tokens.append(int(token_id))
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        delta, self.emitted = text[len(self.emitted):], text
+        return delta
+
+
+class PolicyServer:
+    """Holds the base model, loads adapters on demand, and answers generation requests in a worker thread."""
+
+    def __init__(self, model, tokenizer, device: str, model_name: str, max_context_tokens: int = 2048,
+                 queue_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.model_name = model_name
+        self.max_context_tokens = max_context_tokens
+        self._loaded: dict[str, str] = {}  # adapter name -> path
+        self._adapter_lock = threading.Lock()
+        self._queue: "queue.Queue[_Request]" = queue.Queue(maxsize=queue_size)
+        self._avg_reply_s = 2.0
+        self._stop = threading.Event()
+        self._worker = threading.Thread(target=self._run, name="generation-worker", daemon=True)
+        self._worker.start()
+
+    @classmethod
+    def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048,
+             load_in_4bit: bool = False) -> "PolicyServer":
+        """Load the base model + tokenizer from a resolved source and start the worker."""
+        from rlhf.models import load_causal_lm, load_tokenizer
+
+        tokenizer = load_tokenizer(source)
+        model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
+        return cls(model, tokenizer, device, model_name, max_context_tokens)
+
+    # ---- prompts ----------------------------------------------------------------------------
+    def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
+        """Token ids of the chat-templated state, dropping the oldest turns to fit the context limit."""
+        turns = list(history)
+        while True:
+            messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + turns
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]
+            if len(ids) <= self.max_context_tokens or len(turns) <= 1:
+                return list(ids[-self.max_context_tokens:])
+            turns = turns[2:] if len(turns) > 2 else turns[-1:]
+
+    # ---- adapters ---------------------------------------------------------------------------
+    def ensure_adapter(self, adapter: AdapterRef) -> None:
+        """Load a version's LoRA adapter onto the shared base (once); AdapterError if it cannot be."""
+        if adapter.path is None or adapter.name in self._loaded:
+            return
+        from pathlib import Path
+
+        path = Path(adapter.path)
+        if not (path / "adapter_config.json").is_file():
+            raise AdapterError(f"adapter of policy {adapter.policy_id} is missing: {path}/adapter_config.json")
+        with self._adapter_lock:
+            if adapter.name in self._loaded:
+                return
+            try:
+                from peft import PeftModel
+
+                if not isinstance(self.model, PeftModel):
+                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=adapter.name)
+                else:
+                    self.model.load_adapter(str(path), adapter_name=adapter.name)
+                self.model.eval()
+            except Exception as exc:  # a corrupted file can raise many kinds of errors
+                raise AdapterError(f"adapter of policy {adapter.policy_id} at {path} cannot be loaded: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            self._loaded[adapter.name] = str(path)
+
+    @property
+    def loaded_adapters(self) -> list[str]:
+        return sorted(self._loaded)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def stream(self, system_prompt: str, history: list[dict], adapter: AdapterRef,
+               params: GenParams) -> ReplyStream:
+        """Queue a reply and return its stream at once; raises Busy when the queue is full."""
+        params.validated()
+        self.ensure_adapter(adapter)
+        ids = self.build_prompt(system_prompt, history)
+        stream = ReplyStream(prompt_tokens=len(ids))
+        try:
+            self._queue.put_nowait(_Request(ids, adapter, params, stream))
+        except queue.Full:
+            raise Busy(retry_after=max(1.0, self._avg_reply_s * self._queue.qsize())) from None
+        return stream
+
+    def generate(self, system_prompt: str, history: list[dict], adapter: AdapterRef, params: GenParams) -> str:
+        """The whole reply (blocking)."""
+        return self.stream(system_prompt, history, adapter, params).text()
+
+    def warmup(self) -> float:
+        """One short generation so the first user does not pay for lazy initialisation; returns seconds."""
+        t0 = time.perf_counter()
+        self.generate("", [{"role": "user", "content": "Hello"}], AdapterRef(0), GenParams(max_new_tokens=4,
+                                                                                           temperature=0))
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # ---- worker -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                req = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if req.stream.cancelled:
+                req.stream._close()
+                continue
+            t0 = time.perf_counter()
+            try:
+                self._generate_one(req)
+                req.stream._close()
+            except Exception as exc:  # surface to the caller, keep the worker alive
+                log.exception("generation failed")
+                req.stream._close(exc)
+            self._avg_reply_s = 0.8 * self._avg_reply_s + 0.2 * (time.perf_counter() - t0)
+
+    def _generate_one(self, req: _Request) -> None:
+        import contextlib
+
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+        from transformers.generation.streamers import BaseStreamer
+
+        decoder = IncrementalDecoder(self.tokenizer)
+        stream = req.stream
+        eos = {self.tokenizer.eos_token_id, self.model.config.eos_token_id}
+
+        class _Emit(BaseStreamer):
+            started = False
+
+            def put(self, value):
+                if not self.started:  # the first call carries the prompt
+                    self.started = True
+                    return
+                for tok in value.reshape(-1).tolist():
+                    if tok in eos:
+                        continue
+                    stream.n_tokens += 1
+                    delta = decoder.push(tok)
+                    if delta:
+                        stream._emit(delta)
+
+            def end(self):
+                pass
+
+        class _Cancelled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), stream.cancelled, dtype=torch.bool,
+                                  device=input_ids.device)
+
+        p = req.params
+        input_ids = torch.tensor([req.input_ids], device=self.device)
+        kwargs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=p.max_new_tokens,
+                      streamer=_Emit(), stopping_criteria=StoppingCriteriaList([_Cancelled()]),
+                      pad_token_id=self.tokenizer.pad_token_id)
+        if p.temperature > 0:
+            kwargs.update(do_sample=True, temperature=p.temperature, top_p=p.top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if p.seed is not None:
+            torch.manual_seed(p.seed)
+        with self._adapter_lock:
+            ctx = contextlib.nullcontext()
+            if req.adapter.path is None:
+                if hasattr(self.model, "disable_adapter"):
+                    ctx = self.model.disable_adapter()
+            else:
+                self.model.set_adapter(req.adapter.name)
+            with ctx, torch.inference_mode():
+                self.model.generate(**kwargs)

@@ -1,0 +1,34 @@
+"""Errors the Store raises; the REST layer maps them to 4xx responses."""
+
+
+class StoreError(Exception):
+    """Base class: a request the Store refused; nothing was written."""
+
+    status = 400
+
+
+class InvalidInput(StoreError, ValueError):
+    """The input is malformed or out of range."""
+
+    status = 422
+
+
+class NotFound(StoreError, KeyError):
+    """An id or name that does not exist."""
+
+    status = 404
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class Conflict(StoreError):
+    """The request clashes with the current state (e.g. a vote on an archived version)."""
+
+    status = 409
+
+
+class StorageUnavailable(StoreError):
+    """The data directory cannot be written (read-only, full, or locked too long)."""
+
+    status = 503

@@ -1,0 +1,180 @@
+"""Schema as registered migrations (sqlite-utils ``Migrations``). Never edit an applied one: add a new one."""
+from __future__ import annotations
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+MIGRATIONS = Migrations("rlhf_studio")
+
+
+def _run(db: Database, statements: str) -> None:
+    # executescript() would COMMIT behind the migration's transaction, so run statement by statement.
+    for stmt in statements.split(";\n"):
+        if stmt.strip():
+            db.execute(stmt)
+
+
+@MIGRATIONS(name="m001_initial")
+def m001_initial(db: Database) -> None:
+    _run(db, """
+CREATE TABLE annotators (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    role TEXT NOT NULL DEFAULT 'annotator' CHECK (role IN ('admin', 'annotator')),
+    excluded INTEGER NOT NULL DEFAULT 0 CHECK (excluded IN (0, 1)),
+    created TEXT NOT NULL
+);
+CREATE TABLE agents (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE CHECK (length(name) BETWEEN 1 AND 64),
+    system_prompt TEXT NOT NULL,
+    base_model TEXT NOT NULL,
+    generation TEXT NOT NULL DEFAULT '{}',
+    created TEXT NOT NULL,
+    updated TEXT NOT NULL
+);
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    agent_id INTEGER REFERENCES agents(id),
+    status TEXT NOT NULL DEFAULT 'queued'
+        CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+    progress REAL NOT NULL DEFAULT 0 CHECK (progress BETWEEN 0 AND 1),
+    phase TEXT NOT NULL DEFAULT '',
+    message TEXT NOT NULL DEFAULT '',
+    config TEXT NOT NULL DEFAULT '{}',
+    result TEXT NOT NULL DEFAULT '{}',
+    error TEXT,
+    pid INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    checkpoint TEXT,
+    created TEXT NOT NULL,
+    started TEXT,
+    finished TEXT,
+    heartbeat TEXT
+);
+CREATE INDEX jobs_status ON jobs(status, id);
+CREATE TABLE job_metrics (
+    id INTEGER PRIMARY KEY,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    step INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    value REAL,
+    created TEXT NOT NULL
+);
+CREATE INDEX job_metrics_job ON job_metrics(job_id, key, step);
+CREATE TABLE job_logs (
+    id INTEGER PRIMARY KEY,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    level TEXT NOT NULL DEFAULT 'info',
+    line TEXT NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE INDEX job_logs_job ON job_logs(job_id, id);
+CREATE TABLE reward_models (
+    id INTEGER PRIMARY KEY,
+    agent_id INTEGER NOT NULL REFERENCES agents(id),
+    path TEXT NOT NULL,
+    mode TEXT NOT NULL CHECK (mode IN ('pairwise', 'pointwise')),
+    data_snapshot TEXT NOT NULL DEFAULT '{}',
+    config TEXT NOT NULL DEFAULT '{}',
+    metrics TEXT NOT NULL DEFAULT '{}',
+    job_id INTEGER REFERENCES jobs(id),
+    created TEXT NOT NULL
+);
+CREATE TABLE policies (
+    id INTEGER PRIMARY KEY,
+    agent_id INTEGER NOT NULL REFERENCES agents(id),
+    version INTEGER NOT NULL CHECK (version >= 0),
+    parent_id INTEGER REFERENCES policies(id),
+    adapter_path TEXT,
+    status TEXT NOT NULL CHECK (status IN ('active', 'candidate', 'archived', 'broken')),
+    reward_model_id INTEGER REFERENCES reward_models(id),
+    job_id INTEGER REFERENCES jobs(id),
+    data_snapshot TEXT NOT NULL DEFAULT '{}',
+    config TEXT NOT NULL DEFAULT '{}',
+    metrics TEXT NOT NULL DEFAULT '{}',
+    error TEXT,
+    created TEXT NOT NULL,
+    UNIQUE (agent_id, version)
+);
+CREATE UNIQUE INDEX policies_one_active ON policies(agent_id) WHERE status = 'active';
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY,
+    agent_id INTEGER NOT NULL REFERENCES agents(id),
+    annotator_id INTEGER REFERENCES annotators(id),
+    system_prompt TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT 'chat',
+    created TEXT NOT NULL
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+    parent_id INTEGER REFERENCES messages(id),
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    content TEXT NOT NULL CHECK (role = 'assistant' OR length(content) > 0),
+    context_key TEXT NOT NULL,
+    policy_id INTEGER REFERENCES policies(id),
+    gen_params TEXT NOT NULL DEFAULT '{}',
+    latency_ms REAL,
+    created TEXT NOT NULL
+);
+CREATE INDEX messages_conversation ON messages(conversation_id, id);
+CREATE INDEX messages_parent ON messages(parent_id);
+CREATE INDEX messages_context ON messages(context_key);
+CREATE TABLE ratings (
+    id INTEGER PRIMARY KEY,
+    message_id INTEGER NOT NULL REFERENCES messages(id),
+    annotator_id INTEGER REFERENCES annotators(id),
+    thumb INTEGER CHECK (thumb IN (-1, 1)),
+    score INTEGER CHECK (score BETWEEN 1 AND 5),
+    flags TEXT,
+    note TEXT,
+    created TEXT NOT NULL,
+    CHECK (thumb IS NOT NULL OR score IS NOT NULL OR flags IS NOT NULL OR note IS NOT NULL)
+);
+CREATE INDEX ratings_message ON ratings(message_id, id);
+CREATE TABLE arena_pairs (
+    id TEXT PRIMARY KEY,
+    agent_id INTEGER NOT NULL REFERENCES agents(id),
+    message_a_id INTEGER NOT NULL REFERENCES messages(id),
+    message_b_id INTEGER NOT NULL REFERENCES messages(id),
+    created TEXT NOT NULL
+);
+CREATE TABLE comparisons (
+    id INTEGER PRIMARY KEY,
+    message_a_id INTEGER NOT NULL REFERENCES messages(id),
+    message_b_id INTEGER NOT NULL REFERENCES messages(id),
+    policy_a_id INTEGER REFERENCES policies(id),
+    policy_b_id INTEGER REFERENCES policies(id),
+    winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie', 'both_bad')),
+    annotator_id INTEGER REFERENCES annotators(id),
+    pair_id TEXT UNIQUE REFERENCES arena_pairs(id),
+    created TEXT NOT NULL,
+    CHECK (message_a_id != message_b_id)
+);
+CREATE INDEX comparisons_messages ON comparisons(message_a_id, message_b_id);
+CREATE TABLE scheduler_rules (
+    agent_id INTEGER PRIMARY KEY REFERENCES agents(id),
+    enabled INTEGER NOT NULL DEFAULT 0,
+    min_new_feedback INTEGER NOT NULL,
+    min_interval_minutes REAL NOT NULL,
+    cron TEXT NOT NULL DEFAULT '',
+    updated TEXT NOT NULL
+);
+CREATE TABLE eval_samples (
+    id INTEGER PRIMARY KEY,
+    policy_id INTEGER NOT NULL REFERENCES policies(id),
+    prompt_index INTEGER NOT NULL,
+    prompt TEXT NOT NULL,
+    reply TEXT NOT NULL,
+    reward REAL,
+    created TEXT NOT NULL,
+    UNIQUE (policy_id, prompt_index)
+)
+""")
+
+
+def schema_version(db: Database) -> int:
+    """Number of applied migrations: the queryable schema version."""
+    return len(MIGRATIONS.applied(db))

@@ -1,0 +1,306 @@
+"""The Store: one class over one SQLite file, safe from threads and processes."""
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+from sqlite_utils import Database
+
+from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable
+from storage.feedback import FeedbackExportMixin, FeedbackMixin
+from storage.jobs import JobsMixin
+from storage.migrations import MIGRATIONS, schema_version
+from storage.records import Agent, Annotator, Policy
+from storage.util import check_text, dumps, utcnow
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful, honest and concise assistant. Answer the user's question directly, "
+    "say so when you are not sure, and keep replies short unless asked for detail."
+)
+
+
+class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin):
+    """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
+
+    def __init__(self, path: str | Path, max_text_chars: int = 8000):
+        self.path = Path(path)
+        self.max_text_chars = max_text_chars
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = self.db
+            with db.ensure_autocommit_on():
+                db.execute("PRAGMA journal_mode=WAL")
+            with self._tx():
+                MIGRATIONS.apply(db)
+        except (sqlite3.OperationalError, OSError) as exc:
+            raise StorageUnavailable(f"cannot open the database at {self.path}: {exc}") from exc
+
+    # ---- connections and transactions -------------------------------------------------------
+    @property
+    def db(self) -> Database:
+        """This thread's sqlite-utils Database (one connection per thread)."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            db = Database(conn, execute_plugins=False)
+            self._local.db = db
+            with self._conns_lock:
+                self._conns.append(conn)
+        return db
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Database]:
+        """A write transaction taken with BEGIN IMMEDIATE (read-modify-write safe across processes)."""
+        db = self.db
+        if db.conn.in_transaction:  # nested: part of the outer transaction
+            yield db
+            return
+        for attempt in range(20):
+            try:
+                db.conn.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise StorageUnavailable(f"database write refused: {exc}") from exc
+                time.sleep(0.05 * (attempt + 1))
+        else:
+            raise StorageUnavailable("database stayed locked; try again")
+        try:
+            yield db
+        except BaseException:
+            if db.conn.in_transaction:
+                db.conn.execute("ROLLBACK")
+            raise
+        try:
+            db.conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if db.conn.in_transaction:
+                db.conn.execute("ROLLBACK")
+            raise StorageUnavailable(f"database write failed: {exc}") from exc
+
+    def _insert(self, db: Database, table: str, row: dict) -> int:
+        try:
+            cur = db.execute(
+                f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})",
+                list(row.values()))
+        except sqlite3.IntegrityError as exc:
+            raise InvalidInput(f"{table}: {exc}") from exc
+        except sqlite3.OperationalError as exc:
+            raise StorageUnavailable(f"cannot write to {table}: {exc}") from exc
+        return cur.lastrowid
+
+    def _one(self, sql: str, params: list | tuple = ()) -> Optional[dict]:
+        rows = list(self.db.query(sql, params))
+        return rows[0] if rows else None
+
+    def _all(self, sql: str, params: list | tuple = ()) -> list[dict]:
+        return list(self.db.query(sql, params))
+
+    def close(self) -> None:
+        """Close every connection this Store opened."""
+        with self._conns_lock:
+            for conn in self._conns:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+    def schema_version(self) -> int:
+        """How many migrations have been applied."""
+        return schema_version(self.db)
+
+    def count(self, table: str) -> int:
+        """Rows in a table (for health checks and tests)."""
+        if table not in self.db.table_names():
+            raise NotFound(f"no table {table!r}")
+        return self.db[table].count
+
+    # ---- annotators ------------------------------------------------------------------------
+    def ensure_annotator(self, name: str, role: Optional[str] = None) -> Annotator:
+        """The annotator with this name, created on first use."""
+        name = check_text(name, "annotator name", 64).strip()
+        with self._tx() as db:
+            row = self._one("SELECT * FROM annotators WHERE name = ?", [name])
+            if row is None:
+                self._insert(db, "annotators", {"name": name, "role": role or "annotator", "created": utcnow()})
+            elif role and row["role"] != role:
+                db.execute("UPDATE annotators SET role = ? WHERE id = ?", [role, row["id"]])
+            row = self._one("SELECT * FROM annotators WHERE name = ?", [name])
+        return Annotator.from_row(row)
+
+    def annotator_id(self, name: Optional[str]) -> Optional[int]:
+        """Id for an optional annotator name (None stays None)."""
+        if name is None or (isinstance(name, str) and not name.strip()):
+            return None
+        return self.ensure_annotator(name).id
+
+    def list_annotators(self) -> list[Annotator]:
+        return [Annotator.from_row(r) for r in self._all("SELECT * FROM annotators ORDER BY id")]
+
+    def set_annotator_excluded(self, name: str, excluded: bool) -> Annotator:
+        """Keep an annotator's feedback but leave it out of training (or bring it back)."""
+        with self._tx() as db:
+            row = self._one("SELECT * FROM annotators WHERE name = ?", [name])
+            if row is None:
+                raise NotFound(f"unknown annotator {name!r}")
+            db.execute("UPDATE annotators SET excluded = ? WHERE id = ?", [int(bool(excluded)), row["id"]])
+        return Annotator.from_row(self._one("SELECT * FROM annotators WHERE name = ?", [name]))
+
+    # ---- agents ------------------------------------------------------------------------------
+    def create_agent(self, name: str, system_prompt: str, base_model: str,
+                     generation: Optional[dict] = None) -> Agent:
+        """A new agent with its version 0 (the base model, no adapter) active."""
+        name = check_text(name, "agent name", 64).strip()
+        system_prompt = check_text(system_prompt, "system prompt", self.max_text_chars, allow_empty=True)
+        with self._tx() as db:
+            if self._one("SELECT id FROM agents WHERE name = ?", [name]):
+                raise Conflict(f"agent {name!r} already exists")
+            now = utcnow()
+            agent_id = self._insert(db, "agents", {
+                "name": name, "system_prompt": system_prompt, "base_model": base_model,
+                "generation": dumps(generation or {}), "created": now, "updated": now})
+            self._insert(db, "policies", {"agent_id": agent_id, "version": 0, "status": "active",
+                                          "created": now, "config": dumps({"base_model": base_model})})
+        return self.get_agent(agent_id)
+
+    def update_agent(self, name: str, system_prompt: Optional[str] = None,
+                     generation: Optional[dict] = None) -> Agent:
+        """Change an agent's system prompt or generation defaults (its versions stay)."""
+        agent = self.get_agent(name)
+        with self._tx() as db:
+            if system_prompt is not None:
+                check_text(system_prompt, "system prompt", self.max_text_chars, allow_empty=True)
+                db.execute("UPDATE agents SET system_prompt = ?, updated = ? WHERE id = ?",
+                           [system_prompt, utcnow(), agent.id])
+            if generation is not None:
+                db.execute("UPDATE agents SET generation = ?, updated = ? WHERE id = ?",
+                           [dumps(generation), utcnow(), agent.id])
+        return self.get_agent(agent.id)
+
+    def ensure_default_agent(self, base_model: str, name: str = "assistant") -> Agent:
+        """The default agent, created on first start."""
+        row = self._one("SELECT id FROM agents WHERE name = ?", [name])
+        if row:
+            return self.get_agent(row["id"])
+        try:
+            return self.create_agent(name, DEFAULT_SYSTEM_PROMPT, base_model)
+        except Conflict:  # another process created it meanwhile
+            return self.get_agent(name)
+
+    def get_agent(self, key: int | str | None = None) -> Agent:
+        """An agent by id or name; None gives the first agent."""
+        if key is None:
+            row = self._one("SELECT * FROM agents ORDER BY id LIMIT 1")
+        elif isinstance(key, int) and not isinstance(key, bool):
+            row = self._one("SELECT * FROM agents WHERE id = ?", [key])
+        elif isinstance(key, str):
+            row = self._one("SELECT * FROM agents WHERE name = ?", [key])
+        else:
+            raise InvalidInput("agent must be a name or an id")
+        if row is None:
+            raise NotFound(f"unknown agent {key!r}" if key is not None else "no agents yet")
+        return Agent.from_row(row)
+
+    def list_agents(self) -> list[Agent]:
+        return [Agent.from_row(r) for r in self._all("SELECT * FROM agents ORDER BY id")]
+
+    # ---- policies ----------------------------------------------------------------------------
+    def get_policy(self, policy_id: int) -> Policy:
+        if not isinstance(policy_id, int) or isinstance(policy_id, bool):
+            raise InvalidInput("policy_id must be an integer")
+        row = self._one("SELECT * FROM policies WHERE id = ?", [policy_id])
+        if row is None:
+            raise NotFound(f"unknown policy {policy_id}")
+        return Policy.from_row(row)
+
+    def list_policies(self, agent: int | str | None = None) -> list[Policy]:
+        """Versions of one agent (or all), oldest first."""
+        if agent is None:
+            rows = self._all("SELECT * FROM policies ORDER BY agent_id, version")
+        else:
+            rows = self._all("SELECT * FROM policies WHERE agent_id = ? ORDER BY version",
+                             [self.get_agent(agent).id])
+        return [Policy.from_row(r) for r in rows]
+
+    def active_policy(self, agent: int | str) -> Policy:
+        """The version an agent serves by default."""
+        agent_id = self.get_agent(agent).id
+        row = self._one("SELECT * FROM policies WHERE agent_id = ? AND status = 'active'", [agent_id])
+        if row is None:  # every agent keeps one active version; guard against hand-edited DBs
+            row = self._one("SELECT * FROM policies WHERE agent_id = ? AND status != 'broken' "
+                            "ORDER BY version LIMIT 1", [agent_id])
+        if row is None:
+            raise NotFound(f"agent {agent!r} has no usable version")
+        return Policy.from_row(row)
+
+    def register_policy_version(self, agent: int | str, adapter_path: str, parent_id: Optional[int],
+                                promote: bool, reward_model_id: Optional[int] = None,
+                                job_id: Optional[int] = None, data_snapshot: Optional[dict] = None,
+                                config: Optional[dict] = None, metrics: Optional[dict] = None) -> Policy:
+        """Publish a trained version in ONE transaction (its adapter dir must already be in place)."""
+        agent_id = self.get_agent(agent).id
+        if not Path(adapter_path).is_dir():
+            raise InvalidInput(f"adapter directory {adapter_path} does not exist")
+        with self._tx() as db:
+            version = self._one("SELECT COALESCE(MAX(version), 0) + 1 AS v FROM policies WHERE agent_id = ?",
+                                [agent_id])["v"]
+            if promote:
+                db.execute("UPDATE policies SET status = 'candidate' WHERE agent_id = ? AND status = 'active'",
+                           [agent_id])
+            policy_id = self._insert(db, "policies", {
+                "agent_id": agent_id, "version": version, "parent_id": parent_id, "adapter_path": str(adapter_path),
+                "status": "active" if promote else "candidate", "reward_model_id": reward_model_id,
+                "job_id": job_id, "data_snapshot": dumps(data_snapshot or {}), "config": dumps(config or {}),
+                "metrics": dumps(metrics or {}), "created": utcnow()})
+        return self.get_policy(policy_id)
+
+    def promote_policy(self, policy_id: int) -> Policy:
+        """Make a version its agent's active one (rollback = promote an older version)."""
+        policy = self.get_policy(policy_id)
+        if policy.status == "broken":
+            raise Conflict(f"policy {policy_id} is broken ({policy.error}); it cannot be promoted")
+        with self._tx() as db:
+            db.execute("UPDATE policies SET status = 'candidate' WHERE agent_id = ? AND status = 'active'",
+                       [policy.agent_id])
+            db.execute("UPDATE policies SET status = 'active' WHERE id = ?", [policy_id])
+        return self.get_policy(policy_id)
+
+    def archive_policy(self, policy_id: int) -> Policy:
+        """Retire a version: kept for history, no longer served or offered in the arena."""
+        policy = self.get_policy(policy_id)
+        if policy.status == "active":
+            raise Conflict("the active version cannot be archived; promote another version first")
+        with self._tx() as db:
+            db.execute("UPDATE policies SET status = 'archived' WHERE id = ?", [policy_id])
+        return self.get_policy(policy_id)
+
+    def mark_policy_broken(self, policy_id: int, reason: str) -> Policy:
+        """A version whose adapter cannot be loaded; the agent falls back to its base if it was active."""
+        policy = self.get_policy(policy_id)
+        with self._tx() as db:
+            db.execute("UPDATE policies SET status = 'broken', error = ? WHERE id = ?", [reason[:2000], policy_id])
+            if policy.status == "active":
+                db.execute("UPDATE policies SET status = 'active' WHERE agent_id = ? AND version = 0 "
+                           "AND status != 'broken'", [policy.agent_id])
+        return self.get_policy(policy_id)
+
+    def update_policy_metrics(self, policy_id: int, metrics: dict) -> Policy:
+        """Merge keys into a version's metrics JSON."""
+        with self._tx() as db:
+            row = self._one("SELECT metrics FROM policies WHERE id = ?", [policy_id])
+            if row is None:
+                raise NotFound(f"unknown policy {policy_id}")
+            merged = {**json.loads(row["metrics"]), **metrics}
+            db.execute("UPDATE policies SET metrics = ? WHERE id = ?", [dumps(merged), policy_id])
+        return self.get_policy(policy_id)

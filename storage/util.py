@@ -1,0 +1,34 @@
+"""Small helpers shared by the Store's parts: time, JSON, text validation."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from storage.errors import InvalidInput
+
+
+def utcnow() -> str:
+    """Current UTC time as an ISO-8601 string with milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def dumps(value: Any) -> str:
+    """JSON for a TEXT column (NaN refused: it would not round-trip)."""
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False, default=str)
+    except ValueError as exc:
+        raise InvalidInput(f"value cannot be stored as JSON: {exc}") from None
+
+
+def check_text(value: Any, what: str, limit: int, allow_empty: bool = False) -> str:
+    """Validate user text: a string, not blank, no NUL bytes, at most ``limit`` characters."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string")
+    if not allow_empty and not value.strip():
+        raise InvalidInput(f"{what} is empty")
+    if "\x00" in value:
+        raise InvalidInput(f"{what} contains a NUL byte")
+    if len(value) > limit:
+        raise InvalidInput(f"{what} is {len(value)} characters; the limit is {limit}")
+    return value

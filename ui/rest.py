@@ -1,0 +1,174 @@
+"""REST API under /api/v1: JSON in, JSON out, errors as {"error": "..."} with a 4xx status."""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Optional
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlhf.serving import Busy
+from storage import InvalidInput, StoreError
+from ui import chatflow
+from ui.services import Services
+
+PREFIX = "/api/v1"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ChatMessage(Strict):
+    role: str
+    content: str
+
+
+class ChatBody(Strict):
+    agent: Optional[str] = None
+    policy_id: Optional[int] = None
+    conversation_id: Optional[int] = None
+    messages: list[ChatMessage]
+    max_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    annotator: Optional[str] = None
+
+
+class RegenerateBody(Strict):
+    policy_id: Optional[int] = None
+    seed: Optional[int] = None
+    temperature: Optional[float] = None
+    max_new_tokens: Optional[int] = None
+    annotator: Optional[str] = None
+
+
+class FeedbackBody(Strict):
+    message_id: int
+    thumb: Optional[int] = None
+    score: Optional[Any] = None  # validated by the Store, so NaN / "five" / 6 get one clear message
+    flags: Optional[list[str]] = None
+    note: Optional[str] = None
+    annotator: Optional[str] = None
+
+
+class ComparisonBody(Strict):
+    message_a_id: int
+    message_b_id: int
+    winner: Literal["a", "b", "tie", "both_bad"]
+    annotator: Optional[str] = None
+
+
+def error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map Store errors, validation errors and Busy to JSON errors."""
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError):
+        return error(exc.status, str(exc))
+
+    @app.exception_handler(Busy)
+    async def _busy(request: Request, exc: Busy):
+        return error(503, str(exc), {"Retry-After": str(int(math.ceil(exc.retry_after)))})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            if err.get("type") == "json_invalid":
+                return error(400, "malformed JSON body")
+            problems.append(f"{where or 'body'}: {err.get('msg')}")
+        return error(422, "; ".join(problems) or "invalid request")
+
+
+def message_json(services: Services, message_id: int) -> dict:
+    """A stored message with its rating events, as returned by GET /messages/{id}."""
+    store = services.store
+    msg = store.get_message(message_id)
+    out = {k: v for k, v in msg.to_dict().items() if k != "context_key"}
+    out["ratings"] = [r.to_dict() for r in store.ratings_for(message_id)] if msg.role == "assistant" else []
+    return out
+
+
+def reply_json(msg) -> dict:
+    return {"conversation_id": msg.conversation_id, "message_id": msg.id, "policy_id": msg.policy_id,
+            "content": msg.content, "latency_ms": msg.latency_ms}
+
+
+def build_router(services: Services) -> APIRouter:
+    """The issue-2 REST endpoints; later features add their own routers."""
+    r = APIRouter(prefix=PREFIX)
+    store = services.store
+
+    @r.get("/health")
+    def health():
+        return {"status": "ok", "model": services.server.model_name, "schema_version": store.schema_version()}
+
+    @r.get("/agents")
+    def agents():
+        return [a.to_dict() | {"active_policy_id": store.active_policy(a.id).id} for a in store.list_agents()]
+
+    @r.get("/policies")
+    def policies(agent: Optional[str] = None):
+        rows = store.list_policies(agent if agent is not None else None)
+        return [{k: p.to_dict()[k] for k in ("id", "agent_id", "version", "parent_id", "status", "created",
+                                              "metrics", "error")} for p in rows]
+
+    @r.post("/chat")
+    def chat(body: ChatBody):
+        agent = store.get_agent(body.agent)  # None = the default (first) agent
+        policy = chatflow.resolve_policy(store, agent, body.policy_id)
+        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
+                                     body.seed)
+        user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
+                                          body.conversation_id, body.annotator, source="api")
+        return reply_json(chatflow.begin_reply(store, services.server, user_msg.id, policy, params).save())
+
+    @r.post("/messages/{message_id}/regenerate")
+    def regenerate(message_id: int, body: RegenerateBody):
+        parent = chatflow.sibling_parent(store, message_id)
+        agent = chatflow.agent_of(store, parent)
+        original = store.get_message(message_id)
+        policy = chatflow.resolve_policy(store, agent, body.policy_id if body.policy_id is not None
+                                         else original.policy_id)
+        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
+        return reply_json(chatflow.begin_reply(store, services.server, parent.id, policy, params).save())
+
+    @r.get("/messages/{message_id}")
+    def get_message(message_id: int):
+        return message_json(services, message_id)
+
+    @r.post("/feedback")
+    def feedback(body: FeedbackBody):
+        if body.thumb is None and body.score is None and body.flags is None and body.note is None:
+            raise InvalidInput("feedback needs at least one of thumb, score, flags, note")
+        rating = store.record_rating(body.message_id, body.annotator, thumb=body.thumb, score=body.score,
+                                     flags=body.flags, note=body.note)
+        return {"id": rating.id}
+
+    @r.post("/comparisons")
+    def comparisons(body: ComparisonBody):
+        comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner, body.annotator)
+        return {"id": comp.id}
+
+    return r
+
+
+def body_size_guard(app: FastAPI, max_bytes: int) -> None:
+    """Refuse oversized REST bodies with 413 before reading them."""
+
+    @app.middleware("http")
+    async def _limit(request: Request, call_next):
+        if request.url.path.startswith(PREFIX) and request.method in ("POST", "PUT", "PATCH"):
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > max_bytes):
+                return error(413, f"request body larger than {max_bytes} bytes")
+        return await call_next(request)
+

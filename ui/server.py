@@ -1,0 +1,68 @@
+"""Wiring: config → Store → model service → UI + REST on one FastAPI server."""
+from __future__ import annotations
+
+import logging
+import time
+
+import gradio as gr
+import uvicorn
+from fastapi import FastAPI
+
+from rlhf.config import AppConfig
+from rlhf.models import pick_device, resolve_model
+from rlhf.serving import PolicyServer
+from storage import Store
+from ui.app import build_ui
+from ui.rest import body_size_guard, build_router, install_error_handlers
+from ui.services import Services
+
+log = logging.getLogger(__name__)
+
+
+def open_store(config: AppConfig) -> Store:
+    """The Store under the config's data dir, with the default agent in place."""
+    store = Store(config.db_path, max_text_chars=config.serving.max_message_chars)
+    store.ensure_default_agent(config.base_model)
+    return store
+
+
+def load_server(config: AppConfig) -> PolicyServer:
+    """The base model (converted and cached on first use) behind a generation worker, warmed up."""
+    t0 = time.perf_counter()
+    source = resolve_model(config.base_model, config.data_path)
+    server = PolicyServer.load(source, pick_device(config.device), config.base_model,
+                               config.serving.max_context_tokens, config.serving.load_in_4bit)
+    log.info("model %s loaded from %s in %.1f s", config.base_model, source, time.perf_counter() - t0)
+    if config.serving.warmup:
+        log.info("warm-up generation took %.1f s", server.warmup())
+    return server
+
+
+def build_services(config: AppConfig, server: PolicyServer | None = None) -> Services:
+    """Store, model server and background machinery for one app process."""
+    store = open_store(config)
+    return Services(config=config, store=store, server=server or load_server(config))
+
+
+def create_app(services: Services) -> FastAPI:
+    """FastAPI app with the REST API under /api/v1 and the Gradio UI at /."""
+    app = FastAPI(title="RLHF Studio", docs_url="/api/v1/docs", openapi_url="/api/v1/openapi.json")
+    install_error_handlers(app)
+    body_size_guard(app, services.config.server.max_body_bytes)
+    app.include_router(build_router(services))
+    demo = build_ui(services)
+    demo.queue(default_concurrency_limit=None)
+    return gr.mount_gradio_app(app, demo, path="/", max_file_size="5mb", allowed_paths=[], show_error=True,
+                               footer_links=["api"])
+
+
+def serve(config: AppConfig) -> None:
+    """Build everything and serve until interrupted."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    services = build_services(config)
+    app = create_app(services)
+    print(f"RLHF Studio on http://{config.server.host}:{config.server.port}", flush=True)
+    try:
+        uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning")
+    finally:
+        services.close()
