@@ -64,6 +64,17 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- reward model (issue 3) ----
+
+# ---- PPO (issue 4) ----
+
+# ---- jobs, simulate (issue 5) ----
+
+# ---- export, import (issue 7) ----
+
+# ---- benchmarks (issue 8) ----
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf-studio", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
