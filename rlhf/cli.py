@@ -73,6 +73,30 @@ def cmd_config(args: argparse.Namespace) -> int:
 # ---- export, import (issue 7) ----
 
 # ---- benchmarks (issue 8) ----
+BENCHES = {"serve": "rlhf.bench_serve", "ingest": "rlhf.bench_ingest", "train": "rlhf.bench_train",
+           "memory": "rlhf.bench_memory"}
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", choices=sorted(BENCHES), help="which benchmark")
+    p.add_argument("--users", type=int, help="serve: one concurrency level instead of 1, 8 and 32")
+    p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
+
+
+@command("bench", "run a benchmark; prints a table, appends to BENCHMARKS.md, prints one JSON line last",
+         add_bench_args)
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        module = importlib.import_module(BENCHES[args.what])
+    except ModuleNotFoundError as exc:
+        if exc.name != BENCHES[args.what]:
+            raise
+        print(f"benchmark {args.what!r} is not available yet", file=sys.stderr)
+        return 2
+    module.run(config_from_args(args), args)  # each module calls rlhf.bench.report(...)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
