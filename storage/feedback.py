@@ -319,6 +319,12 @@ class FeedbackMixin:
             return Comparison.from_row(row)
         return self.record_comparison(pair.message_a_id, pair.message_b_id, winner, annotator, pair_id=pair_id)
 
+    def arena_vote(self, pair_id: str) -> Optional[Comparison]:
+        """The vote cast on an arena pair, or None while it is still blind."""
+        self.get_arena_pair(pair_id)
+        row = self._one("SELECT * FROM comparisons WHERE pair_id = ?", [pair_id])
+        return Comparison.from_row(row) if row else None
+
 
 def fold_ratings(rows: list[Rating]) -> Optional[dict]:
     """Effective rating from append-only events: the latest non-null value of each field wins."""
@@ -358,6 +364,21 @@ class FeedbackExportMixin:
                          JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND x.id > ?""",
                       [agent_id, watermark.get("comparison_id", 0)])["n"]
         return r + x
+
+    def feedback_volume(self, agent: int | str) -> list[dict]:
+        """Ratings and comparisons of an agent per UTC hour: dicts with hour ('YYYY-MM-DDTHH'), kind, n."""
+        agent_id = self.get_agent(agent).id
+        # created is an ISO string, so its first 13 characters are the hour bucket.
+        return self._all("""
+            SELECT hour, kind, COUNT(*) AS n FROM (
+                SELECT substr(r.created, 1, 13) AS hour, 'ratings' AS kind FROM ratings r
+                JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
+                WHERE c.agent_id = ?
+                UNION ALL
+                SELECT substr(x.created, 1, 13), 'comparisons' FROM comparisons x
+                JOIN messages m ON m.id = x.message_a_id JOIN conversations c ON c.id = m.conversation_id
+                WHERE c.agent_id = ?)
+            GROUP BY hour, kind ORDER BY hour, kind""", [agent_id, agent_id])
 
     def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
         """Everything the data builders need for one agent, as plain rows (dicts).

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ui.arena import build_arena
 from ui.chat import build_chat
+from ui.dashboard import build_dashboard
 from ui.services import Services
+from ui.training import build_training
 
 TITLE = "RLHF Studio"
 
@@ -25,6 +28,12 @@ def build_ui(services: Services) -> gr.Blocks:
         remembered = gr.BrowserState("", storage_key="rlhf-studio-annotator", secret="rlhf-studio")
         with gr.Tab("Chat & Rate"):
             build_chat(services, annotator)
+        with gr.Tab("Arena"):
+            build_arena(services, annotator)
+        with gr.Tab("Dashboard"):
+            build_dashboard(services)
+        with gr.Tab("Training"):
+            build_training(services)
         demo.load(lambda saved: saved or "", [remembered], [annotator], api_name=False)
         annotator.change(lambda name: name, [annotator], [remembered], api_name=False)
     return demo

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlhf.serving import Busy
 from storage import InvalidInput, StoreError
 from ui import chatflow
+from ui.permissions import Forbidden
 from ui.services import Services
 
 PREFIX = "/api/v1"
@@ -72,6 +73,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError):
         return error(exc.status, str(exc))
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(request: Request, exc: Forbidden):
+        return error(403, str(exc))
 
     @app.exception_handler(Busy)
     async def _busy(request: Request, exc: Busy):

@@ -10,10 +10,14 @@ from fastapi import FastAPI
 
 from rlhf.config import AppConfig
 from rlhf.models import pick_device, resolve_model
+from rlhf.publish import check_adapters, clean_leftovers
+from rlhf.scheduler import StudioScheduler
 from rlhf.serving import PolicyServer
 from storage import Store
 from ui.app import build_ui
 from ui.rest import body_size_guard, build_router, install_error_handlers
+from ui.rest_arena import build_arena_router
+from ui.rest_jobs import build_jobs_router
 from ui.services import Services
 
 log = logging.getLogger(__name__)
@@ -39,9 +43,21 @@ def load_server(config: AppConfig) -> PolicyServer:
 
 
 def build_services(config: AppConfig, server: PolicyServer | None = None) -> Services:
-    """Store, model server and background machinery for one app process."""
+    """Store, model server and background machinery for one app process.
+
+    At start: remove leftovers of an interrupted publish, mark versions whose adapter is gone as broken,
+    sweep jobs a dead process left running, then start the scheduler (when enabled).
+    """
     store = open_store(config)
-    return Services(config=config, store=store, server=server or load_server(config))
+    clean_leftovers(store, config)
+    check_adapters(store)
+    scheduler = StudioScheduler(store, config)
+    services = Services(config=config, store=store, server=server or load_server(config), scheduler=scheduler)
+    if config.scheduler.enabled:
+        scheduler.start()
+    else:
+        scheduler.runner.sweep()
+    return services
 
 
 def create_app(services: Services) -> FastAPI:
@@ -50,6 +66,8 @@ def create_app(services: Services) -> FastAPI:
     install_error_handlers(app)
     body_size_guard(app, services.config.server.max_body_bytes)
     app.include_router(build_router(services))
+    app.include_router(build_arena_router(services))
+    app.include_router(build_jobs_router(services))
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
     return gr.mount_gradio_app(app, demo, path="/", max_file_size="5mb", allowed_paths=[], show_error=True,

@@ -1,0 +1,208 @@
+"""The retrain job: feedback snapshot → data → reward model → PPO → evaluation → gate → publish.
+
+Runs inside a job process (rlhf/jobs.py). Each phase reports progress and metrics through the job
+context, so the Training tab shows it live; a failure anywhere publishes nothing.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from rlhf.config import AppConfig, apply_overrides
+from rlhf.jobs import JobContext, job_kind
+from storage import Store
+
+# Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
+PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
+          "publish": (0.97, 1.0)}
+# Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
+DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 60.0, "overhead_s": 30.0}
+
+
+def _data_counts(store: Store, config: AppConfig, agent: str) -> dict:
+    from rlhf.data import build_pairs, build_pointwise
+
+    rows = store.feedback_rows(agent)
+    pairs = build_pairs(rows, config.reward)
+    pointwise = build_pointwise(rows, config.reward)
+    return {"pairs": len(pairs), "pointwise": len(pointwise),
+            "feedback_count": len(rows["ratings"]) + len(rows["comparisons"])}
+
+
+def measured_rates(store: Store, agent: str) -> dict:
+    """Seconds per pair / per PPO sample from this machine's last successful retrain, else defaults."""
+    for job in store.list_jobs(agent, limit=100):
+        if job.kind == "retrain" and job.status == "succeeded" and job.result.get("rates"):
+            return {**DEFAULT_RATES, **job.result["rates"]}
+    return dict(DEFAULT_RATES)
+
+
+def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
+    """Expected wall minutes of a retrain with these settings."""
+    reward_s = rates["reward_s_per_pair"] * max(pairs, 1) * config.reward.epochs
+    ppo_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size
+    return round((reward_s + ppo_s + rates["eval_s"] + rates["overhead_s"]) / 60.0, 1)
+
+
+def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dict] = None) -> dict:
+    """What a retrain would use and cost now: feedback counts, pairs, minutes, and what is missing."""
+    cfg = apply_overrides(config, overrides or {})
+    counts = _data_counts(store, cfg, agent)
+    mode = cfg.reward.mode
+    if mode == "pairwise" or (mode == "auto" and counts["pairs"] >= cfg.reward.min_pairs):
+        ready, missing = counts["pairs"] >= max(2, cfg.reward.min_pairs if mode != "auto" else 2), None
+        if not ready:
+            missing = f"{cfg.reward.min_pairs - counts['pairs']} more preference pairs (comparisons or " \
+                      "differently rated regenerations)"
+    else:
+        ready = counts["pointwise"] >= cfg.reward.min_pointwise
+        missing = None if ready else (
+            f"{cfg.reward.min_pointwise - counts['pointwise']} more rated replies (thumbs or scores), or "
+            f"{cfg.reward.min_pairs - counts['pairs']} more preference pairs")
+    out = {"feedback_count": counts["feedback_count"], "pairs": counts["pairs"], "pointwise": counts["pointwise"],
+           "estimated_minutes": estimate_minutes(measured_rates(store, agent), counts["pairs"], cfg),
+           "ready": ready}
+    if missing:
+        out["missing"] = missing
+    return out
+
+
+class Phases:
+    """Maps each phase's own 0–1 progress onto the job's overall progress bar."""
+
+    def __init__(self, ctx: JobContext):
+        self.ctx = ctx
+        self.started = {}
+
+    def enter(self, name: str, message: str = "") -> None:
+        self.started[name] = time.perf_counter()
+        self.ctx.progress(PHASES[name][0], name, message or f"{name} started")
+
+    def report(self, name: str, fraction: float, message: Optional[str] = None) -> None:
+        lo, hi = PHASES[name]
+        self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
+
+    def seconds(self, name: str) -> float:
+        return time.perf_counter() - self.started[name]
+
+
+@job_kind("retrain")
+def retrain(ctx: JobContext) -> dict:
+    """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
+    from rlhf.models import pick_device, resolve_model
+
+    store, cfg = ctx.store, ctx.config
+    agent = store.get_agent(ctx.job.agent_id)
+    parent = store.active_policy(agent.id)
+    phases = Phases(ctx)
+    device = pick_device(cfg.device)
+    base_source = resolve_model(agent.base_model if agent.base_model else cfg.base_model, cfg.data_path)
+
+    # Data: freeze the feedback snapshot this version is trained on
+    phases.enter("data", f"snapshot of {agent.name}'s feedback")
+    snapshot = store.feedback_watermark(agent.id)
+
+    # Reward model
+    phases.enter("reward", "training the reward model")
+    rm, scorer = train_reward_phase(ctx, phases, agent.name, snapshot)
+
+    # PPO
+    phases.enter("ppo", "PPO on the reward model")
+    ppo = train_policy_phase(ctx, phases, agent.name, base_source, scorer, parent.adapter_path, device)
+
+    # Evaluation against the active version
+    phases.enter("eval", "evaluating candidate vs active version")
+    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer,
+                            ppo.eval_prompts)
+    from rlhf.evaluate import gate
+
+    passed, reasons = gate(report, cfg.retrain.min_win_rate, cfg.retrain.max_kl)
+    ctx.metrics(cfg.ppo.steps + 1, report.metrics())
+
+    # Publish (atomic), promote when the gate passes and auto-promote is on
+    phases.enter("publish", "publishing the new version")
+    from rlhf.publish import publish_version
+
+    metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.metrics.get("eval_accuracy"),
+               "feedback_used": snapshot_size(store, agent.name, snapshot), "gate/passed": passed,
+               "gate/reasons": reasons, "ppo/reward_before": ppo.reward_before, "ppo/reward_after": ppo.reward_after}
+    promote = passed and cfg.retrain.auto_promote
+    policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=parent.id, promote=promote,
+                             job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot,
+                             run_config=cfg.to_dict(), metrics=metrics)
+    store.record_eval_samples(policy.id, report.samples)
+    if parent.id is not None and not store.eval_samples(parent.id):
+        store.record_eval_samples(parent.id, report.active_samples)
+    ctx.log(f"published version {policy.version} ({'active' if promote else 'candidate'})"
+            + ("" if passed else ": " + "; ".join(reasons)))
+    rates = {"reward_s_per_pair": phases.seconds_reward / max(1, rm.pairs_train * cfg.reward.epochs)
+             if rm.pairs_train else DEFAULT_RATES["reward_s_per_pair"],
+             "ppo_s_per_sample": ppo.seconds / max(1, ppo.steps * cfg.ppo.batch_size)}
+    return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
+            "gate_reasons": reasons, "reward_model_id": rm.reward_model_id, "metrics": metrics,
+            "run_dir": str(ppo.run_dir), "rates": rates}
+
+
+def snapshot_size(store: Store, agent: str, snapshot: dict) -> int:
+    """How many ratings + comparisons a snapshot covers."""
+    rows = store.feedback_rows(agent, until=snapshot)
+    return len(rows["ratings"]) + len(rows["comparisons"])
+
+
+def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, snapshot: dict):
+    """Train and load the reward model; returns (train result, scorer)."""
+    from rlhf.reward import load_reward_model, train_reward_model
+
+    t0 = time.perf_counter()
+
+    def progress(fraction: float, phase: str = "reward", metrics: Optional[dict] = None) -> None:
+        phases.report("reward", fraction)
+        if metrics:
+            ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
+
+    rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress)
+    phases.seconds_reward = time.perf_counter() - t0
+    from rlhf.models import pick_device
+
+    return rm, load_reward_model(rm.path, device=pick_device(ctx.config.device))
+
+
+def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
+                       init_adapter: Optional[str], device: str):
+    """PPO from the active version's adapter (or the base) toward the new reward model."""
+    from rlhf.ppo import train_ppo
+    from rlhf.prompts import prompt_sets
+
+    cfg = ctx.config
+    prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent)
+    run_dir = cfg.data_path / "runs" / f"job{ctx.job_id}"
+
+    def on_step(step: int, metrics: dict) -> None:
+        ctx.metrics(step, metrics)
+        phases.report("ppo", step / max(1, cfg.ppo.steps), f"PPO step {step}/{cfg.ppo.steps}")
+
+    result = train_ppo(cfg, base_source, scorer, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
+                       on_step=on_step, device=device)
+    result.eval_prompts = eval_prompts
+    return result
+
+
+def evaluate_phase(ctx: JobContext, base_source: str, device: str, candidate_dir: str | Path,
+                   active_dir: Optional[str], scorer, eval_prompts: list):
+    """Generate with candidate and active adapters on one base and compare them with the reward model."""
+    from peft import PeftModel
+
+    from rlhf.evaluate import evaluate_versions
+    from rlhf.models import load_causal_lm, load_tokenizer
+
+    cfg = ctx.config
+    tokenizer = load_tokenizer(base_source)
+    model = PeftModel.from_pretrained(load_causal_lm(base_source, device), str(candidate_dir), adapter_name="cand")
+    active = None
+    if active_dir:
+        model.load_adapter(active_dir, adapter_name="active")
+        active = "active"
+    model.eval()
+    return evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", active, cfg.ppo.max_new_tokens,
+                             cfg.ppo.temperature, seed=cfg.ppo.seed + 1000)

@@ -1,0 +1,129 @@
+"""Reward shaping: rule terms (length, repetition, polite ending) and extra reward functions by import path.
+
+The PPO score of a reply is ``reward_model(prompt, reply) + sum_i weight_i * term_i(prompt, reply)``,
+clipped to ``+-ppo.reward_clip``. Rule terms are the cheap, hand-written shaping used in agent training
+(e.g. length and format rewards); extra functions (``ppo.reward_functions = {"pkg.mod:fn": weight}``)
+can be anything with the signature ``fn(messages, reply) -> float`` — a verifier that checks a reply's
+claims against a database, a unit-test runner, a regex.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import re
+from typing import Callable, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[[list, list], list]  # (prompts, replies) -> scores
+POLITE_PHRASES = ("hope this helps", "hope that helps", "let me know", "happy to help", "glad to help",
+                  "feel free to", "thank you", "thanks", "good luck", "enjoy", "take care", "have a great",
+                  "have a nice", "you're welcome", "you are welcome")
+_SENTENCE_END = re.compile(r"[.!?…](?:[\"')\]]|\*\*|`{1,3})*\s*$|`{3}\s*$|[\U0001F300-\U0001FAFF]\s*$")
+
+
+def length_term(n_tokens: int, target: int) -> float:
+    """0 at the target length, falling linearly to -1 at 0 tokens or twice the target."""
+    if target <= 0:
+        return 0.0
+    return -min(abs(n_tokens - target) / target, 1.0)
+
+
+def repetition_term(reply: str, n: int = 3) -> float:
+    """Minus the share of repeated word n-grams: 0 for no repeats, towards -1 for a reply in a loop."""
+    words = reply.lower().split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    return -(1.0 - len(set(grams)) / len(grams))
+
+
+def polite_ending(messages: Sequence[dict], reply: str, finished: bool = True) -> float:
+    """0.5 for a complete last sentence (not cut off by the token limit) + 0.5 for a polite closing phrase."""
+    text = reply.strip()
+    if not text:
+        return 0.0
+    complete = finished and bool(_SENTENCE_END.search(text))
+    tail = text[-160:].lower()
+    polite = any(p in tail for p in POLITE_PHRASES)
+    return 0.5 * complete + 0.5 * polite
+
+
+def load_reward_function(path: str) -> Callable[[list, str], float]:
+    """Import ``"package.module:function"``; ValueError with the reason when it cannot be used."""
+    module_name, sep, attr = str(path).partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"ppo.reward_functions: {path!r} is not an import path like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"ppo.reward_functions: cannot import {module_name!r} ({exc})") from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ValueError(f"ppo.reward_functions: {module_name!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise ValueError(f"ppo.reward_functions: {path!r} is not callable")
+    return fn
+
+
+def _finite(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return value if math.isfinite(value) else math.nan
+
+
+class RewardShaper:
+    """Combines a reward model (or none) with the configured rule terms and reward functions."""
+
+    def __init__(self, ppo_config, reward_fn: Optional[RewardFn] = None):
+        self.cfg = ppo_config
+        self.reward_fn = reward_fn
+        self.functions = {path: (load_reward_function(path), float(weight))
+                          for path, weight in (ppo_config.reward_functions or {}).items()}
+        if reward_fn is None and not self.has_rules():
+            raise ValueError("no reward: give a reward model, or set rule weights / ppo.reward_functions")
+
+    def has_rules(self) -> bool:
+        """Whether any rule term or extra function contributes."""
+        c = self.cfg
+        return bool(self.functions) or (c.length_weight != 0 and c.length_target > 0) \
+            or c.repetition_weight != 0 or c.polite_weight != 0
+
+    def __call__(self, prompts: list[list[dict]], replies: list[str], n_tokens: Sequence[int],
+                 finished: Sequence[bool]) -> tuple[list[float], dict[str, list[float]]]:
+        """(clipped total score per reply, each part per reply). A part that fails gives NaN for that reply."""
+        c = self.cfg
+        n = len(replies)
+        parts: dict[str, list[float]] = {}
+        if self.reward_fn is not None:
+            scores = list(self.reward_fn(prompts, replies))
+            if len(scores) != n:
+                raise ValueError(f"reward model returned {len(scores)} scores for {n} replies")
+            parts["rm"] = [_finite(s) for s in scores]
+        if c.length_weight != 0 and c.length_target > 0:
+            parts["length"] = [c.length_weight * length_term(k, c.length_target) for k in n_tokens]
+        if c.repetition_weight != 0:
+            parts["repetition"] = [c.repetition_weight * repetition_term(r) for r in replies]
+        if c.polite_weight != 0:
+            parts["polite"] = [c.polite_weight * polite_ending(p, r, f)
+                               for p, r, f in zip(prompts, replies, finished)]
+        for path, (fn, weight) in self.functions.items():
+            values = []
+            for p, r in zip(prompts, replies):
+                try:
+                    values.append(weight * _finite(fn(p, r)))
+                except Exception as exc:  # one failing verifier call must not kill the run: the guard decides
+                    log.warning("reward function %s failed: %s", path, exc)
+                    values.append(math.nan)
+            parts[path] = values
+        clip = c.reward_clip
+        totals = []
+        for i in range(n):
+            total = sum(part[i] for part in parts.values())
+            totals.append(min(max(total, -clip), clip) if clip > 0 and math.isfinite(total) else total)
+        return totals, parts

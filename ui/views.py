@@ -1,0 +1,283 @@
+"""View models of the arena and the dashboard: Store records in, tables, plot frames and labels out.
+
+Pure functions (no Gradio, no Store): the tabs and the REST router call them with what they read,
+and the tests call them with hand-made records.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+import pandas as pd
+
+from rlhf.leaderboard import ELIGIBLE_STATUSES, leaderboard, win_rate_matrix
+from storage import Comparison, Job, Policy, RewardModel
+
+DASH = "–"
+BOOTSTRAP_ROUNDS = 200
+DEFAULT_CURVES = ("reward/mean", "ppo/kl")
+
+
+# ---- formatting ------------------------------------------------------------------------------------
+def missing(value: Any) -> bool:
+    """True for None, NaN and non-numbers that the tables show as a dash."""
+    if value is None or isinstance(value, bool):
+        return True
+    try:
+        return math.isnan(float(value))
+    except (TypeError, ValueError):
+        return True
+
+
+def fmt(value: Any, digits: int = 2, percent: bool = False) -> str:
+    """A number for a table cell; a dash when it is missing."""
+    if missing(value):
+        return DASH
+    value = float(value)
+    return f"{value * 100:.{digits}f}%" if percent else f"{value:.{digits}f}"
+
+
+def version_label(policy: Policy) -> str:
+    """Short name of a version: ``v3``, or ``v0 · base`` for the base model."""
+    return f"v{policy.version}" + (" · base" if policy.is_base else "")
+
+
+def status_label(policy: Policy) -> str:
+    """Version name with its status, for dropdowns and reveals."""
+    return f"{version_label(policy)} ({policy.status})"
+
+
+def short_time(stamp: Optional[str]) -> str:
+    """ISO UTC timestamp as ``YYYY-MM-DD HH:MM``."""
+    return stamp[:16].replace("T", " ") if stamp else DASH
+
+
+# ---- leaderboard -----------------------------------------------------------------------------------
+def rated_votes(comparisons: Iterable[Comparison]) -> list[dict]:
+    """Vote rows for rlhf.leaderboard: comparisons between two different, known versions."""
+    return [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner} for c in comparisons
+            if c.policy_a_id is not None and c.policy_b_id is not None and c.policy_a_id != c.policy_b_id]
+
+
+def board(comparisons: Iterable[Comparison], policies: list[Policy], n_boot: int = BOOTSTRAP_ROUNDS,
+          seed: int = 0) -> pd.DataFrame:
+    """Leaderboard of an agent's versions (Elo, BT, bootstrap CI, counts) with a ``status`` column."""
+    table = leaderboard(rated_votes(comparisons), [{"policy_id": p.id, "version": p.version} for p in policies],
+                        n_boot=n_boot, seed=seed)
+    table.insert(2, "status", table["policy_id"].map({p.id: p.status for p in policies}))
+    return table
+
+
+def leaderboard_json(table: pd.DataFrame) -> list[dict]:
+    """Leaderboard rows as JSON-safe dicts (NaN becomes None)."""
+    rows = []
+    for rec in table.to_dict(orient="records"):
+        row = {}
+        for key, value in rec.items():
+            if hasattr(value, "item"):  # numpy scalar -> Python
+                value = value.item()
+            row[key] = None if isinstance(value, float) and math.isnan(value) else value
+        rows.append(row)
+    return rows
+
+
+def pair_candidates(table: pd.DataFrame) -> list[dict]:
+    """Versions ``rlhf.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated votes."""
+    out = []
+    for row in table.itertuples(index=False):
+        if row.status not in ELIGIBLE_STATUSES:
+            continue
+        rated = row.wins + row.losses + row.ties > 0
+        out.append({"policy_id": int(row.policy_id), "version": int(row.version), "status": row.status,
+                    "votes": int(row.votes), "rating": float(row.bt) if rated else None})
+    return out
+
+
+def leaderboard_view(table: pd.DataFrame) -> pd.DataFrame:
+    """The leaderboard as shown in the Arena tab (best BT rating first)."""
+    rows = []
+    for rank, row in enumerate(table.itertuples(index=False), start=1):
+        rows.append({"#": rank, "Version": f"v{row.version}", "Status": row.status,
+                     "BT rating": fmt(row.bt, 0), "95% CI": _ci(row.ci_low, row.ci_high), "Elo": fmt(row.elo, 0),
+                     "Votes": int(row.votes), "W / L / T": f"{row.wins} / {row.losses} / {row.ties}",
+                     "Both bad": int(row.both_bad), "Win rate": fmt(row.win_rate, 0, percent=True)})
+    return pd.DataFrame(rows, columns=["#", "Version", "Status", "BT rating", "95% CI", "Elo", "Votes", "W / L / T",
+                                       "Both bad", "Win rate"])
+
+
+def _ci(low: Any, high: Any) -> str:
+    return DASH if missing(low) or missing(high) else f"{low:.0f} – {high:.0f}"
+
+
+def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> pd.DataFrame:
+    """Win rate of the row version against the column version (ties half), as percentages."""
+    ordered = sorted(policies, key=lambda p: p.version)
+    ids = [p.id for p in ordered]
+    labels = [f"v{p.version}" for p in ordered]
+    matrix = win_rate_matrix(rated_votes(comparisons), ids).reindex(index=ids, columns=ids)
+    frame = pd.DataFrame([[fmt(matrix.at[r, c], 0, percent=True) if r != c else DASH for c in ids] for r in ids],
+                         columns=labels)
+    frame.insert(0, "row beats →", labels)
+    return frame
+
+
+# ---- dashboard -------------------------------------------------------------------------------------
+VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "RM accuracy", "Eval reward",
+                   "KL to base", "Elo", "BT [95% CI]", "Votes"]
+
+
+def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel],
+                   table: pd.DataFrame) -> pd.DataFrame:
+    """One row per version, newest first: lineage, status, training metrics and arena ratings."""
+    by_id = {p.id: p for p in policies}
+    ratings = {int(r["policy_id"]): r for r in table.to_dict(orient="records")}
+    rows = []
+    for p in sorted(policies, key=lambda p: p.version, reverse=True):
+        m = p.metrics or {}
+        rm_acc = m.get("reward_model/eval_accuracy")
+        if missing(rm_acc) and p.reward_model_id in reward_models:
+            rm_acc = (reward_models[p.reward_model_id].metrics or {}).get("eval_accuracy")
+        parent = by_id.get(p.parent_id)
+        r = ratings.get(p.id, {})
+        bt = fmt(r.get("bt"), 0)
+        if bt != DASH and not missing(r.get("ci_low")):
+            bt += f" [{r['ci_low']:.0f}, {r['ci_high']:.0f}]"
+        used = m.get("feedback_used")
+        rows.append({"Version": version_label(p), "Parent": f"v{parent.version}" if parent else DASH,
+                     "Created": short_time(p.created), "Status": p.status,
+                     "Feedback used": str(int(used)) if not missing(used) else DASH,
+                     "RM accuracy": fmt(rm_acc, 0, percent=True), "Eval reward": fmt(m.get("eval/reward"), 3),
+                     "KL to base": fmt(m.get("eval/kl"), 2), "Elo": fmt(r.get("elo"), 0), "BT [95% CI]": bt,
+                     "Votes": int(r.get("votes", 0))})
+    return pd.DataFrame(rows, columns=VERSION_COLUMNS)
+
+
+def rating_plot_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """Points for the rating plot: per version its BT rating and the two 95% CI ends (one line per version).
+
+    Columns: version (label), rating, point ("CI low", "BT", "CI high"), elo. Versions without a
+    bootstrap interval get their BT point only.
+    """
+    rows = []
+    for row in table.sort_values("version").itertuples(index=False):
+        label = f"v{row.version}"
+        points = [("CI low", row.ci_low), ("BT", row.bt), ("CI high", row.ci_high)]
+        for name, value in points:
+            if not missing(value):
+                rows.append({"version": label, "rating": float(value), "point": name, "elo": float(row.elo)})
+    return pd.DataFrame(rows, columns=["version", "rating", "point", "elo"])
+
+
+def padded_limits(values: Iterable[float], pad: float = 20.0) -> Optional[list[float]]:
+    """A y range around the values (None when there are none)."""
+    values = [float(v) for v in values if not missing(v)]
+    if not values:
+        return None
+    return [math.floor(min(values) - pad), math.ceil(max(values) + pad)]
+
+
+def metric_keys(metric_rows: list[dict]) -> list[str]:
+    """Metric keys a job logged, sorted."""
+    return sorted({r["key"] for r in metric_rows})
+
+
+def default_curve_keys(keys: list[str]) -> list[str]:
+    """Curves shown first: mean reward and KL when logged, else any reward/KL keys, else the first two."""
+    chosen = [k for k in DEFAULT_CURVES if k in keys]
+    if not chosen:
+        chosen = [k for k in keys if k.startswith("reward/") or "kl" in k.split("/")[-1]][:2]
+    return chosen or keys[:2]
+
+
+def curve_frame(metric_rows: list[dict], keys: Iterable[str]) -> pd.DataFrame:
+    """Training curves: one (step, value, metric) row per logged value of the chosen keys."""
+    keys = set(keys)
+    rows = [{"step": int(r["step"]), "value": float(r["value"]), "metric": r["key"]} for r in metric_rows
+            if r["key"] in keys and not missing(r["value"])]
+    frame = pd.DataFrame(rows, columns=["step", "value", "metric"])
+    return frame.sort_values(["metric", "step"], kind="stable").reset_index(drop=True)
+
+
+def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
+    """Dropdown choices for the training-curve picker, newest job first."""
+    return [(f"#{j.id} {j.kind} · {j.status} · {short_time(j.created)}", j.id)
+            for j in sorted(jobs, key=lambda j: j.id, reverse=True)]
+
+
+def volume_frame(rows: list[dict], max_hours: int = 72) -> tuple[pd.DataFrame, list[float]]:
+    """Feedback volume bars (period, kind, n) and a y range from 0; hours for short spans, else days."""
+    frame = pd.DataFrame(rows, columns=["hour", "kind", "n"])
+    if frame.empty:
+        return pd.DataFrame(columns=["period", "kind", "n"]).astype({"n": "int64"}), [0, 1]
+    hours = pd.to_datetime(frame["hour"], format="%Y-%m-%dT%H")
+    if (hours.max() - hours.min()).total_seconds() / 3600 >= max_hours:
+        frame["period"] = hours.dt.strftime("%Y-%m-%d")
+    else:
+        frame["period"] = hours.dt.strftime("%Y-%m-%d %H:00")
+    frame = frame.groupby(["period", "kind"], as_index=False)["n"].sum().astype({"n": "int64"})
+    top = frame.groupby("period")["n"].sum().max()  # bars stack by kind
+    return frame[["period", "kind", "n"]], [0, math.ceil(top * 1.15) or 1]
+
+
+def prompt_text(prompt: Any) -> str:
+    """An eval prompt as text: a string, or the turns of a message list."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and "messages" in prompt:
+        prompt = prompt["messages"]
+    if isinstance(prompt, list):
+        turns = [m for m in prompt if isinstance(m, dict) and m.get("role") != "system"]
+        if len(turns) == 1:
+            return str(turns[0].get("content", ""))
+        return "\n".join(f"{m.get('role')}: {m.get('content', '')}" for m in turns)
+    return str(prompt)
+
+
+def side_by_side(samples_a: list[dict], samples_b: list[dict], label_a: str, label_b: str) -> pd.DataFrame:
+    """Two versions' replies to the same eval prompts, aligned by prompt, with reward-model scores."""
+    if label_a == label_b:
+        label_a, label_b = f"{label_a} (A)", f"{label_b} (B)"
+    a = {s["prompt_index"]: s for s in samples_a}
+    b = {s["prompt_index"]: s for s in samples_b}
+    columns = ["Prompt", f"{label_a} reply", f"{label_a} reward", f"{label_b} reply", f"{label_b} reward"]
+    rows = []
+    for i in sorted(set(a) | set(b)):
+        sa, sb = a.get(i), b.get(i)
+        rows.append([prompt_text((sa or sb)["prompt"]),
+                     sa["reply"] if sa else DASH, fmt(sa["reward"], 3) if sa else DASH,
+                     sb["reply"] if sb else DASH, fmt(sb["reward"], 3) if sb else DASH])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def rollback_target(policies: list[Policy]) -> Optional[Policy]:
+    """What "roll back" promotes: the active version's parent, else the newest older usable version."""
+    active = next((p for p in policies if p.status == "active"), None)
+    if active is None:
+        return None
+    by_id = {p.id: p for p in policies}
+    parent = by_id.get(active.parent_id)
+    if parent is not None and parent.status != "broken":
+        return parent
+    older = [p for p in policies if p.version < active.version and p.status != "broken"]
+    return max(older, key=lambda p: p.version) if older else None
+
+
+def version_choices(policies: list[Policy], servable_only: bool = False) -> list[tuple[str, int]]:
+    """Dropdown choices (label with status, policy id), newest first."""
+    return [(status_label(p), p.id) for p in sorted(policies, key=lambda p: p.version, reverse=True)
+            if not servable_only or p.status in ELIGIBLE_STATUSES]
+
+
+# ---- arena -----------------------------------------------------------------------------------------
+WINNER_TEXT = {"a": "you preferred **A**", "b": "you preferred **B**", "tie": "you called it a **tie**",
+               "both_bad": "you found **both bad**"}
+
+
+def reveal_text(winner: str, policy_a: Optional[Policy], policy_b: Optional[Policy], comparison_id: int) -> str:
+    """What the arena shows after the vote: which version wrote which side."""
+    name = lambda p: status_label(p) if p is not None else "unknown version"  # noqa: E731
+    after = ("Both replies were bad, so this conversation ends here: **Start over** for a new round."
+             if winner == "both_bad" else "Type a follow-up to **continue** under the preferred reply, "
+                                          "or **Start over**.")
+    return (f"**A** was **{name(policy_a)}** · **B** was **{name(policy_b)}** — {WINNER_TEXT[winner]} "
+            f"(stored as comparison #{comparison_id}). {after}")
