@@ -36,7 +36,7 @@ def markdown(rows: Sequence[dict]) -> str:
     if not rows:
         return "(no rows)\n"
     keys = list(rows[0])
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    fmt = lambda v: (f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}") if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
     return "\n".join(lines) + "\n"

@@ -65,12 +65,229 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 # ---- reward model (issue 3) ----
+def add_reward_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", metavar="NAME", help="agent whose feedback is used (default: the first agent)")
+
+
+@command("train-reward", "train a reward model on the Store's feedback; prints one JSON line last",
+         add_reward_args)
+def cmd_train_reward(args: argparse.Namespace) -> int:
+    import contextlib
+    import json
+
+    from tqdm import tqdm
+
+    from rlhf.data import DataError, NotEnoughData
+    from rlhf.models import ModelNotFound
+    from rlhf.reward import RewardModelError, train_reward_model
+    from storage import NotFound, Store
+
+    config = config_from_args(args)
+    store = Store(config.db_path, max_text_chars=config.serving.max_message_chars)
+    bar = tqdm(total=100, file=sys.stderr, desc="reward",
+               bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed}{postfix}")
+
+    def progress(fraction: float, phase: str, metrics: dict | None) -> None:
+        bar.set_description(phase)
+        if metrics and "reward/train_loss" in metrics:
+            bar.set_postfix(loss=f"{metrics['reward/train_loss']:.4f}")
+        bar.update(max(0, round(100 * fraction) - bar.n))
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # library prints must not mix with the JSON line
+            result = train_reward_model(store, config, args.agent, progress=progress)
+    except (NotEnoughData, NotFound) as exc:
+        bar.close()
+        print(f"cannot train a reward model: {exc}", file=sys.stderr)
+        return 2
+    except (DataError, ModelNotFound, RewardModelError) as exc:
+        bar.close()
+        print(f"reward model training failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    bar.close()
+    print(json.dumps(result.summary()), flush=True)
+    return 0
+
 
 # ---- PPO (issue 4) ----
+def _train_ppo_args(p: argparse.ArgumentParser) -> None:
+    from rlhf.ppo_run import add_train_ppo_args
+
+    add_train_ppo_args(p)
+
+
+@command("train-ppo", "PPO-train an agent's policy (LoRA) against its reward model; prints one JSON line last",
+         _train_ppo_args)
+def cmd_train_ppo(args: argparse.Namespace) -> int:
+    from rlhf.ppo_run import run_train_ppo
+
+    return run_train_ppo(config_from_args(args), args)
+
 
 # ---- jobs, simulate (issue 5) ----
+def add_simulate_args(p: argparse.ArgumentParser) -> None:
+    from rlhf.simulate import ORACLES
+
+    p.add_argument("--oracle", required=True, choices=sorted(ORACLES), help="the built-in preference to play")
+    p.add_argument("--votes", type=int, required=True, help="how many comparisons to post")
+    p.add_argument("--retrain", action="store_true", help="then retrain, wait, and measure the new version")
+    p.add_argument("--url", default=None, help="the running app (default: http://HOST:PORT from the config)")
+    p.add_argument("--agent", help="agent name (default: the first agent)")
+    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the oracle's verdict")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="reply length while annotating")
+    p.add_argument("--train-set", metavar="KEY=VALUE", action="append", default=[],
+                   help="config override sent with the retrain request (repeatable)")
+    p.add_argument("--token", help="API token when the app has users configured")
+
+
+@command("simulate", "simulated annotators drive the REST API with an oracle preference", add_simulate_args)
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from rlhf.simulate import simulate
+
+    if args.votes < 1:
+        print("--votes must be at least 1", file=sys.stderr)
+        return 2
+    config = config_from_args(args)
+    url = args.url or f"http://{config.server.host}:{config.server.port}"
+    overrides = dict(item.split("=", 1) for item in args.train_set)
+    try:
+        out = simulate(url, args.oracle, args.votes, args.retrain, args.agent, args.eval_prompts, overrides,
+                       args.max_new_tokens, args.token)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"simulate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
 
 # ---- export, import (issue 7) ----
+def open_data(config: AppConfig):
+    """The Store under the config's data dir (created on first use)."""
+    from storage import Store
+
+    return Store(config.db_path, max_text_chars=config.serving.max_message_chars)
+
+
+def add_export_args(p: argparse.ArgumentParser) -> None:
+    from rlhf.export import FORMATS
+
+    p.add_argument("--format", required=True, choices=FORMATS, help="what to write (see the README's Exports)")
+    p.add_argument("--out", required=True, metavar="PATH", help="file to write, or a new directory for "
+                   "hf / openrlhf / verl")
+    p.add_argument("--agent", help="one agent's feedback (default: every agent)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="hf only: also push the dataset (private) to this "
+                   "hub repo; needs HF_TOKEN")
+
+
+@command("export", "export feedback as jsonl, parquet, hf, trl-preference, kto, openrlhf or verl", add_export_args)
+def cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    from rlhf.export import ExportError, export
+    from storage import StoreError
+
+    config = config_from_args(args)
+    store = open_data(config)
+    try:
+        result = export(store, config, args.format, args.out, args.agent, args.push_to_hub)
+    except (ExportError, StoreError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    print(json.dumps({"format": result.format, "path": str(result.path), "files": result.files,
+                      "counts": result.counts}))
+    return 0
+
+
+def add_import_args(p: argparse.ArgumentParser) -> None:
+    from rlhf.import_policy import DEFAULT_TARGETS
+
+    p.add_argument("path", help="a PEFT adapter directory or a full model directory (same architecture as the "
+                   "agent's base)")
+    p.add_argument("--agent", required=True, help="the agent that gets the new version")
+    p.add_argument("--rank", type=int, default=16, help="full models only: LoRA rank of the extracted adapter")
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                   help="full models only: comma-separated linear modules to extract")
+    p.add_argument("--promote", action="store_true", help="make it the active version at once (default: candidate)")
+
+
+@command("import-policy", "register a policy trained elsewhere (PEFT adapter or full model dir) as a version",
+         add_import_args)
+def cmd_import_policy(args: argparse.Namespace) -> int:
+    import json
+
+    from rlhf.import_policy import PolicyImportError, import_policy
+    from storage import StoreError
+
+    config = config_from_args(args)
+    store = open_data(config)
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    try:
+        result = import_policy(store, config, args.path, args.agent, args.rank, targets, args.promote)
+    except (PolicyImportError, StoreError, FileNotFoundError) as exc:
+        print(f"import-policy: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    p = result.policy
+    print(json.dumps({"policy_id": p.id, "version": p.version, "status": p.status, "kind": result.kind,
+                      "rank": result.rank, "metrics": result.metrics}))
+    return 0
+
+
+def add_token_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="user to create an API token for (printed once)")
+    p.add_argument("--label", default="", help="a note stored with the token (e.g. 'ci')")
+    p.add_argument("--list", action="store_true", help="list tokens (of NAME, or all) without their secrets")
+    p.add_argument("--revoke", type=int, metavar="ID", help="revoke the token with this id")
+    p.add_argument("--hash-password", action="store_true",
+                   help="read a password from stdin and print its hash for a users file's password_hash")
+
+
+@command("token", "admin tool: create, list or revoke per-user API tokens; hash a password", add_token_args)
+def cmd_token(args: argparse.Namespace) -> int:
+    import getpass
+    import json
+
+    from storage import StoreError
+    from storage.credentials import hash_password
+
+    if args.hash_password:
+        password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+        if not password:
+            print("token: empty password", file=sys.stderr)
+            return 2
+        print(hash_password(password))
+        return 0
+    config = config_from_args(args)
+    store = open_data(config)
+    try:
+        if args.revoke is not None:
+            store.revoke_api_token(args.revoke)
+            print(json.dumps({"revoked": args.revoke}))
+        elif args.list:
+            print(json.dumps(store.list_api_tokens(args.name)))
+        elif args.name:
+            token = store.create_api_token(args.name, args.label)
+            print(token)
+            print(f"API token for {args.name!r}: send it as 'Authorization: Bearer <token>'. It is shown only now; "
+                  "the user must be configured (server.users / users_file) or, on Spaces, signed in by that name.",
+                  file=sys.stderr)
+        else:
+            print("token: give a NAME, --list, --revoke ID or --hash-password", file=sys.stderr)
+            return 2
+    except StoreError as exc:
+        print(f"token: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    return 0
+
 
 # ---- benchmarks (issue 8) ----
 BENCHES = {"serve": "rlhf.bench_serve", "ingest": "rlhf.bench_ingest", "train": "rlhf.bench_train",

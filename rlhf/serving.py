@@ -1,8 +1,8 @@
 """Serving: ONE base model in memory, one LoRA adapter per policy version, replies streamed token by token.
 
 A policy is stateless: it maps a full state (system prompt + history) to a reply. Requests go through a
-bounded queue into a generation worker thread, so adapter switching never races and a full queue says
-"busy" instead of hanging.
+bounded queue into ``rlhf.engine.BatchEngine``, which decodes concurrent replies together (continuous
+batching, per-row adapters and settings); a full queue says "busy, retry in N s" instead of hanging.
 """
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
+
+from rlhf.engine import BatchEngine, IncrementalDecoder, Request
+
+__all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "IncrementalDecoder", "PolicyServer", "ReplyStream"]
 
 log = logging.getLogger(__name__)
 
@@ -130,58 +134,43 @@ class ReplyStream:
         self._queue.put(None)
 
 
-@dataclass
-class _Request:
-    input_ids: list
-    adapter: AdapterRef
-    params: GenParams
-    stream: ReplyStream
-
-
-class IncrementalDecoder:
-    """Turns a growing token list into text deltas without splitting multi-byte characters."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.emitted = ""
-
-    def push(self, token_id: int) -> str:
-        self.tokens.append(int(token_id))
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return ""
-        delta, self.emitted = text[len(self.emitted):], text
-        return delta
-
-
 class PolicyServer:
-    """Holds the base model, loads adapters on demand, and answers generation requests in a worker thread."""
+    """Holds the base model, loads adapters on demand, and answers generation requests with a batching engine."""
 
     def __init__(self, model, tokenizer, device: str, model_name: str, max_context_tokens: int = 2048,
-                 queue_size: int = 64):
-        self.model = model
+                 queue_size: int = 64, max_batch_size: int = 32, batch_window_ms: float = 10.0):
         self.tokenizer = tokenizer
         self.device = device
         self.model_name = model_name
         self.max_context_tokens = max_context_tokens
         self._loaded: dict[str, str] = {}  # adapter name -> path
-        self._adapter_lock = threading.Lock()
-        self._queue: "queue.Queue[_Request]" = queue.Queue(maxsize=queue_size)
-        self._avg_reply_s = 2.0
-        self._stop = threading.Event()
-        self._worker = threading.Thread(target=self._run, name="generation-worker", daemon=True)
-        self._worker.start()
+        self._adapter_lock = threading.Lock()  # held by the engine for each forward pass, and to load adapters
+        self.engine = BatchEngine(model, tokenizer, device, max_batch_size=max_batch_size, queue_size=queue_size,
+                                  batch_window_ms=batch_window_ms, lock=self._adapter_lock)
+        self._queue = self.engine.queue
+        self._worker = self.engine.thread
+        self._system_ids: dict[str, list[int]] = {}  # system prompt -> its templated ids (the shared prefix)
 
     @classmethod
     def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048,
-             load_in_4bit: bool = False) -> "PolicyServer":
-        """Load the base model + tokenizer from a resolved source and start the worker."""
+             load_in_4bit: bool = False, queue_size: int = 64, max_batch_size: int = 32,
+             batch_window_ms: float = 10.0) -> "PolicyServer":
+        """Load the base model + tokenizer from a resolved source and start the engine."""
         from rlhf.models import load_causal_lm, load_tokenizer
 
         tokenizer = load_tokenizer(source)
         model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
-        return cls(model, tokenizer, device, model_name, max_context_tokens)
+        return cls(model, tokenizer, device, model_name, max_context_tokens, queue_size=queue_size,
+                   max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)
+
+    @property
+    def model(self):
+        """The served model (a ``PeftModel`` once an adapter is loaded)."""
+        return self.engine.model
+
+    @model.setter
+    def model(self, value) -> None:
+        self.engine.model = value
 
     # ---- prompts ----------------------------------------------------------------------------
     def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
@@ -194,6 +183,20 @@ class PolicyServer:
             if len(ids) <= self.max_context_tokens or len(turns) <= 1:
                 return list(ids[-self.max_context_tokens:])
             turns = turns[2:] if len(turns) > 2 else turns[-1:]
+
+    def shared_prefix_len(self, system_prompt: str, ids: list[int]) -> int:
+        """How many leading ``ids`` are the templated system prompt alone (0 if none): the engine computes
+        that prefix's KV cache once per adapter and reuses it for every chat of the agent."""
+        if not system_prompt:
+            return 0
+        prefix = self._system_ids.get(system_prompt)
+        if prefix is None:
+            prefix = list(self.tokenizer.apply_chat_template([{"role": "system", "content": system_prompt}],
+                                                             tokenize=True, return_dict=True)["input_ids"])
+            if len(self._system_ids) > 256:  # agents are few; this only guards against unbounded growth
+                self._system_ids.clear()
+            self._system_ids[system_prompt] = prefix
+        return len(prefix) if len(prefix) < len(ids) and ids[:len(prefix)] == prefix else 0
 
     # ---- adapters ---------------------------------------------------------------------------
     def ensure_adapter(self, adapter: AdapterRef) -> None:
@@ -234,9 +237,10 @@ class PolicyServer:
         ids = self.build_prompt(system_prompt, history)
         stream = ReplyStream(prompt_tokens=len(ids))
         try:
-            self._queue.put_nowait(_Request(ids, adapter, params, stream))
+            self.engine.submit(Request(ids, None if adapter.path is None else adapter.name, params, stream,
+                                       prefix_len=self.shared_prefix_len(system_prompt, ids)))
         except queue.Full:
-            raise Busy(retry_after=max(1.0, self._avg_reply_s * self._queue.qsize())) from None
+            raise Busy(retry_after=self.engine.retry_after()) from None
         return stream
 
     def generate(self, system_prompt: str, history: list[dict], adapter: AdapterRef, params: GenParams) -> str:
@@ -251,78 +255,5 @@ class PolicyServer:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self._stop.set()
-
-    # ---- worker -----------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                req = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if req.stream.cancelled:
-                req.stream._close()
-                continue
-            t0 = time.perf_counter()
-            try:
-                self._generate_one(req)
-                req.stream._close()
-            except Exception as exc:  # surface to the caller, keep the worker alive
-                log.exception("generation failed")
-                req.stream._close(exc)
-            self._avg_reply_s = 0.8 * self._avg_reply_s + 0.2 * (time.perf_counter() - t0)
-
-    def _generate_one(self, req: _Request) -> None:
-        import contextlib
-
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-        from transformers.generation.streamers import BaseStreamer
-
-        decoder = IncrementalDecoder(self.tokenizer)
-        stream = req.stream
-        eos = {self.tokenizer.eos_token_id, self.model.config.eos_token_id}
-
-        class _Emit(BaseStreamer):
-            started = False
-
-            def put(self, value):
-                if not self.started:  # the first call carries the prompt
-                    self.started = True
-                    return
-                for tok in value.reshape(-1).tolist():
-                    if tok in eos:
-                        continue
-                    stream.n_tokens += 1
-                    delta = decoder.push(tok)
-                    if delta:
-                        stream._emit(delta)
-
-            def end(self):
-                pass
-
-        class _Cancelled(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):
-                return torch.full((input_ids.shape[0],), stream.cancelled, dtype=torch.bool,
-                                  device=input_ids.device)
-
-        p = req.params
-        input_ids = torch.tensor([req.input_ids], device=self.device)
-        kwargs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=p.max_new_tokens,
-                      streamer=_Emit(), stopping_criteria=StoppingCriteriaList([_Cancelled()]),
-                      pad_token_id=self.tokenizer.pad_token_id)
-        if p.temperature > 0:
-            kwargs.update(do_sample=True, temperature=p.temperature, top_p=p.top_p)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if p.seed is not None:
-            torch.manual_seed(p.seed)
-        with self._adapter_lock:
-            ctx = contextlib.nullcontext()
-            if req.adapter.path is None:
-                if hasattr(self.model, "disable_adapter"):
-                    ctx = self.model.disable_adapter()
-            else:
-                self.model.set_adapter(req.adapter.name)
-            with ctx, torch.inference_mode():
-                self.model.generate(**kwargs)
+        """Stop the engine; replies still running end with an error."""
+        self.engine.close()

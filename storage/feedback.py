@@ -266,6 +266,11 @@ class FeedbackMixin:
                 status = self.get_policy(m.policy_id).status
                 if status in ("archived", "broken"):
                     raise Conflict(f"message {m.id} comes from a version that is {status}; votes on it are closed")
+        if pair_id is None:
+            pair = self._one("SELECT id FROM arena_pairs WHERE (message_a_id = ? AND message_b_id = ?) OR "
+                             "(message_a_id = ? AND message_b_id = ?)", [a.id, b.id, b.id, a.id])
+            if pair is not None:
+                raise Conflict(f"these replies are arena pair {pair['id']}; vote with POST /arena/{pair['id']}/vote")
         annotator_id = self.annotator_id(annotator)
         with self._tx() as db:
             if pair_id is not None:
@@ -318,6 +323,13 @@ class FeedbackMixin:
         if row is not None:
             return Comparison.from_row(row)
         return self.record_comparison(pair.message_a_id, pair.message_b_id, winner, annotator, pair_id=pair_id)
+
+    def is_blind(self, message_id: int) -> bool:
+        """True while a reply belongs to an arena pair nobody has voted on (its version stays hidden)."""
+        row = self._one("""SELECT p.id FROM arena_pairs p LEFT JOIN comparisons c ON c.pair_id = p.id
+                           WHERE (p.message_a_id = ? OR p.message_b_id = ?) AND c.id IS NULL LIMIT 1""",
+                        [message_id, message_id])
+        return row is not None
 
     def arena_vote(self, pair_id: str) -> Optional[Comparison]:
         """The vote cast on an arena pair, or None while it is still blind."""

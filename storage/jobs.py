@@ -27,17 +27,22 @@ class JobsMixin:
     """Methods of Store for background work and its outputs."""
 
     # ---- queue -------------------------------------------------------------------------------
-    def enqueue_job(self, kind: str, agent: int | str | None = None, config: Optional[dict] = None) -> Job:
-        """Queue a job; if one of the same kind for the same agent is already queued or running, return it."""
+    def enqueue_job(self, kind: str, agent: int | str | None = None, config: Optional[dict] = None,
+                    key: Optional[str] = None) -> Job:
+        """Queue a job; if one of the same kind, agent and ``key`` is already queued or running, return it.
+
+        ``key`` tells apart jobs of one kind that may wait side by side (e.g. eval samples per version).
+        """
         if not isinstance(kind, str) or not kind:
             raise InvalidInput("job kind must be a non-empty string")
         agent_id = self.get_agent(agent).id if agent is not None else None
+        config = {**(config or {}), **({"key": key} if key is not None else {})}
         with self._tx() as db:
             row = self._one("SELECT * FROM jobs WHERE kind = ? AND agent_id IS ? AND status IN ('queued', 'running') "
-                            "ORDER BY id LIMIT 1", [kind, agent_id])
+                            "AND json_extract(config, '$.key') IS ? ORDER BY id LIMIT 1", [kind, agent_id, key])
             if row:
                 return Job.from_row(row)
-            job_id = self._insert(db, "jobs", {"kind": kind, "agent_id": agent_id, "config": dumps(config or {}),
+            job_id = self._insert(db, "jobs", {"kind": kind, "agent_id": agent_id, "config": dumps(config),
                                                "created": utcnow()})
         return self.get_job(job_id)
 

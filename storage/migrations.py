@@ -175,6 +175,23 @@ CREATE TABLE eval_samples (
 """)
 
 
+@MIGRATIONS(name="m002_auth")
+def m002_auth(db: Database) -> None:
+    # Sign-in for teams (issue 7): a password hash per user (scrypt, never plaintext) and API tokens kept
+    # as SHA-256 digests; a revoked token stays for the record.
+    _run(db, """
+ALTER TABLE annotators ADD COLUMN password_hash TEXT;
+CREATE TABLE api_tokens (
+    id INTEGER PRIMARY KEY,
+    annotator_id INTEGER NOT NULL REFERENCES annotators(id),
+    token_hash TEXT NOT NULL UNIQUE,
+    label TEXT NOT NULL DEFAULT '',
+    created TEXT NOT NULL,
+    revoked INTEGER NOT NULL DEFAULT 0 CHECK (revoked IN (0, 1))
+)
+""")
+
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))

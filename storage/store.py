@@ -11,6 +11,7 @@ from typing import Iterator, Optional
 
 from sqlite_utils import Database
 
+from storage.credentials import CredentialsMixin
 from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable
 from storage.feedback import FeedbackExportMixin, FeedbackMixin
 from storage.jobs import JobsMixin
@@ -24,7 +25,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin):
+class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
     """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
 
     def __init__(self, path: str | Path, max_text_chars: int = 8000):

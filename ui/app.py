@@ -1,39 +1,83 @@
 """The Gradio Blocks: a header, the annotator name, and one tab per module."""
 from __future__ import annotations
 
+import importlib.util
+
 import gradio as gr
 
+from rlhf.config import data_is_ephemeral
 from ui.arena import build_arena
 from ui.chat import build_chat
 from ui.dashboard import build_dashboard
-from ui.services import Services
+from ui.data_tab import build_data_tab
+from ui.permissions import current_user, is_admin
+from ui.services import Services, bind
 from ui.training import build_training
 
 TITLE = "RLHF Studio"
+EPHEMERAL = ("\n\n> ⚠️ **Data is NOT persistent here.** This Space has no persistent storage mounted at `{mount}`, "
+             "so every conversation, rating and trained version is **lost on restart**. Turn on persistent "
+             "storage in the Space settings (or export your data from the Data tab).")
+NO_OAUTH = ("\n\n> ⚠️ Hugging Face sign-in needs `gradio[oauth]` (listed in requirements.txt); it is not "
+            "installed, so nobody can sign in and ratings cannot be stored.")
+
+
+def oauth_available() -> bool:
+    """True when Gradio's OAuth extras (authlib, itsdangerous) are installed."""
+    return all(importlib.util.find_spec(m) is not None for m in ("authlib", "itsdangerous"))
 
 
 def header(services: Services) -> str:
-    """Top line: what is served and in which mode the app runs."""
-    mode = "single-user local mode (no login configured)"
-    return (f"# {TITLE}\nImprove a model by talking to it: chat, rate, compare, retrain. "
+    """Top line: what is served and in which mode the app runs, plus loud warnings."""
+    auth = services.auth
+    mode = auth.describe() if auth is not None else "**single-user local mode** (no login configured: you are admin)"
+    text = (f"# {TITLE}\nImprove a model by talking to it: chat, rate, compare, retrain. "
             f"Base model: `{services.server.model_name}` on {services.server.device} · {mode}")
+    if data_is_ephemeral(services.config):
+        text += EPHEMERAL.format(mount=services.config.server.persistent_dir)
+    if auth is not None and auth.hf_sign_in and not oauth_available():
+        text += NO_OAUTH
+    return text
+
+
+def signed_in_line(services: Services, request: gr.Request):
+    """The annotator box in team mode: the signed-in name, read-only."""
+    name = current_user(services, request)
+    if name is None:
+        return gr.Textbox(value="", placeholder="not signed in", interactive=False)
+    role = "admin" if is_admin(services, request) else "annotator"
+    return gr.Textbox(value=name, label=f"Signed in as ({role})", interactive=False)
 
 
 def build_ui(services: Services) -> gr.Blocks:
     """All tabs, wired to ``services``."""
+    team = services.auth is not None
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(header(services))
-        annotator = gr.Textbox(label="Your name (stored with every rating)", placeholder="e.g. alice",
-                               max_length=64)
-        remembered = gr.BrowserState("", storage_key="rlhf-studio-annotator", secret="rlhf-studio")
+        if team:
+            with gr.Row():
+                annotator = gr.Textbox(label="Signed in as", interactive=False, scale=4, max_length=64)
+                if services.auth.hf_sign_in and oauth_available():
+                    gr.LoginButton(scale=1)
+                elif services.auth.mode == "users":
+                    gr.Button("Log out", link="/logout", scale=1)
+        else:
+            annotator = gr.Textbox(label="Your name (stored with every rating)", placeholder="e.g. alice",
+                                   max_length=64)
+            remembered = gr.BrowserState("", storage_key="rlhf-studio-annotator", secret="rlhf-studio")
         with gr.Tab("Chat & Rate"):
             build_chat(services, annotator)
-        with gr.Tab("Arena"):
-            build_arena(services, annotator)
-        with gr.Tab("Dashboard"):
-            build_dashboard(services)
+        with gr.Tab("Arena") as arena_tab:
+            build_arena(services, annotator, arena_tab)
+        with gr.Tab("Dashboard") as dashboard_tab:
+            build_dashboard(services, dashboard_tab)
         with gr.Tab("Training"):
             build_training(services)
-        demo.load(lambda saved: saved or "", [remembered], [annotator], api_name=False)
-        annotator.change(lambda name: name, [annotator], [remembered], api_name=False)
+        with gr.Tab("Data"):
+            build_data_tab(services)
+        if team:
+            demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
+        else:
+            demo.load(lambda saved: saved or "", [remembered], [annotator], api_name=False)
+            annotator.change(lambda name: name, [annotator], [remembered], api_name=False)
     return demo

@@ -18,9 +18,11 @@ from rlhf.leaderboard import choose_pair
 from rlhf.serving import Busy
 from storage import Agent, ArenaPair, Comparison, Conflict, Message, Policy, Store, StoreError
 from ui import chatflow, views
+from ui.auth import signed_in_annotator
+from ui.permissions import Forbidden
 from ui.services import Services, bind
 
-VOTES = (("a", "👈 A is better"), ("b", "👉 B is better"), ("tie", "🤝 Tie"), ("both_bad", "👎 Both are bad"))
+VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
 HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
 
 
@@ -83,9 +85,10 @@ def open_round(services: Services, agent_name: Optional[str], messages: list[dic
         user = store.append_messages(parent.conversation_id, messages, parent_id=parent.id)[-1]
     else:
         user = chatflow.add_user_turn(store, agent, messages, None, annotator, source="arena")
-    a = chatflow.begin_reply(store, services.server, user.id, policy_a, params)
+    server = services.server_for(agent)
+    a = chatflow.begin_reply(store, server, user.id, policy_a, params)
     try:
-        b = chatflow.begin_reply(store, services.server, user.id, policy_b, params)
+        b = chatflow.begin_reply(store, server, user.id, policy_b, params)
     except BaseException:
         a.stream.cancel()
         raise
@@ -142,34 +145,38 @@ def _vote_buttons(enabled: bool) -> list:
     return [gr.Button(interactive=enabled) for _ in VOTES]
 
 
-def _chats(store: Store, shared_until: Optional[int], text_a: Optional[str], text_b: Optional[str]):
-    shared = [{"role": m.role, "content": m.content} for m in store.branch(shared_until)] if shared_until else []
-    side = lambda t: shared + ([{"role": "assistant", "content": t}] if t is not None else [])  # noqa: E731
-    return (gr.Chatbot(value=side(text_a), label="Model A"), gr.Chatbot(value=side(text_b), label="Model B"))
+def _sides(shared: list[dict], text_a: str, text_b: str) -> tuple[list[dict], list[dict]]:
+    """Both chat views: the shared context, then each side's reply."""
+    return (shared + [{"role": "assistant", "content": text_a}], shared + [{"role": "assistant", "content": text_b}])
 
 
-def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str):
+def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,
+               request: gr.Request = None):
     """Start (or continue) a round: both replies stream side by side, then the vote buttons open."""
     store = services.store
     state = dict(state or empty_state())
     pair_id = state.get("pair_id")
-    name = (annotator or "").strip() or None
     try:
+        name = signed_in_annotator(services, request, annotator)
         if pair_id is not None and store.arena_vote(pair_id) is None:
             raise Conflict("Vote on the current round first (or Start over).")
         rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
-    except (StoreError, Busy) as exc:
+    except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         open_vote = pair_id is not None and store.arena_vote(pair_id) is None
         yield (gr.Chatbot(), gr.Chatbot(), state, text, f"⚠️ {exc}", *_vote_buttons(open_vote))
         return
     state["pair_id"] = None  # the new round has no pair until both replies are stored
-    chat_a, chat_b = _chats(store, rnd.user.id, "", "")
-    yield (chat_a, chat_b, state, "", "Both versions are answering…", *_vote_buttons(False))
+    shared = [{"role": m.role, "content": m.content} for m in store.branch(rnd.user.id)]
+    chat_a, chat_b = _sides(shared, "", "")
+    answering = "Both versions are answering…"
+    # The first update also resets the labels a previous reveal set.
+    yield (gr.Chatbot(value=chat_a, label="Model A"), gr.Chatbot(value=chat_b, label="Model B"), state, "",
+           answering, *_vote_buttons(False))
     try:
         for text_a, text_b in stream_round(rnd):
-            chat_a, chat_b = _chats(store, rnd.user.id, text_a, text_b)
-            yield (chat_a, chat_b, state, "", "Both versions are answering…", *_vote_buttons(False))
+            chat_a, chat_b = _sides(shared, text_a, text_b)
+            yield (chat_a, chat_b, state, "", answering, *_vote_buttons(False))
         pair = close_round(store, rnd)
     except Exception as exc:  # a failed generation: say so, keep the app usable
         gr.Warning(f"generation failed: {exc}")
@@ -177,19 +184,19 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
                *_vote_buttons(False))
         return
     state["pair_id"] = pair.id
-    chat_a, chat_b = _chats(store, rnd.user.id, rnd.a.saved.content, rnd.b.saved.content)
+    chat_a, chat_b = _sides(shared, rnd.a.saved.content, rnd.b.saved.content)
     yield (chat_a, chat_b, state, "", "Which reply is better? Your vote reveals the versions.", *_vote_buttons(True))
 
 
-def submit_vote(services: Services, winner: str, state: dict, annotator: str):
+def submit_vote(services: Services, winner: str, state: dict, annotator: str, request: gr.Request = None):
     """Store the vote once, then reveal which version wrote each side."""
     store = services.store
     pair_id = (state or {}).get("pair_id")
     if pair_id is None:
         return (gr.Chatbot(), gr.Chatbot(), "Play a round first: ask something.", *_vote_buttons(False))
     try:
-        vote = cast_vote(store, pair_id, winner, (annotator or "").strip() or None)
-    except StoreError as exc:
+        vote = cast_vote(store, pair_id, winner, signed_in_annotator(services, request, annotator))
+    except (StoreError, Forbidden) as exc:
         gr.Warning(str(exc))
         return (gr.Chatbot(), gr.Chatbot(), f"⚠️ {exc} Start over for a new round.", *_vote_buttons(False))
     pol_a = store.get_policy(vote.policy_a_id) if vote.policy_a_id is not None else None
@@ -217,8 +224,8 @@ def leaderboard_tables(services: Services, agent_name: str):
 
 
 # ---- layout ----------------------------------------------------------------------------------------
-def build_arena(services: Services, annotator: Optional[gr.Textbox] = None) -> None:
-    """Lay out the tab (inside ``with gr.Tab(...)``) and bind its handlers."""
+def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab: Optional[gr.Tab] = None) -> None:
+    """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
     store = services.store
     agents = [a.name for a in store.list_agents()]
     if annotator is None:
@@ -256,3 +263,5 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None) -> N
     agent.change(start_over, None, chats + [state, status] + buttons, api_name=False)
     gr.on(None, tables, [agent], [board, matrix], api_name=False)  # on load and on agent change
     gr.Timer(10).tick(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
+    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
+        tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")

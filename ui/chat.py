@@ -8,6 +8,8 @@ import gradio as gr
 from rlhf.serving import Busy
 from storage import FLAGS, Store, StoreError
 from ui import chatflow
+from ui.auth import signed_in_annotator
+from ui.permissions import Forbidden, current_user
 from ui.services import Services, bind
 
 FEEDBACK_OPTIONS = ("Like", "Dislike") + FLAGS
@@ -63,19 +65,21 @@ def _params(services: Services, agent, max_new_tokens, temperature, top_p, seed)
 
 
 def send_message(services: Services, text: str, state: dict, agent_name: str, policy_id, annotator: str,
-                 max_new_tokens, temperature, top_p, seed):
+                 max_new_tokens, temperature, top_p, seed, request: gr.Request = None):
     """Record the user's message, stream the reply into the chat, record the reply."""
     store = services.store
     state = dict(state or empty_state())
     history, ids = branch_view(store, state["ids"][-1] if state["ids"] else None)
     try:
+        name = signed_in_annotator(services, request, annotator)
         agent = store.get_agent(agent_name)
         policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None)
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
+        server = services.server_for(agent)
         user_msg = chatflow.add_user_turn(store, agent, [{"role": "user", "content": text}],
-                                          state["conversation_id"], annotator_name(annotator))
-        pending = chatflow.begin_reply(store, services.server, user_msg.id, policy, params)
-    except (StoreError, Busy) as exc:
+                                          state["conversation_id"], name)
+        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
+    except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         yield history, state, text, f"⚠️ {exc}"
         return
@@ -87,11 +91,11 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
     reply = pending.save()
     history, state["ids"] = branch_view(store, reply.id)
     state["selected"] = reply.id
-    yield history, state, "", rating_summary(store, reply.id, annotator_name(annotator))
+    yield history, state, "", rating_summary(store, reply.id, name)
 
 
 def regenerate_reply(services: Services, state: dict, policy_id, annotator: str, max_new_tokens, temperature,
-                     top_p, seed):
+                     top_p, seed, request: gr.Request = None):
     """Generate an alternative (sibling) reply to the last user message; both replies are kept."""
     store = services.store
     state = dict(state or empty_state())
@@ -101,12 +105,13 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         yield history, state, "Nothing to regenerate yet."
         return
     try:
+        name = signed_in_annotator(services, request, annotator)
         parent = chatflow.sibling_parent(store, last_reply)
         agent = chatflow.agent_of(store, parent)
         policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None)
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
-        pending = chatflow.begin_reply(store, services.server, parent.id, policy, params)
-    except (StoreError, Busy) as exc:
+        pending = chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params)
+    except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         yield history, state, f"⚠️ {exc}"
         return
@@ -119,10 +124,10 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
     history, state["ids"] = branch_view(store, reply.id)
     state["selected"] = reply.id
     n = len(store.siblings(reply.id))
-    yield history, state, f"Alternative {n} stored. " + rating_summary(store, reply.id, annotator_name(annotator))
+    yield history, state, f"Alternative {n} stored. " + rating_summary(store, reply.id, name)
 
 
-def like_reply(services: Services, state: dict, annotator: str, data: gr.LikeData):
+def like_reply(services: Services, state: dict, annotator: str, data: gr.LikeData, request: gr.Request = None):
     """Thumbs and flags from the chatbot's feedback icons, stored at once (a double click stores one)."""
     store = services.store
     index = data.index if isinstance(data.index, int) else data.index[0]
@@ -130,8 +135,8 @@ def like_reply(services: Services, state: dict, annotator: str, data: gr.LikeDat
     if not 0 <= index < len(ids):
         return state, "That message is not part of this conversation."
     message_id = ids[index]
-    name = annotator_name(annotator)
     try:
+        name = signed_in_annotator(services, request, annotator)
         if data.liked is True or data.liked == "Like":
             store.record_rating(message_id, name, thumb=1)
         elif data.liked is False or data.liked == "Dislike":
@@ -141,14 +146,14 @@ def like_reply(services: Services, state: dict, annotator: str, data: gr.LikeDat
             store.record_rating(message_id, name, flags=sorted(set(current.get("flags") or []) | {data.liked}))
         else:
             return state, "Feedback cleared in the view; stored feedback is kept (it is append-only)."
-    except StoreError as exc:
+    except (StoreError, Forbidden) as exc:
         gr.Warning(str(exc))
         return state, f"⚠️ {exc}"
     state = dict(state, selected=message_id)
     return state, rating_summary(store, message_id, name)
 
 
-def select_reply(services: Services, state: dict, annotator: str, data: gr.SelectData):
+def select_reply(services: Services, state: dict, annotator: str, data: gr.SelectData, request: gr.Request = None):
     """Clicking a reply selects it for the score/flags/note panel."""
     store = services.store
     index = data.index if isinstance(data.index, int) else data.index[0]
@@ -156,10 +161,12 @@ def select_reply(services: Services, state: dict, annotator: str, data: gr.Selec
     if not 0 <= index < len(ids) or store.get_message(ids[index]).role != "assistant":
         return state, "Select a reply (an assistant message) to rate it."
     state = dict(state, selected=ids[index])
-    return state, rating_summary(store, ids[index], annotator_name(annotator))
+    viewer = current_user(services, request) if services.auth is not None else annotator_name(annotator)
+    return state, rating_summary(store, ids[index], viewer)
 
 
-def save_rating(services: Services, state: dict, annotator: str, score, flags, note: str):
+def save_rating(services: Services, state: dict, annotator: str, score, flags, note: str,
+                request: gr.Request = None):
     """Store score, flags and note for the selected reply."""
     store = services.store
     selected = (state or {}).get("selected")
@@ -171,11 +178,12 @@ def save_rating(services: Services, state: dict, annotator: str, score, flags, n
     if score is None and flags is None and note is None:
         return "Choose a score, a flag or write a note first."
     try:
-        store.record_rating(selected, annotator_name(annotator), score=score, flags=flags, note=note)
-    except StoreError as exc:
+        name = signed_in_annotator(services, request, annotator)
+        store.record_rating(selected, name, score=score, flags=flags, note=note)
+    except (StoreError, Forbidden) as exc:
         gr.Warning(str(exc))
         return f"⚠️ {exc}"
-    return "Saved. " + rating_summary(store, selected, annotator_name(annotator))
+    return "Saved. " + rating_summary(store, selected, name)
 
 
 def refresh_versions(services: Services, agent_name: str, current=None):
@@ -183,6 +191,11 @@ def refresh_versions(services: Services, agent_name: str, current=None):
     choices, active = version_choices(services.store, agent_name)
     keep = current if current in [c[1] for c in choices] else active
     return gr.Dropdown(choices=choices, value=keep)
+
+
+def refresh_agents(services: Services, current: str):
+    """Agent dropdown with agents created since the page loaded (keeps the pick)."""
+    return gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current)
 
 
 def new_conversation():
@@ -237,6 +250,7 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
                api_name="rate")
     new.click(new_conversation, None, [chatbot, state, status, score], api_name=False)
     agent.change(bind(refresh_versions, services), [agent], [version], api_name=False)
+    agent.focus(bind(refresh_agents, services), [agent], [agent], api_name=False)
     agent.change(new_conversation, None, [chatbot, state, status, score], api_name=False)
     gr.Timer(15).tick(bind(refresh_versions, services), [agent, version], [version], api_name=False,
                       show_progress="hidden")

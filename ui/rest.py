@@ -1,18 +1,19 @@
 """REST API under /api/v1: JSON in, JSON out, errors as {"error": "..."} with a 4xx status."""
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Literal, Optional
+from typing import Any, Iterator, Literal, Optional
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlhf.serving import Busy
-from storage import InvalidInput, StoreError
+from storage import Conflict, InvalidInput, StoreError
 from ui import chatflow
-from ui.permissions import Forbidden
+from ui.permissions import Forbidden, current_user
 from ui.services import Services
 
 PREFIX = "/api/v1"
@@ -93,18 +94,45 @@ def install_error_handlers(app: FastAPI) -> None:
         return error(422, "; ".join(problems) or "invalid request")
 
 
+def rest_annotator(services: Services, request: Request, given: Optional[str]) -> Optional[str]:
+    """The annotator of a write: the authenticated user when auth is on (a differing ``annotator`` field is
+    ignored), else the field as sent."""
+    if services.auth is None:
+        return given
+    return current_user(services, request) or given
+
+
 def message_json(services: Services, message_id: int) -> dict:
     """A stored message with its rating events, as returned by GET /messages/{id}."""
     store = services.store
     msg = store.get_message(message_id)
     out = {k: v for k, v in msg.to_dict().items() if k != "context_key"}
     out["ratings"] = [r.to_dict() for r in store.ratings_for(message_id)] if msg.role == "assistant" else []
+    if msg.role == "assistant" and store.is_blind(message_id):
+        out["policy_id"] = None  # an arena reply stays anonymous until its pair is voted on
     return out
 
 
 def reply_json(msg) -> dict:
     return {"conversation_id": msg.conversation_id, "message_id": msg.id, "policy_id": msg.policy_id,
             "content": msg.content, "latency_ms": msg.latency_ms}
+
+
+def ndjson_reply(pending: chatflow.PendingReply) -> Iterator[str]:
+    """NDJSON lines of a streamed reply: {"delta"} per chunk, then the /chat reply plus {"done", "ttft_ms",
+    "n_tokens"}, or {"error"}. A client that hangs up cancels its reply (nothing is stored)."""
+    try:
+        for delta in pending:
+            yield json.dumps({"delta": delta}) + "\n"
+        msg = pending.save()
+        stream = pending.stream
+        ttft = None if stream.first_token_at is None else round((stream.first_token_at - stream.submitted) * 1000, 1)
+        yield json.dumps({"done": True, **reply_json(msg), "ttft_ms": ttft, "n_tokens": stream.n_tokens}) + "\n"
+    except Exception as exc:  # the status line is already sent: report in-band
+        yield json.dumps({"error": str(exc)}) + "\n"
+    finally:
+        if pending.saved is None:
+            pending.stream.cancel()
 
 
 def build_router(services: Services) -> APIRouter:
@@ -127,40 +155,59 @@ def build_router(services: Services) -> APIRouter:
                                               "metrics", "error")} for p in rows]
 
     @r.post("/chat")
-    def chat(body: ChatBody):
+    def chat(body: ChatBody, request: Request):
         agent = store.get_agent(body.agent)  # None = the default (first) agent
         policy = chatflow.resolve_policy(store, agent, body.policy_id)
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
                                      body.seed)
+        server = services.server_for(agent)
         user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
-                                          body.conversation_id, body.annotator, source="api")
-        return reply_json(chatflow.begin_reply(store, services.server, user_msg.id, policy, params).save())
+                                          body.conversation_id, rest_annotator(services, request, body.annotator),
+                                          source="api")
+        return reply_json(chatflow.begin_reply(store, server, user_msg.id, policy, params).save())
+
+    @r.post("/chat/stream")
+    def chat_stream(body: ChatBody, request: Request):
+        """/chat streamed as NDJSON; errors before the first byte (bad input, busy) are ordinary JSON errors."""
+        agent = store.get_agent(body.agent)  # the same steps as /chat
+        policy = chatflow.resolve_policy(store, agent, body.policy_id)
+        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
+                                     body.seed)
+        server = services.server_for(agent)
+        user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
+                                          body.conversation_id, rest_annotator(services, request, body.annotator),
+                                          source="api")
+        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
+        return StreamingResponse(ndjson_reply(pending), media_type="application/x-ndjson")
 
     @r.post("/messages/{message_id}/regenerate")
     def regenerate(message_id: int, body: RegenerateBody):
+        if store.is_blind(message_id):
+            raise Conflict("this reply is part of an arena round that has not been voted on yet; vote first")
         parent = chatflow.sibling_parent(store, message_id)
         agent = chatflow.agent_of(store, parent)
         original = store.get_message(message_id)
         policy = chatflow.resolve_policy(store, agent, body.policy_id if body.policy_id is not None
                                          else original.policy_id)
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
-        return reply_json(chatflow.begin_reply(store, services.server, parent.id, policy, params).save())
+        return reply_json(chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params).save())
 
     @r.get("/messages/{message_id}")
     def get_message(message_id: int):
         return message_json(services, message_id)
 
     @r.post("/feedback")
-    def feedback(body: FeedbackBody):
+    def feedback(body: FeedbackBody, request: Request):
         if body.thumb is None and body.score is None and body.flags is None and body.note is None:
             raise InvalidInput("feedback needs at least one of thumb, score, flags, note")
-        rating = store.record_rating(body.message_id, body.annotator, thumb=body.thumb, score=body.score,
-                                     flags=body.flags, note=body.note)
+        rating = store.record_rating(body.message_id, rest_annotator(services, request, body.annotator),
+                                     thumb=body.thumb, score=body.score, flags=body.flags, note=body.note)
         return {"id": rating.id}
 
     @r.post("/comparisons")
-    def comparisons(body: ComparisonBody):
-        comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner, body.annotator)
+    def comparisons(body: ComparisonBody, request: Request):
+        comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner,
+                                       rest_annotator(services, request, body.annotator))
         return {"id": comp.id}
 
     return r

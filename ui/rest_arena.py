@@ -6,8 +6,8 @@ from typing import Literal, Optional
 from fastapi import APIRouter, Request
 
 from ui import arena, views
-from ui.permissions import Forbidden, require_admin
-from ui.rest import PREFIX, ChatMessage, Strict, error
+from ui.permissions import require_admin
+from ui.rest import PREFIX, ChatMessage, Strict, rest_annotator
 from ui.services import Services
 
 
@@ -35,9 +35,9 @@ def build_arena_router(services: Services) -> APIRouter:
     store = services.store
 
     @r.post("/arena")
-    def arena_round(body: ArenaBody):
-        rnd = arena.open_round(services, body.agent, [m.model_dump() for m in body.messages], body.annotator,
-                               body.continue_pair_id)
+    def arena_round(body: ArenaBody, request: Request):
+        rnd = arena.open_round(services, body.agent, [m.model_dump() for m in body.messages],
+                               rest_annotator(services, request, body.annotator), body.continue_pair_id)
         try:
             pair = arena.close_round(store, rnd)
         except BaseException:
@@ -48,8 +48,8 @@ def build_arena_router(services: Services) -> APIRouter:
                 "b": {"message_id": pair.message_b_id, "content": rnd.b.saved.content}}
 
     @r.post("/arena/{pair_id}/vote")
-    def arena_vote(pair_id: str, body: VoteBody):
-        vote = arena.cast_vote(store, pair_id, body.winner, body.annotator)
+    def arena_vote(pair_id: str, body: VoteBody, request: Request):
+        vote = arena.cast_vote(store, pair_id, body.winner, rest_annotator(services, request, body.annotator))
         return {"comparison_id": vote.id, "a_policy_id": vote.policy_a_id, "b_policy_id": vote.policy_b_id}
 
     @r.get("/leaderboard")
@@ -60,10 +60,7 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.post("/policies/{policy_id}/archive")
     def archive(policy_id: int, request: Request):
-        try:
-            require_admin(services, request)
-        except Forbidden as exc:
-            return error(403, str(exc))
+        require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.rest's handlers)
         return policy_json(store.archive_policy(policy_id))
 
     return r

@@ -15,7 +15,9 @@ from rlhf.scheduler import StudioScheduler
 from rlhf.serving import PolicyServer
 from storage import Store
 from ui.app import build_ui
+from ui.auth import Auth, install_security
 from ui.rest import body_size_guard, build_router, install_error_handlers
+from ui.rest_admin import build_admin_router
 from ui.rest_arena import build_arena_router
 from ui.rest_jobs import build_jobs_router
 from ui.services import Services
@@ -34,8 +36,10 @@ def load_server(config: AppConfig) -> PolicyServer:
     """The base model (converted and cached on first use) behind a generation worker, warmed up."""
     t0 = time.perf_counter()
     source = resolve_model(config.base_model, config.data_path)
-    server = PolicyServer.load(source, pick_device(config.device), config.base_model,
-                               config.serving.max_context_tokens, config.serving.load_in_4bit)
+    s = config.serving
+    server = PolicyServer.load(source, pick_device(config.device), config.base_model, s.max_context_tokens,
+                               s.load_in_4bit, queue_size=s.queue_size, max_batch_size=s.max_batch_size,
+                               batch_window_ms=s.batch_window_ms)
     log.info("model %s loaded from %s in %.1f s", config.base_model, source, time.perf_counter() - t0)
     if config.serving.warmup:
         log.info("warm-up generation took %.1f s", server.warmup())
@@ -49,10 +53,12 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     sweep jobs a dead process left running, then start the scheduler (when enabled).
     """
     store = open_store(config)
+    auth = Auth.from_config(config, store)  # before the model loads: a bad users file fails fast
     clean_leftovers(store, config)
     check_adapters(store)
     scheduler = StudioScheduler(store, config)
-    services = Services(config=config, store=store, server=server or load_server(config), scheduler=scheduler)
+    services = Services(config=config, store=store, server=server or load_server(config), scheduler=scheduler,
+                        auth=auth)
     if config.scheduler.enabled:
         scheduler.start()
     else:
@@ -60,18 +66,33 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     return services
 
 
+def widen_thread_pool(config: AppConfig) -> None:
+    """Blocking REST handlers run in anyio's worker threads (40 by default); give every reply the engine
+    accepts (running + waiting) a thread, so a full server answers "busy" instead of making clients queue."""
+    import anyio.to_thread
+
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = max(limiter.total_tokens, config.serving.max_batch_size + config.serving.queue_size + 16)
+
+
 def create_app(services: Services) -> FastAPI:
     """FastAPI app with the REST API under /api/v1 and the Gradio UI at /."""
     app = FastAPI(title="RLHF Studio", docs_url="/api/v1/docs", openapi_url="/api/v1/openapi.json")
     install_error_handlers(app)
     body_size_guard(app, services.config.server.max_body_bytes)
+    install_security(app, services)  # added last = runs first: 403 cross-origin, 401, 429 before anything
+    app.router.on_startup.append(lambda: widen_thread_pool(services.config))
     app.include_router(build_router(services))
     app.include_router(build_arena_router(services))
     app.include_router(build_jobs_router(services))
+    app.include_router(build_admin_router(services))
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
-    return gr.mount_gradio_app(app, demo, path="/", max_file_size="5mb", allowed_paths=[], show_error=True,
-                               footer_links=["api"])
+    login = services.auth.login if services.auth is not None and services.auth.mode == "users" else None
+    # No share links (we never call launch), no extra allowed_paths, uploads capped.
+    return gr.mount_gradio_app(app, demo, path="/", max_file_size=services.config.server.max_file_size,
+                               allowed_paths=[], show_error=True, footer_links=["api"], auth=login,
+                               auth_message="RLHF Studio: sign in with the name and password your admin gave you.")
 
 
 def serve(config: AppConfig) -> None:
@@ -79,6 +100,9 @@ def serve(config: AppConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     services = build_services(config)
     app = create_app(services)
+    if services.auth is None and config.server.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s WITHOUT sign-in: anyone who can reach it is admin; set RLHF_USERS or "
+                    "server.users_file for a team", config.server.host)
     print(f"RLHF Studio on http://{config.server.host}:{config.server.port}", flush=True)
     try:
         uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning")

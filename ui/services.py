@@ -1,14 +1,16 @@
 """What the handlers get injected: config, the Store, the policy server, and the background machinery."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from rlhf.config import AppConfig
 from rlhf.serving import PolicyServer
-from storage import Store
+from storage import Conflict, Store
 
 
 @dataclass
@@ -20,12 +22,38 @@ class Services:
     server: PolicyServer
     scheduler: Optional[Any] = None  # rlhf.scheduler.StudioScheduler when running
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
+    servers: dict = field(default_factory=dict)  # base model -> PolicyServer of agents on another base
+    _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def server_for(self, agent) -> PolicyServer:
+        """The PolicyServer for an agent's base model: the app's own, or one loaded (once) on first use."""
+        base = getattr(agent, "base_model", None)
+        if not base or _canonical(base) in (_canonical(self.config.base_model), _canonical(self.server.model_name)):
+            return self.server
+        with self._servers_lock:
+            if base not in self.servers:
+                from ui.server import load_server  # ui.server imports this module
+
+                try:
+                    self.servers[base] = load_server(dataclasses.replace(self.config, base_model=base))
+                except Exception as exc:  # a missing or broken model dir: the request fails, the app stays up
+                    raise Conflict(f"agent {agent.name!r}: base model {base!r} cannot be loaded: {exc}") from exc
+            return self.servers[base]
 
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.shutdown()
+        for server in self.servers.values():
+            server.close()
         self.server.close()
         self.store.close()
+
+
+def _canonical(name: str) -> str:
+    """A shipped model's hub id (the shipped GGUF and the hub checkpoint are the same model)."""
+    from rlhf.models import SHIPPED
+
+    return SHIPPED[name][2] if name in SHIPPED else name
 
 
 def bind(fn: Callable, *args: Any) -> Callable:

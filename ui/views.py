@@ -152,20 +152,35 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
     return pd.DataFrame(rows, columns=VERSION_COLUMNS)
 
 
-def rating_plot_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """Points for the rating plot: per version its BT rating and the two 95% CI ends (one line per version).
+PALETTE = ("#3b82f6", "#f97316", "#10b981", "#ef4444", "#8b5cf6", "#eab308", "#06b6d4", "#ec4899")
+TICK_HALF_WIDTH = 0.18  # half width of the BT tick, in versions
 
-    Columns: version (label), rating, point ("CI low", "BT", "CI high"), elo. Versions without a
-    bootstrap interval get their BT point only.
+
+def rating_plot_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """Error-bar glyphs for a LinePlot: per version a vertical 95% CI line and a horizontal tick at the BT rating.
+
+    Columns: x (version number, the tick spread around it), rating, series (``v3`` for the CI line,
+    ``v3 BT`` for the tick: one line each), point, elo. A version without an interval gets its tick only.
     """
     rows = []
     for row in table.sort_values("version").itertuples(index=False):
-        label = f"v{row.version}"
-        points = [("CI low", row.ci_low), ("BT", row.bt), ("CI high", row.ci_high)]
-        for name, value in points:
-            if not missing(value):
-                rows.append({"version": label, "rating": float(value), "point": name, "elo": float(row.elo)})
-    return pd.DataFrame(rows, columns=["version", "rating", "point", "elo"])
+        label, n = f"v{row.version}", float(row.version)
+        base = {"elo": round(float(row.elo), 1)}
+        if not missing(row.ci_low) and not missing(row.ci_high):
+            rows += [{"x": n, "rating": float(row.ci_low), "series": label, "point": "CI low", **base},
+                     {"x": n, "rating": float(row.ci_high), "series": label, "point": "CI high", **base}]
+        rows += [{"x": n + dx, "rating": float(row.bt), "series": f"{label} BT", "point": "BT", **base}
+                 for dx in (-TICK_HALF_WIDTH, TICK_HALF_WIDTH)]
+    return pd.DataFrame(rows, columns=["x", "rating", "series", "point", "elo"])
+
+
+def rating_plot_colors(frame: pd.DataFrame) -> dict[str, str]:
+    """One colour per version, shared by its CI line and its BT tick."""
+    versions = sorted({s.split(" ")[0] for s in frame["series"]}, key=lambda v: int(v[1:]))
+    colors = {}
+    for i, v in enumerate(versions):
+        colors[v] = colors[f"{v} BT"] = PALETTE[i % len(PALETTE)]
+    return colors
 
 
 def padded_limits(values: Iterable[float], pad: float = 20.0) -> Optional[list[float]]:

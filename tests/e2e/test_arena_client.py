@@ -1,0 +1,49 @@
+"""One arena round over real HTTP on loopback, driven by gradio_client: blind replies, a vote, the reveal."""
+from __future__ import annotations
+
+import pytest
+from gradio_client import Client
+
+from tests.rlhf.test_serving import make_adapter
+
+
+@pytest.fixture
+def two_versions(services, tiny_model_dir, tmp_path):
+    store = services.store
+    store.update_agent("assistant", generation={"max_new_tokens": 6})
+    v0 = store.active_policy("assistant")
+    v1 = store.register_policy_version("assistant", make_adapter(tiny_model_dir, tmp_path / "v1", seed=31), v0.id,
+                                       promote=False)
+    return v0, v1
+
+
+def text(message) -> str:
+    content = message["content"]
+    return "".join(p["text"] for p in content) if isinstance(content, list) else content
+
+
+def test_arena_round_through_gradio_client(live_app, services, two_versions):
+    store = services.store
+    client = Client(live_app.url + "/", verbose=False)
+    try:
+        play_and_vote(client, store, two_versions)
+    finally:
+        client.close()  # lets the live server shut down at once
+
+
+def play_and_vote(client, store, two_versions):
+    chat_a, chat_b, box, status, *_ = client.predict("Which of you is better?", "assistant", "dora",
+                                                     api_name="/arena")
+    assert box == "" and "vote" in status.lower()
+    assert [text(m) for m in chat_a][:1] == [text(m) for m in chat_b][:1] == ["Which of you is better?"]
+    assert "v0" not in status and "v1" not in status  # blind before the vote
+    (pair_row,) = store.db.query("SELECT id FROM arena_pairs")  # the pair id never reached the client
+    pair = store.get_arena_pair(pair_row["id"])
+    assert text(chat_a[-1]).strip() == store.get_message(pair.message_a_id).content.strip()
+    assert text(chat_b[-1]).strip() == store.get_message(pair.message_b_id).content.strip()
+
+    chat_a, chat_b, reveal, *_ = client.predict("dora", api_name="/arena_vote_b")
+    vote = store.arena_vote(pair.id)
+    assert vote.winner == "b" and store.annotator_id("dora") == vote.annotator_id
+    assert {vote.policy_a_id, vote.policy_b_id} == {p.id for p in two_versions}
+    assert "**A** was" in reveal and "v0 · base (active)" in reveal and "v1 (candidate)" in reveal

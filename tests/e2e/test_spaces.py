@@ -1,0 +1,120 @@
+"""The app built exactly as Hugging Face Spaces builds it (app.py with SPACE_ID set), without a server; and the
+Space's metadata: README front matter and requirements.txt pins that match pyproject."""
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from rlhf.config import SPACES_BASE_MODEL, load_config
+from tests.conftest import ROOT
+
+SPACE_ENV = ("SPACE_ID", "HF_TOKEN", "RLHF_USERS", "RLHF_ADMINS")
+
+
+@pytest.fixture
+def space_env(monkeypatch, tiny_model_dir):
+    """The environment a Space gives the app (plus a tiny model and no background work, for speed)."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("RLHF_") or name in SPACE_ENV:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SPACE_ID", "team/rlhf-studio")
+    monkeypatch.setenv("RLHF_ADMINS", "boss")
+    monkeypatch.setenv("RLHF_BASE_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("RLHF_DEVICE", "cpu")
+    monkeypatch.setenv("RLHF_SERVING_WARMUP", "false")
+    monkeypatch.setenv("RLHF_SCHEDULER_ENABLED", "false")
+    return monkeypatch
+
+
+def build_space_app():
+    import app as app_module
+
+    return app_module.build([])
+
+
+def test_spaces_defaults_in_the_config(tmp_path):
+    cfg = load_config(env={"SPACE_ID": "team/rlhf-studio", "RLHF_SERVER_PERSISTENT_DIR": str(tmp_path)})
+    assert cfg.base_model == SPACES_BASE_MODEL and cfg.server.host == "0.0.0.0"
+    assert cfg.data_dir == str(tmp_path / "rlhf-studio")  # the persistent mount exists: data lives there
+    kept = load_config(env={"SPACE_ID": "x/y", "RLHF_BASE_MODEL": "mine", "RLHF_DATA_DIR": "/elsewhere"},
+                       overrides=["server.host=127.0.0.1"])
+    assert (kept.base_model, kept.data_dir, kept.server.host) == ("mine", "/elsewhere", "127.0.0.1")
+    assert load_config(env={}).base_model == "smollm2-135m-instruct"  # not on a Space: the shipped GGUF
+
+
+def test_app_builds_as_on_spaces_with_persistent_storage(space_env, tmp_path):
+    from ui.app import header
+
+    mount = tmp_path / "data-mount"
+    mount.mkdir()
+    space_env.setenv("RLHF_SERVER_PERSISTENT_DIR", str(mount))
+    app = build_space_app()
+    services = app.state.services
+    try:
+        cfg = services.config
+        assert cfg.server.space_id == "team/rlhf-studio" and cfg.server.host == "0.0.0.0"
+        assert services.store.path == mount / "rlhf-studio" / "studio.db"
+        assert services.auth is not None and services.auth.mode == "hf" and services.auth.role_for("boss") == "admin"
+        text = header(services)
+        assert "Hugging Face sign-in" in text and "NOT persistent" not in text
+        with TestClient(app) as client:
+            assert client.get("/api/v1/health").json()["status"] == "ok"
+            assert client.get("/api/v1/agents").status_code == 401  # the REST API wants a token on a Space
+            page = client.get("/")
+            assert page.status_code == 200 and "<html" in page.text.lower()
+    finally:
+        services.close()
+
+
+def test_app_warns_loudly_without_persistent_storage(space_env, tmp_path):
+    from ui.app import header
+
+    space_env.setenv("RLHF_SERVER_PERSISTENT_DIR", str(tmp_path / "no-mount"))
+    space_env.setenv("RLHF_DATA_DIR", str(tmp_path / "ephemeral"))
+    app = build_space_app()
+    services = app.state.services
+    try:
+        assert "Data is NOT persistent" in header(services) and "lost on restart" in header(services)
+    finally:
+        services.close()
+
+
+def front_matter() -> dict:
+    text = (ROOT / "README.md").read_text()
+    match = re.match(r"^---\n(.*?)\n---\n", text, re.S)
+    assert match, "README.md must start with the Spaces front matter (--- YAML ---)"
+    return yaml.safe_load(match.group(1))
+
+
+def pyproject_deps() -> dict[str, str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return dict(split_requirement(d) for d in deps)
+
+
+def split_requirement(line: str) -> tuple[str, str]:
+    """('gradio', '==6.31.0') from 'gradio[oauth]==6.31.0' (extras dropped, name normalised)."""
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*(.*?)\s*$", line)
+    return m.group(1).lower().replace("_", "-"), m.group(3).replace(" ", "")
+
+
+def test_readme_front_matter_is_a_valid_gradio_space():
+    meta = front_matter()
+    for key in ("title", "emoji", "sdk", "sdk_version", "app_file", "hf_oauth"):
+        assert key in meta, f"front matter lacks {key}"
+    assert meta["sdk"] == "gradio" and meta["app_file"] == "app.py" and meta["hf_oauth"] is True
+    assert (ROOT / meta["app_file"]).is_file()
+    assert "==" + str(meta["sdk_version"]) == pyproject_deps()["gradio"], "sdk_version must match the gradio pin"
+    assert len(str(meta.get("short_description", ""))) <= 60
+
+
+def test_requirements_match_pyproject():
+    lines = [ln for ln in (ROOT / "requirements.txt").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    reqs = dict(split_requirement(ln) for ln in lines)
+    assert reqs == pyproject_deps()
+    assert "gradio[oauth]" in (ROOT / "requirements.txt").read_text()  # HF sign-in needs the extra on Spaces

@@ -1,0 +1,200 @@
+"""View models of the arena and dashboard, on hand-made records (no Gradio, no Store)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from storage import Comparison, Job, Policy, RewardModel
+from ui import views
+
+T0 = "2024-01-02T03:04:05.000+00:00"
+
+
+def pol(pid, version, status="candidate", parent=None, metrics=None, rm=None):
+    return Policy(id=pid, agent_id=1, version=version, parent_id=parent,
+                  adapter_path=None if version == 0 else f"/adapters/{pid}", status=status, reward_model_id=rm,
+                  job_id=None, data_snapshot={}, config={}, metrics=metrics or {}, error=None, created=T0)
+
+
+def comp(a, b, winner, cid=1):
+    return Comparison(id=cid, message_a_id=10, message_b_id=11, policy_a_id=a, policy_b_id=b, winner=winner,
+                      annotator_id=None, pair_id=None, created=T0)
+
+
+V0, V1, V2 = pol(1, 0, "active"), pol(2, 1, parent=1), pol(3, 2, "archived", parent=2)
+
+
+def test_only_comparisons_between_two_known_versions_are_votes():
+    rows = views.rated_votes([comp(1, 2, "a"), comp(2, 2, "b"), comp(None, 2, "a"), comp(2, None, "tie")])
+    assert rows == [{"policy_a": 1, "policy_b": 2, "winner": "a"}]
+
+
+def test_board_hand_worked_elo_and_counts():
+    # One vote, v1 beats v0: expected score 0.5 on both sides, so Elo moves K/2 = 16 points each way.
+    # The regenerate comparison (v1 vs v1) and the unknown-version one must not count.
+    table = views.board([comp(2, 1, "a"), comp(2, 2, "a"), comp(None, 1, "b")], [V0, V1, V2], n_boot=50)
+    rows = table.set_index("policy_id")
+    assert rows.loc[2, "elo"] == pytest.approx(1016.0) and rows.loc[1, "elo"] == pytest.approx(984.0)
+    assert rows.loc[3, "elo"] == 1000.0 and rows.loc[3, "votes"] == 0
+    assert list(table["policy_id"][:1]) == [2] and rows.loc[2, "bt"] > rows.loc[1, "bt"]
+    assert rows.loc[2, "status"] == "candidate" and rows.loc[3, "status"] == "archived"
+    assert (rows.loc[1, "votes"], rows.loc[1, "losses"], rows.loc[2, "wins"]) == (1, 1, 1)
+    # One vote: every resample is that vote, so the interval collapses onto the estimate.
+    assert rows.loc[2, "ci_low"] == pytest.approx(rows.loc[2, "bt"]) == pytest.approx(rows.loc[2, "ci_high"])
+    assert math.isnan(rows.loc[3, "ci_low"])
+
+
+def test_leaderboard_json_is_strict_json_with_nulls():
+    rows = views.leaderboard_json(views.board([comp(2, 1, "both_bad")], [V0, V1, V2], n_boot=10))
+    text = json.dumps(rows, allow_nan=False)  # NaN would raise here
+    by_id = {r["policy_id"]: r for r in rows}
+    assert by_id[2]["votes"] == 1 and by_id[2]["win_rate"] is None and by_id[3]["ci_low"] is None
+    assert {"policy_id", "version", "elo", "bt", "ci_low", "ci_high", "votes", "win_rate", "status"} <= set(rows[0])
+    assert isinstance(by_id[2]["votes"], int) and "NaN" not in text
+
+
+def test_pair_candidates_skip_archived_and_rate_only_rated_versions():
+    table = views.board([comp(2, 1, "a"), comp(1, 2, "both_bad")], [V0, V1, V2, pol(4, 3)], n_boot=0)
+    cands = {c["policy_id"]: c for c in views.pair_candidates(table)}
+    assert set(cands) == {1, 2, 4}  # v2 is archived
+    assert cands[2]["rating"] > cands[1]["rating"] and cands[4]["rating"] is None
+    assert cands[1]["votes"] == 2 and cands[4]["status"] == "candidate"
+
+
+def test_win_rate_view_counts_ties_half():
+    comps = [comp(2, 1, "a"), comp(1, 2, "b"), comp(2, 1, "tie"), comp(2, 1, "both_bad")]
+    view = views.win_rate_view(comps, [V1, V0, V2]).set_index("row beats →")
+    assert list(view.columns) == ["v0", "v1", "v2"]
+    assert view.loc["v1", "v0"] == "83%" and view.loc["v0", "v1"] == "17%"  # 2.5 of 3 rated games
+    assert view.loc["v0", "v0"] == views.DASH and view.loc["v1", "v2"] == views.DASH  # never met
+
+
+def test_leaderboard_view_rows():
+    view = views.leaderboard_view(views.board([comp(2, 1, "a"), comp(2, 1, "tie")], [V0, V1], n_boot=20))
+    first = view.iloc[0]
+    assert first["Version"] == "v1" and first["#"] == 1 and first["W / L / T"] == "1 / 0 / 1"
+    assert first["Win rate"] == "75%" and " – " in first["95% CI"]
+
+
+def test_versions_table_metrics_lineage_and_dashes():
+    rm = RewardModel(id=7, agent_id=1, path="/rm", mode="pairwise", data_snapshot={}, config={},
+                     metrics={"eval_accuracy": 0.75}, job_id=None, created=T0)
+    v1 = pol(2, 1, parent=1, rm=7, metrics={"eval/reward": 0.4321, "eval/kl": 1.234, "feedback_used": 40})
+    v2 = pol(3, 2, parent=2, metrics={"reward_model/eval_accuracy": 0.9, "eval/reward": None})
+    table = views.board([comp(2, 1, "a")], [V0, v1, v2], n_boot=20)
+    out = views.versions_table([V0, v1, v2], {7: rm}, table)
+    assert list(out.columns) == views.VERSION_COLUMNS
+    assert list(out["Version"]) == ["v2", "v1", "v0 · base"]
+    r2, r1, r0 = (out.iloc[i] for i in range(3))
+    assert (r1["Parent"], r1["Feedback used"], r1["RM accuracy"]) == ("v0", "40", "75%")
+    assert (r1["Eval reward"], r1["KL to base"], r1["Elo"], r1["Votes"]) == ("0.432", "1.23", "1016", 1)
+    bt = table.set_index("policy_id").loc[2, "bt"]
+    assert r1["BT [95% CI]"].startswith(f"{bt:.0f} [")
+    assert r2["RM accuracy"] == "90%" and r2["Eval reward"] == views.DASH and r2["Feedback used"] == views.DASH
+    assert r0["Parent"] == views.DASH and r0["Created"] == "2024-01-02 03:04" and r0["Status"] == "active"
+    assert r2["BT [95% CI]"] == "1000"  # no votes: no interval to show
+
+
+def test_rating_plot_frame_draws_a_ci_bar_and_a_bt_tick_per_version():
+    table = views.board([comp(2, 1, "a"), comp(1, 2, "b"), comp(1, 2, "a")], [V0, V1, V2], n_boot=50)
+    frame = views.rating_plot_frame(table)
+    bt = table.set_index("policy_id")["bt"]
+    bar = frame[frame["series"] == "v1"]
+    assert list(bar["point"]) == ["CI low", "CI high"] and set(bar["x"]) == {1.0}  # vertical at x = version
+    assert bar["rating"].iloc[0] < bt[2] < bar["rating"].iloc[1]
+    tick = frame[frame["series"] == "v1 BT"]
+    assert list(tick["rating"]) == [bt[2], bt[2]] and list(tick["x"]) == [1 - views.TICK_HALF_WIDTH,
+                                                                         1 + views.TICK_HALF_WIDTH]
+    assert set(frame[frame["x"].between(1.5, 2.5)]["series"]) == {"v2 BT"}  # no votes: no interval
+    colors = views.rating_plot_colors(frame)
+    assert colors["v1"] == colors["v1 BT"] != colors["v0"] and set(frame["series"]) <= set(colors)
+    lo, hi = views.padded_limits(frame["rating"])
+    assert lo < frame["rating"].min() and hi > frame["rating"].max()
+    assert views.padded_limits([]) is None
+
+
+def test_curves_keys_and_frame():
+    rows = [{"step": s, "key": k, "value": v} for s, k, v in
+            [(0, "reward/mean", 0.1), (1, "reward/mean", 0.3), (0, "ppo/kl", 0.0), (1, "ppo/kl", float("nan")),
+             (0, "loss/value", 2.0)]]
+    keys = views.metric_keys(rows)
+    assert keys == ["loss/value", "ppo/kl", "reward/mean"]
+    assert views.default_curve_keys(keys) == ["reward/mean", "ppo/kl"]
+    assert views.default_curve_keys(["objective/kl", "loss/policy"]) == ["objective/kl"]
+    assert views.default_curve_keys(["a", "b", "c"]) == ["a", "b"]
+    frame = views.curve_frame(rows, ["reward/mean", "ppo/kl"])
+    assert frame.to_dict(orient="records") == [{"step": 0, "value": 0.0, "metric": "ppo/kl"},
+                                               {"step": 0, "value": 0.1, "metric": "reward/mean"},
+                                               {"step": 1, "value": 0.3, "metric": "reward/mean"}]
+
+
+def test_job_choices_newest_first():
+    def job(i, kind):
+        return Job(id=i, kind=kind, agent_id=1, status="succeeded", progress=1.0, phase="", message="", config={},
+                   result={}, error=None, pid=None, cancel_requested=0, checkpoint=None, created=T0, started=None,
+                   finished=None, heartbeat=None)
+    assert [c[1] for c in views.job_choices([job(1, "retrain"), job(3, "retrain")])] == [3, 1]
+    assert views.job_choices([job(3, "retrain")])[0][0].startswith("#3 retrain · succeeded")
+
+
+def test_volume_frame_hours_then_days_and_y_from_zero():
+    rows = [{"hour": "2024-01-02T03", "kind": "ratings", "n": 4},
+            {"hour": "2024-01-02T03", "kind": "comparisons", "n": 2},
+            {"hour": "2024-01-02T05", "kind": "ratings", "n": 1}]
+    frame, y_lim = views.volume_frame(rows)
+    assert list(frame["period"]) == ["2024-01-02 03:00", "2024-01-02 03:00", "2024-01-02 05:00"]
+    assert y_lim == [0, math.ceil(6 * 1.15)]  # stacked bars: 4 + 2 in one hour
+    rows.append({"hour": "2024-01-09T10", "kind": "ratings", "n": 3})
+    frame, y_lim = views.volume_frame(rows)  # more than three days: one bar per day
+    assert frame.to_dict(orient="records") == [{"period": "2024-01-02", "kind": "comparisons", "n": 2},
+                                               {"period": "2024-01-02", "kind": "ratings", "n": 5},
+                                               {"period": "2024-01-09", "kind": "ratings", "n": 3}]
+    empty, y_lim = views.volume_frame([])
+    assert empty.empty and list(empty.columns) == ["period", "kind", "n"] and y_lim[0] == 0
+
+
+def test_side_by_side_aligns_prompts_and_marks_missing():
+    a = [{"prompt_index": 0, "prompt": [{"role": "user", "content": "Hi?"}], "reply": "Hello", "reward": 0.5},
+         {"prompt_index": 1, "prompt": "Plain prompt", "reply": "A1", "reward": None}]
+    b = [{"prompt_index": 1, "prompt": "Plain prompt", "reply": "B1", "reward": -0.25}]
+    frame = views.side_by_side(a, b, "v1", "v2")
+    assert list(frame.columns) == ["Prompt", "v1 reply", "v1 reward", "v2 reply", "v2 reward"]
+    assert frame.values.tolist() == [["Hi?", "Hello", "0.500", views.DASH, views.DASH],
+                                     ["Plain prompt", "A1", views.DASH, "B1", "-0.250"]]
+    same = views.side_by_side(a, a, "v1", "v1")
+    assert "v1 (A) reply" in same.columns and "v1 (B) reply" in same.columns
+
+
+def test_prompt_text_shapes():
+    turns = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+             {"role": "assistant", "content": "r"}, {"role": "user", "content": "q2"}]
+    assert views.prompt_text(turns) == "user: q\nassistant: r\nuser: q2"
+    assert views.prompt_text({"messages": [{"role": "user", "content": "x"}]}) == "x"
+
+
+def test_rollback_target():
+    v0, v3 = pol(1, 0, "candidate"), pol(4, 3, "active", parent=2)
+    assert views.rollback_target([v0, pol(2, 1, "candidate"), pol(3, 2), v3]).id == 2  # the parent
+    broken_parent = [v0, pol(2, 1, "broken"), pol(3, 2, "archived"), v3]
+    assert views.rollback_target(broken_parent).id == 3  # newest older usable
+    assert views.rollback_target([pol(1, 0, "active")]) is None
+
+
+def test_formatting_and_reveal():
+    assert views.fmt(None) == views.DASH and views.fmt(float("nan")) == views.DASH and views.fmt("x") == views.DASH
+    assert views.fmt(0.125, 1, percent=True) == "12.5%" and views.fmt(3, 0) == "3"
+    text = views.reveal_text("b", V1, V0, 42)
+    assert "**A** was **v1 (candidate)**" in text and "v0 · base (active)" in text and "#42" in text
+    assert "continue" in text
+    assert "Start over" in views.reveal_text("both_bad", V1, V0, 1) and "continue" not in \
+        views.reveal_text("both_bad", V1, V0, 1)
+    assert views.version_choices([V0, V1, V2], servable_only=True) == [("v1 (candidate)", 2),
+                                                                       ("v0 · base (active)", 1)]
+
+
+def test_frames_are_pandas():
+    assert isinstance(views.curve_frame([], []), pd.DataFrame)
+    assert isinstance(views.rating_plot_frame(views.board([], [V0], n_boot=0)), pd.DataFrame)

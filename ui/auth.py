@@ -1,0 +1,346 @@
+"""Who is calling: configured users (Gradio login, HTTP Basic, API tokens) or Hugging Face sign-in on Spaces.
+
+``Auth`` answers ``user_of(request)`` and ``role_of(request)`` for a ``gr.Request`` (Gradio sets
+``username`` after its login, or the OAuth session holds the HF profile) and for a Starlette/FastAPI
+request (``Authorization: Basic ...`` or ``Authorization: Bearer <token>``). ``install_security`` is the
+one place the REST API is guarded: 401 without valid credentials, 429 over the per-user rate, 403 for a
+cross-origin write. Role checks stay in the handlers (``ui.permissions.require_admin``).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import math
+import secrets
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+import gradio as gr
+import yaml
+from fastapi import FastAPI, Request
+
+from rlhf.config import AppConfig, ConfigError
+from storage import Store
+from storage.credentials import hash_password, is_password_hash, verify_password
+from ui.permissions import Forbidden, current_user
+from ui.services import Services
+
+log = logging.getLogger(__name__)
+
+ROLES = ("admin", "annotator")
+PREFIX = "/api/v1"
+# Open without credentials: the liveness probe and the API's own description (no data in either).
+PUBLIC_PATHS = {f"{PREFIX}/health", f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/docs/oauth2-redirect"}
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+VERIFIED_TTL = 300.0  # seconds a successful Basic login is remembered (scrypt costs ~50 ms per check)
+
+
+class AuthConfigError(ConfigError):
+    """A users spec or users file that cannot be used."""
+
+
+# ---- users from config ------------------------------------------------------------------------------
+def _check_user(name: Any, role: Any, where: str) -> tuple[str, str]:
+    if not isinstance(name, str) or not name.strip() or len(name) > 64 or ":" in name:
+        raise AuthConfigError(f"{where}: user name must be 1-64 characters without ':', got {name!r}")
+    if role not in ROLES:
+        raise AuthConfigError(f"{where}: role must be admin or annotator, got {role!r}")
+    return name.strip(), role
+
+
+def parse_users(spec: str) -> list[dict]:
+    """``'alice:pw:admin,bob:pw'`` → [{name, password, role}]; the role defaults to annotator.
+
+    The password is everything between the first ':' and a trailing ':admin' / ':annotator', so it may
+    contain ':' but not ','; use a users file for anything else.
+    """
+    users = []
+    for i, item in enumerate(p.strip() for p in (spec or "").split(",")):
+        if not item:
+            continue
+        name, sep, rest = item.partition(":")
+        if not sep:
+            raise AuthConfigError(f"users entry {i + 1}: expected name:password[:role], got {name!r}")
+        password, role = rest, "annotator"
+        head, _, tail = rest.rpartition(":")
+        if head and tail in ROLES:
+            password, role = head, tail
+        if not password:
+            raise AuthConfigError(f"users entry {i + 1} ({name}): empty password")
+        name, role = _check_user(name, role, f"users entry {i + 1}")
+        users.append({"name": name, "password": password, "role": role})
+    return users
+
+
+def load_users_file(path: str | Path) -> list[dict]:
+    """Users from a YAML/JSON file: a list (or ``{users: [...]}``) of {name, password | password_hash, role}."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AuthConfigError(f"users file not found: {p}")
+    try:
+        tree = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise AuthConfigError(f"{p}: cannot parse: {exc}") from None
+    if isinstance(tree, dict):
+        tree = tree.get("users")
+    if not isinstance(tree, list):
+        raise AuthConfigError(f"{p}: expected a list of users (or a mapping with a 'users' list)")
+    users = []
+    for i, entry in enumerate(tree):
+        where = f"{p} entry {i + 1}"
+        if not isinstance(entry, dict):
+            raise AuthConfigError(f"{where}: expected a mapping with name, password|password_hash, role")
+        name, role = _check_user(entry.get("name"), entry.get("role", "annotator"), where)
+        password, hashed = entry.get("password"), entry.get("password_hash")
+        if (password is None) == (hashed is None):
+            raise AuthConfigError(f"{where} ({name}): give exactly one of password or password_hash")
+        if hashed is not None and not is_password_hash(hashed):
+            raise AuthConfigError(f"{where} ({name}): password_hash is not a scrypt hash "
+                                  "(make one with `rlhf-studio token --hash-password`)")
+        if password is not None and (not isinstance(password, str) or not password):
+            raise AuthConfigError(f"{where} ({name}): empty password")
+        users.append({"name": name, "role": role, "password": password, "password_hash": hashed})
+    return users
+
+
+def configured_users(config: AppConfig) -> list[dict]:
+    """Users from ``server.users`` and ``server.users_file`` (the file wins for a name in both)."""
+    users = {u["name"]: u for u in parse_users(config.server.users)}
+    if config.server.users_file:
+        users.update({u["name"]: u for u in load_users_file(config.server.users_file)})
+    return list(users.values())
+
+
+def sync_users(store: Store, users: list[dict]) -> None:
+    """Store each user's role and password hash (kept when the password is unchanged); forget removed users."""
+    for u in users:
+        stored = store.password_hash(u["name"])
+        if u.get("password_hash"):
+            new = u["password_hash"]
+        elif stored and verify_password(u["password"], stored):
+            new = stored  # same password: keep the hash instead of re-salting at every start
+        else:
+            new = hash_password(u["password"])
+        store.set_password_hash(u["name"], new, role=u["role"])
+    store.clear_passwords_except(u["name"] for u in users)
+
+
+# ---- the Auth object ------------------------------------------------------------------------------
+def _session(request: Any) -> dict:
+    """The signed cookie session of a request (where Gradio keeps the HF OAuth profile), or {}."""
+    for candidate in (getattr(request, "request", None), request):
+        if candidate is None or isinstance(candidate, gr.Request):
+            continue
+        try:
+            session = candidate.session  # Starlette asserts when no SessionMiddleware is installed
+        except (AssertionError, AttributeError, KeyError):
+            continue
+        if isinstance(session, dict):
+            return session
+    return {}
+
+
+class Auth:
+    """Users and roles: ``mode`` is 'users' (configured names and passwords) or 'hf' (Hugging Face sign-in)."""
+
+    def __init__(self, store: Store, mode: str, roles: Optional[dict[str, str]] = None, admins=()):
+        if mode not in ("users", "hf"):
+            raise ValueError(f"unknown auth mode {mode!r}")
+        self.store = store
+        self.mode = mode
+        self.roles = dict(roles or {})
+        self.admins = {a.strip() for a in admins if a and a.strip()}
+        self._key = secrets.token_bytes(32)  # per process: remembered logins die with it
+        self._verified: dict[bytes, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: AppConfig, store: Store) -> Optional["Auth"]:
+        """Auth for this config, or None for single-user local mode (no users, not on a Space)."""
+        users = configured_users(config)
+        if users:
+            sync_users(store, users)
+            return cls(store, "users", {u["name"]: u["role"] for u in users}, config.server.admins)
+        store.clear_passwords_except([])
+        if config.server.space_id:
+            return cls(store, "hf", admins=config.server.admins)
+        return None
+
+    @property
+    def hf_sign_in(self) -> bool:
+        return self.mode == "hf"
+
+    def describe(self) -> str:
+        """One line for the UI header."""
+        if self.mode == "users":
+            return f"team mode: {len(self.roles)} configured user(s), sign-in required"
+        return "Hugging Face sign-in: signed-in users annotate" + (
+            f"; admins: {', '.join(sorted(self.admins))}" if self.admins else "; no admins configured (RLHF_ADMINS)")
+
+    # -- credentials
+    def login(self, username: str, password: str) -> bool:
+        """Check a name and password (Gradio's login form and HTTP Basic)."""
+        if self.mode != "users" or username not in self.roles or not isinstance(password, str):
+            return False
+        cache_key = hmac.new(self._key, f"{username}\x00{password}".encode(), hashlib.sha256).digest()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._verified.get(cache_key)
+            if hit and hit[1] > now:
+                return True
+        if not verify_password(password, self.store.password_hash(username)):
+            return False
+        with self._lock:
+            if len(self._verified) > 10_000:
+                self._verified.clear()
+            self._verified[cache_key] = (username, now + VERIFIED_TTL)
+        return True
+
+    def from_header(self, header: Optional[str]) -> Optional[str]:
+        """The user an ``Authorization`` header proves (Basic name:password or Bearer API token), or None."""
+        if not header:
+            return None
+        scheme, _, value = header.strip().partition(" ")
+        value = value.strip()
+        if scheme.lower() == "bearer" and value:
+            name = self.store.token_owner(value)
+            return name if name is not None and self.role_for(name) is not None else None
+        if scheme.lower() == "basic" and value:
+            try:
+                decoded = base64.b64decode(value, validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                return None
+            name, sep, password = decoded.partition(":")
+            return name if sep and self.login(name, password) else None
+        return None
+
+    # -- the hooks ui.permissions calls
+    def user_of(self, request: Any) -> Optional[str]:
+        """The signed-in user of a Gradio or REST request, or None."""
+        if request is None:
+            return None
+        if isinstance(request, gr.Request):
+            name = getattr(request, "username", None)
+            if name:
+                return name if self.role_for(name) is not None else None
+        else:
+            state = getattr(request, "state", None)
+            name = getattr(state, "rlhf_user", None) if state is not None else None
+            if name:
+                return name
+            headers = getattr(request, "headers", None)
+            name = self.from_header(headers.get("authorization") if headers is not None else None)
+            if name:
+                return name
+        if self.mode == "hf":
+            profile = (_session(request).get("oauth_info") or {}).get("userinfo") or {}
+            return profile.get("preferred_username") or None
+        return None
+
+    def role_for(self, name: Optional[str]) -> Optional[str]:
+        """A user's role: configured (RLHF_ADMINS may promote a configured user), or on Spaces admin when
+        listed, else annotator. None for nobody, and for names that are not configured users."""
+        if not name:
+            return None
+        if self.mode == "users":
+            role = self.roles.get(name)
+            return "admin" if role is not None and name in self.admins else role
+        return "admin" if name in self.admins else "annotator"
+
+    def role_of(self, request: Any) -> Optional[str]:
+        return self.role_for(self.user_of(request))
+
+
+def signed_in_annotator(services: Services, request: Any, typed: Optional[str]) -> Optional[str]:
+    """Who a write is attributed to: the signed-in user when auth is on (Forbidden when nobody is), else
+    the name typed in the UI (None when blank)."""
+    if services.auth is None:
+        return (typed or "").strip() or None
+    name = current_user(services, request)
+    if not name:
+        raise Forbidden("sign in first: ratings are stored under your name")
+    return name
+
+
+# ---- REST guard ------------------------------------------------------------------------------------
+class RateLimiter:
+    """At most ``per_minute`` requests per key in any sliding 60 s window."""
+
+    def __init__(self, per_minute: int, window: float = 60.0):
+        self.per_minute = per_minute
+        self.window = window
+        self._hits: dict[str, deque] = {}
+        self._lock = threading.Lock()
+
+    def retry_after(self, key: str, now: Optional[float] = None) -> Optional[float]:
+        """Count a request; None when allowed, else seconds until the oldest request leaves the window."""
+        if self.per_minute <= 0:
+            return None
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            hits = self._hits.setdefault(key, deque())
+            while hits and hits[0] <= now - self.window:
+                hits.popleft()
+            if len(hits) >= self.per_minute:
+                return max(0.0, hits[0] + self.window - now)
+            hits.append(now)
+            if len(self._hits) > 10_000:  # forget idle keys
+                self._hits = {k: v for k, v in self._hits.items() if v and v[-1] > now - self.window}
+            return None
+
+
+def cross_origin(request: Request) -> bool:
+    """True when a browser sends this request from another site (its Origin is not this host)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False  # scripts and same-origin GETs send none
+    if origin == "null":
+        return True
+    hosts = {request.headers.get("host", "")}
+    hosts.update(h.strip() for h in request.headers.get("x-forwarded-host", "").split(",") if h.strip())
+    return urlsplit(origin).netloc not in hosts
+
+
+def _error(status: int, message: str, headers: Optional[dict] = None):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def install_security(app: FastAPI, services: Services) -> None:
+    """The REST guard: cross-origin writes → 403, no valid credentials → 401, over the rate → 429.
+
+    Reads ``services.auth`` per request, so local mode (None) passes everything but cross-origin writes.
+    """
+    limiter = RateLimiter(services.config.server.rate_limit_per_minute)
+
+    @app.middleware("http")
+    async def _guard(request: Request, call_next):
+        path = request.url.path
+        if not path.startswith(PREFIX):
+            return await call_next(request)
+        if request.method not in SAFE_METHODS and cross_origin(request):
+            return _error(403, "cross-origin write refused: call the API from the app's own origin or a script")
+        auth = services.auth
+        if auth is None or path in PUBLIC_PATHS:
+            return await call_next(request)
+        # Password checks are slow (scrypt): run them off the event loop.
+        from starlette.concurrency import run_in_threadpool
+
+        user = await run_in_threadpool(auth.user_of, request)
+        key = f"user:{user}" if user else f"ip:{request.client.host if request.client else '?'}"
+        wait = limiter.retry_after(key)
+        if wait is not None:
+            return _error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+        if not user:
+            return _error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
+                               "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})
+        request.state.rlhf_user = user
+        return await call_next(request)
