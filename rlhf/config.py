@@ -94,7 +94,7 @@ class PPOConfig:
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.")
     adversarial_ratio: float = opt(0.5, "Share of rollout prompts drawn from low-rated contexts.")
     prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.")
-    eval_prompts: int = opt(8, "Held-out prompts used for evaluation.")
+    eval_prompts: int = opt(12, "Held-out prompts used for evaluation.")
     lora_r: int = opt(16, "LoRA rank of the policy adapter.")
     lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.")
     load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).")

@@ -1,9 +1,10 @@
 """Evaluate a candidate policy against the active one on held-out prompts, and gate its promotion.
 
-Both versions answer the same prompts with the same decoding and seed; the new reward model scores
-both (blind pairwise win rate = share of prompts where the candidate scores higher, ties half), and
-KL to the base is the Monte-Carlo estimate E_y~π[log π(y|x) − log π_base(y|x)] on the candidate's
-own sampled replies (Ziegler et al. 2019 use the same sequence-level KL).
+Both versions answer the same prompts greedily (one sample per prompt at temperature 1 made the verdict
+mostly noise on a dozen prompts); the new reward model scores both (blind pairwise win rate = share of
+prompts where the candidate scores higher, ties half). KL to the base is the Monte-Carlo estimate
+E_y~π[log π(y|x) − log π_base(y|x)] on the candidate's own *sampled* replies (the sequence-level KL of
+Ziegler et al. 2019), since greedy replies would not be draws from π.
 """
 from __future__ import annotations
 
@@ -110,13 +111,15 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
                       active: Optional[str], max_new_tokens: int = 48, temperature: float = 1.0,
                       seed: int = 1234) -> EvalReport:
     """Candidate (adapter name) vs active (adapter name or None = base) on held-out prompts."""
-    cand_text, cand_ids, p_ids = generate_replies(model, tokenizer, prompts, candidate, max_new_tokens,
-                                                  temperature, seed)
-    act_text, _, _ = generate_replies(model, tokenizer, prompts, active, max_new_tokens, temperature, seed)
+    cand_text, _, _ = generate_replies(model, tokenizer, prompts, candidate, max_new_tokens, 0.0, seed)
+    act_text, _, _ = generate_replies(model, tokenizer, prompts, active, max_new_tokens, 0.0, seed)
     cand_r = [float(x) for x in scorer(prompts, cand_text)]
     act_r = [float(x) for x in scorer(prompts, act_text)]
-    lp_c = sequence_logprobs(model, p_ids, cand_ids, candidate)
-    lp_b = sequence_logprobs(model, p_ids, cand_ids, None)
+    # KL to base on the candidate's sampled replies (at the rollout temperature)
+    _, sampled_ids, p_ids = generate_replies(model, tokenizer, prompts, candidate, max_new_tokens,
+                                             temperature or 1.0, seed)
+    lp_c = sequence_logprobs(model, p_ids, sampled_ids, candidate)
+    lp_b = sequence_logprobs(model, p_ids, sampled_ids, None)
     kl = sum(c - b for c, b in zip(lp_c, lp_b)) / max(1, len(prompts))
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return EvalReport(

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from rlhf.config import AppConfig, apply_overrides
+from rlhf.config import AppConfig, ConfigError, apply_overrides
 from rlhf.jobs import JobContext, job_kind
-from storage import Store
+from storage import InvalidInput, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
 PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
@@ -48,7 +48,10 @@ def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
 
 def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dict] = None) -> dict:
     """What a retrain would use and cost now: feedback counts, pairs, minutes, and what is missing."""
-    cfg = apply_overrides(config, overrides or {})
+    try:
+        cfg = apply_overrides(config, overrides or {})
+    except ConfigError as exc:
+        raise InvalidInput(f"config: {exc}") from None
     counts = _data_counts(store, cfg, agent)
     mode = cfg.reward.mode
     if mode == "pairwise" or (mode == "auto" and counts["pairs"] >= cfg.reward.min_pairs):

@@ -99,14 +99,22 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
             raise InvalidInput(f"{table}: {exc}") from exc
         except sqlite3.OperationalError as exc:
             raise StorageUnavailable(f"cannot write to {table}: {exc}") from exc
+        except (OverflowError, UnicodeEncodeError) as exc:
+            raise InvalidInput(f"{table}: a value cannot be stored: {exc}") from exc
         return cur.lastrowid
 
     def _one(self, sql: str, params: list | tuple = ()) -> Optional[dict]:
-        rows = list(self.db.query(sql, params))
+        rows = self._all(sql, params)
         return rows[0] if rows else None
 
     def _all(self, sql: str, params: list | tuple = ()) -> list[dict]:
-        return list(self.db.query(sql, params))
+        try:
+            return list(self.db.query(sql, params))
+        except (OverflowError, UnicodeEncodeError):
+            # A parameter SQLite cannot even bind (an id beyond 64 bits, text with a lone surrogate) names no
+            # stored record: a lookup by it is a 404, not a crash.
+            raise NotFound("no record matches: a number beyond SQLite's 64-bit range or invalid Unicode text") \
+                from None
 
     def close(self) -> None:
         """Close every connection this Store opened."""

@@ -22,7 +22,7 @@ def dumps(value: Any) -> str:
 
 
 def check_text(value: Any, what: str, limit: int, allow_empty: bool = False) -> str:
-    """Validate user text: a string, not blank, no NUL bytes, at most ``limit`` characters."""
+    """Validate user text: a string, not blank, no NUL bytes, at most ``limit`` characters, valid Unicode."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string")
     if not allow_empty and not value.strip():
@@ -31,4 +31,8 @@ def check_text(value: Any, what: str, limit: int, allow_empty: bool = False) -> 
         raise InvalidInput(f"{what} contains a NUL byte")
     if len(value) > limit:
         raise InvalidInput(f"{what} is {len(value)} characters; the limit is {limit}")
+    try:  # JSON may carry a lone surrogate ("\\ud800"): valid JSON, but not text SQLite can store
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} is not valid Unicode text (it contains a lone surrogate)") from None
     return value

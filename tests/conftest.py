@@ -66,6 +66,20 @@ def make_tiny_model(target: Path, tokenizer, seed: int = 0, layers: int = 2, hid
     return target
 
 
+def make_adapter(model_dir, target, seed: int, alpha: int = 64) -> str:
+    """A LoRA adapter with non-zero random weights (so it really changes outputs), saved to ``target``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=alpha, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(target)
+    return str(target)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), tokenizer)

@@ -146,8 +146,10 @@ def _vote_buttons(enabled: bool) -> list:
 
 
 def _sides(shared: list[dict], text_a: str, text_b: str) -> tuple[list[dict], list[dict]]:
-    """Both chat views: the shared context, then each side's reply."""
-    return (shared + [{"role": "assistant", "content": text_a}], shared + [{"role": "assistant", "content": text_b}])
+    """Both chat views: the shared context, then each side's reply (HTML shown as typed)."""
+    shared = views.literal_chat(shared)
+    return (shared + [{"role": "assistant", "content": views.literal_html(text_a)}],
+            shared + [{"role": "assistant", "content": views.literal_html(text_b)}])
 
 
 def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,

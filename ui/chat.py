@@ -11,6 +11,7 @@ from ui import chatflow
 from ui.auth import signed_in_annotator
 from ui.permissions import Forbidden, current_user
 from ui.services import Services, bind
+from ui.views import literal_html
 
 FEEDBACK_OPTIONS = ("Like", "Dislike") + FLAGS
 
@@ -25,7 +26,7 @@ def branch_view(store: Store, leaf_id: Optional[int]) -> tuple[list[dict], list[
     if leaf_id is None:
         return [], []
     msgs = store.branch(leaf_id)
-    return [{"role": m.role, "content": m.content} for m in msgs], [m.id for m in msgs]
+    return [{"role": m.role, "content": literal_html(m.content)} for m in msgs], [m.id for m in msgs]
 
 
 def version_choices(store: Store, agent_name: str) -> tuple[list[tuple[str, int]], Optional[int]]:
@@ -84,9 +85,11 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         yield history, state, text, f"⚠️ {exc}"
         return
     state["conversation_id"] = user_msg.conversation_id
-    shown = history + [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+    shown = history + [{"role": "user", "content": literal_html(text)}, {"role": "assistant", "content": ""}]
+    so_far = ""
     for delta in pending:
-        shown[-1]["content"] += delta
+        so_far += delta
+        shown[-1]["content"] = literal_html(so_far)
         yield shown, state, "", "Generating…"
     reply = pending.save()
     history, state["ids"] = branch_view(store, reply.id)
@@ -117,8 +120,10 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         return
     shown, _ = branch_view(store, parent.id)
     shown = shown + [{"role": "assistant", "content": ""}]
+    so_far = ""
     for delta in pending:
-        shown[-1]["content"] += delta
+        so_far += delta
+        shown[-1]["content"] = literal_html(so_far)
         yield shown, state, "Regenerating…"
     reply = pending.save()
     history, state["ids"] = branch_view(store, reply.id)
@@ -173,7 +178,7 @@ def save_rating(services: Services, state: dict, annotator: str, score, flags, n
     if selected is None:
         return "Select a reply first."
     note = note if note and note.strip() else None
-    score = int(score) if score not in (None, "") else None
+    score = None if score in (None, "") else score  # the Store validates it: 6, NaN, "five" get a clear message
     flags = list(flags) if flags else None
     if score is None and flags is None and note is None:
         return "Choose a score, a flag or write a note first."

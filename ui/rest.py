@@ -6,9 +6,11 @@ import math
 from typing import Any, Iterator, Literal, Optional
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
 
 from rlhf.serving import Busy
 from storage import Conflict, InvalidInput, StoreError
@@ -82,6 +84,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Busy)
     async def _busy(request: Request, exc: Busy):
         return error(503, str(exc), {"Retry-After": str(int(math.ceil(exc.retry_after)))})
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        # FastAPI's own refusals (a body that is not UTF-8, one over the size limit) in the API's error shape.
+        if request.url.path.startswith(PREFIX):
+            return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -214,13 +223,36 @@ def build_router(services: Services) -> APIRouter:
 
 
 def body_size_guard(app: FastAPI, max_bytes: int) -> None:
-    """Refuse oversized REST bodies with 413 before reading them."""
+    """Refuse oversized REST bodies with 413: by Content-Length before reading, and while reading a body sent
+    without one (chunked), so no client makes the server buffer more than ``max_bytes``."""
+    app.add_middleware(BodyLimit, max_bytes=max_bytes)
 
-    @app.middleware("http")
-    async def _limit(request: Request, call_next):
-        if request.url.path.startswith(PREFIX) and request.method in ("POST", "PUT", "PATCH"):
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > max_bytes):
-                return error(413, f"request body larger than {max_bytes} bytes")
-        return await call_next(request)
+
+class BodyLimit:
+    """ASGI middleware behind ``body_size_guard`` (pure ASGI: it must see the body's chunks as they arrive)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX) \
+                or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        too_large = f"request body larger than {self.max_bytes} bytes"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await error(413, too_large)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # FastAPI re-raises an HTTPException from the body read as is
+                    raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, counted, send)
 

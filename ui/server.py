@@ -98,6 +98,7 @@ def create_app(services: Services) -> FastAPI:
 def serve(config: AppConfig) -> None:
     """Build everything and serve until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # it logs every queue poll at INFO
     services = build_services(config)
     app = create_app(services)
     if services.auth is None and config.server.host not in ("127.0.0.1", "localhost", "::1"):

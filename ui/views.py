@@ -6,6 +6,7 @@ and the tests call them with hand-made records.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable, Optional
 
 import pandas as pd
@@ -50,6 +51,24 @@ def status_label(policy: Policy) -> str:
 def short_time(stamp: Optional[str]) -> str:
     """ISO UTC timestamp as ``YYYY-MM-DD HH:MM``."""
     return stamp[:16].replace("T", " ") if stamp else DASH
+
+
+# The Chatbot renders Markdown and (sanitized) HTML: a reply that writes <b> or <script> would lose those
+# characters on screen, and the rater would judge something else than what was said. So & and < are escaped
+# outside code, which Markdown already shows literally (escaping there would show "&lt;"); > stays, so block
+# quotes still work. Code = spans and fenced blocks; an unclosed fence runs to the end, as mid-stream.
+_CODE = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]*`)", re.S)
+
+
+def literal_html(text: str) -> str:
+    """Chat text for a Markdown view that shows HTML exactly as typed instead of rendering it."""
+    parts = _CODE.split(text)
+    return "".join(part if i % 2 else part.replace("&", "&amp;").replace("<", "&lt;") for i, part in enumerate(parts))
+
+
+def literal_chat(messages: list[dict]) -> list[dict]:
+    """Chatbot messages with ``literal_html`` applied to each content."""
+    return [{**m, "content": literal_html(m["content"])} for m in messages]
 
 
 # ---- leaderboard -----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from gradio_client import Client
 
-from tests.rlhf.test_serving import make_adapter
+from tests.conftest import make_adapter
 
 
 @pytest.fixture

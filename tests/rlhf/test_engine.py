@@ -16,6 +16,7 @@ import torch
 from rlhf.batch import DecodeBatch, GrowingLayer, keep_rows, merge, sample_next
 from rlhf.engine import BatchEngine, IncrementalDecoder, Request
 from rlhf.serving import AdapterRef, Busy, GenParams, PolicyServer, ReplyStream
+from tests.conftest import make_adapter
 
 TEXTS = ["Hi", "Tell me a long story about a dragon and a knight who became friends", "What is 2+2?",
          "Bonjour, ça va? 🙂 Dis-moi tout."]
@@ -34,18 +35,6 @@ def make_lively_model(target, tokenizer, seed=0):
     return target
 
 
-def make_adapter(model_dir, target, seed):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"],
-                                                  init_lora_weights=False))
-    peft_model.save_pretrained(target)
-    return str(target)
-
-
 @pytest.fixture(scope="module")
 def lively_dir(tmp_path_factory, tokenizer):
     return make_lively_model(tmp_path_factory.mktemp("lively"), tokenizer)
@@ -61,7 +50,7 @@ def model(lively_dir):
 @pytest.fixture(scope="module")
 def adapter_dirs(lively_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lively-adapters")
-    return [make_adapter(lively_dir, root / f"a{i}", seed=20 + i) for i in range(2)]
+    return [make_adapter(lively_dir, root / f"a{i}", seed=20 + i, alpha=32) for i in range(2)]
 
 
 @pytest.fixture(scope="module")

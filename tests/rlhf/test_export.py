@@ -141,7 +141,7 @@ def test_verl_parquet_has_its_schema(filled, config, tmp_path):
     rm = load_dataset("parquet", data_files=str(result.path / "rm" / "train.parquet"), split="train")
     assert len(rm) == N_CONVERSATIONS
     launch = (result.path / "LAUNCH.md").read_text()
-    assert "python3 -m verl.trainer.main_ppo" in launch and f"data.train_files=$EXPORT_DIR/train.parquet" in launch
+    assert "python3 -m verl.trainer.main_ppo" in launch and "data.train_files=$EXPORT_DIR/train.parquet" in launch
     assert "verl.model_merger merge" in launch and "rlhf-studio import-policy" in launch
 
 

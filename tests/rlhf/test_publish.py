@@ -16,7 +16,7 @@ def job(store, n):
 
 @pytest.fixture
 def adapter(tmp_path, tiny_model_dir):
-    from tests.rlhf.test_serving import make_adapter
+    from tests.conftest import make_adapter
 
     return make_adapter(tiny_model_dir, tmp_path / "trained", seed=3)
 

@@ -4,25 +4,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
 
 from rlhf.serving import AdapterError, AdapterRef, Busy, GenParams, PolicyServer
+from tests.conftest import make_adapter
 
 BASE = AdapterRef(1)
 HISTORY = [{"role": "user", "content": "Say something."}]
-
-
-def make_adapter(model_dir, target, seed):
-    """A LoRA adapter with non-zero random weights (so it really changes outputs)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"],
-                                                  init_lora_weights=False))
-    peft_model.save_pretrained(target)
-    return str(target)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from storage import Conflict
-from tests.rlhf.test_serving import make_adapter
+from tests.conftest import make_adapter
 from ui import arena
 from ui.auth import Auth, sync_users
 from ui.server import create_app

@@ -1,0 +1,111 @@
+"""Training tab handlers and the training REST API (dry run, enqueue, jobs, cancel, promote)."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rlhf.scheduler import Rule
+from ui import training
+from ui.server import create_app
+
+
+def seed_pairs(store, n):
+    for i in range(n):
+        conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": f"q{i}"}])
+        user = store.leaf(conv.id)
+        a, b = store.record_reply(user.id, "good, thanks", 1), store.record_reply(user.id, "bad", 1)
+        store.record_comparison(a.id, b.id, "a", "ann")
+
+
+@pytest.fixture
+def client(services):
+    with TestClient(create_app(services)) as c:
+        yield c
+
+
+def test_retrain_now_refuses_without_data_then_queues_once(services):
+    assert "Not enough data" in training.retrain_now(services, "assistant", None)
+    assert services.store.count("jobs") == 0
+    seed_pairs(services.store, 16)
+    first = training.retrain_now(services, "assistant", None)
+    second = training.retrain_now(services, "assistant", None)
+    assert "queued" in first and first == second and services.store.count("jobs") == 1
+
+
+def test_refresh_shows_estimate_jobs_progress_and_curves(services):
+    seed_pairs(services.store, 3)
+    job = services.scheduler.enqueue("selftest", "assistant")
+    services.store.claim_job(pid=1)
+    services.store.job_progress(job.id, 0.4, "ppo", "PPO step 2/8")
+    services.store.log_job(job.id, "[ppo] PPO step 2/8")
+    services.store.log_metrics(job.id, 1, {"reward/mean": 0.1, "ppo/kl": 0.5, "loss/policy": 0.3})
+    services.store.log_metrics(job.id, 2, {"reward/mean": 0.4, "ppo/kl": 0.7, "loss/policy": 0.2})
+    estimate, jobs, pick, progress, reward, kl, losses, log, sched = training.refresh(services, "assistant", None)
+    assert "pairs:** 3" in estimate and "Not enough data" in estimate
+    assert list(jobs["job"]) == [job.id] and jobs["progress"][0] == "40%"
+    assert "width:40.0%" in progress and "ppo" in progress
+    assert list(reward["value"]) == [0.1, 0.4] and list(kl["value"]) == [0.5, 0.7]
+    assert set(losses["metric"]) == {"loss/policy"}
+    assert "PPO step 2/8" in log and "not running" in sched
+
+
+def test_progress_html_escapes_messages():
+    from storage.records import Job
+
+    job = Job(1, "retrain", 1, "failed", 0.5, "<b>x</b>", "", {}, {}, "<script>alert(1)</script>", None, 0, None,
+              "2026-01-01T00:00:00+00:00", None, None, None)
+    html = training.progress_html(job)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_cancel_and_rules(services):
+    job = services.scheduler.enqueue("selftest", "assistant")
+    assert "Cancel requested" in training.cancel(services, job.id, None)
+    assert services.store.get_job(job.id).status == "cancelled"
+    assert "already" in training.cancel(services, job.id, None)
+    saved = training.save_rule(services, "assistant", True, 10, 30, "0 3 * * *", None)
+    assert "automatic retrain on" in saved and "0 3 * * *" in saved
+    assert services.scheduler.rule("assistant") == Rule(True, 10, 30.0, "0 3 * * *")
+    assert "invalid cron" in training.save_rule(services, "assistant", True, 10, 30, "nope", None)
+    assert "positive" in training.save_rule(services, "assistant", True, 0, 30, "", None)
+
+
+def test_train_rest_dry_run_queue_jobs_cancel(client, services):
+    dry = client.post("/api/v1/train", json={"dry_run": True}).json()
+    assert dry["status"] == "dry_run" and dry["ready"] is False and "missing" in dry
+    refused = client.post("/api/v1/train", json={})
+    assert refused.status_code == 409 and "not enough feedback" in refused.json()["error"]
+    seed_pairs(services.store, 16)
+    dry = client.post("/api/v1/train", json={"dry_run": True, "config": {"ppo.steps": 2}}).json()
+    assert dry["ready"] and dry["pairs"] == 16 and dry["feedback_count"] == 16
+    queued = client.post("/api/v1/train", json={"config": {"ppo": {"steps": 2}}}).json()
+    assert queued["status"] == "queued"
+    job = services.store.get_job(queued["job_id"])
+    assert job.config["app"]["ppo"]["steps"] == 2 and job.kind == "retrain"
+    listed = client.get("/api/v1/jobs").json()
+    assert listed[0]["id"] == job.id and listed[0]["status"] == "queued" and listed[0]["agent"] == "assistant"
+    one = client.get(f"/api/v1/jobs/{job.id}").json()
+    assert one["metrics"] == {} and one["policy_id"] is None
+    assert client.post(f"/api/v1/jobs/{job.id}/cancel").json()["status"] == "cancelled"
+    assert client.post(f"/api/v1/jobs/{job.id}/cancel").status_code == 409
+    assert client.get("/api/v1/jobs/999").status_code == 404
+
+
+@pytest.mark.parametrize("body, problem", [
+    ({"config": {"ppo.stepz": 2}}, "unknown config key"), ({"config": {"ppo.steps": "many"}}, "expected int"),
+    ({"agent": "ghost"}, "unknown agent"), ({"dry_run": "yes"}, "dry_run"),
+])
+def test_train_rest_bad_input(client, services, body, problem):
+    seed_pairs(services.store, 16)
+    r = client.post("/api/v1/train", json=body)
+    assert 400 <= r.status_code < 500 and problem in r.json()["error"], r.text
+    assert services.store.count("jobs") == 0
+
+
+def test_promote_is_rollback(client, services, tmp_path):
+    (tmp_path / "v1").mkdir()
+    v1 = services.store.register_policy_version("assistant", str(tmp_path / "v1"), parent_id=1, promote=True)
+    r = client.post("/api/v1/policies/1/promote").json()
+    assert r == {"id": 1, "version": 0, "status": "active"}
+    assert services.store.get_policy(v1.id).status == "candidate"
+    assert client.post("/api/v1/policies/999/promote").status_code == 404
