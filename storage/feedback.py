@@ -140,7 +140,8 @@ class FeedbackMixin:
                         parent_id: Optional[int] = None) -> list[Message]:
         """Append user (and client-side assistant) messages in one transaction; must end with a user turn.
 
-        ``parent_id`` None continues from the conversation's most recent message.
+        ``parent_id`` None continues from the conversation's most recent message (from beside it when that is a
+        user turn that never got its reply).
         """
         self.get_conversation(conversation_id)
         clean = self._check_messages(messages)
@@ -152,6 +153,10 @@ class FeedbackMixin:
         conv = self.get_conversation(conversation_id)
         if parent_id is None:
             parent = self.leaf(conversation_id)
+            if parent is not None and parent.role == "user" and clean[0][0] == "user":
+                # That turn never got its reply (the model was busy, the version broke): the new turn goes
+                # beside it, so one failed reply does not block the conversation for good.
+                parent = self.get_message(parent.parent_id) if parent.parent_id is not None else None
         else:
             parent = self.get_message(parent_id)
             if parent.conversation_id != conversation_id:

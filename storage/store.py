@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -42,7 +43,10 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
             with self._tx():
                 MIGRATIONS.apply(db)
         except (sqlite3.OperationalError, OSError) as exc:
-            raise StorageUnavailable(f"cannot open the database at {self.path}: {exc}") from exc
+            # SQLite says only "unable to open database file" when it cannot create its -wal/-shm files
+            hint = " (the data directory is read-only)" \
+                if self.path.parent.is_dir() and not os.access(self.path.parent, os.W_OK) else ""
+            raise StorageUnavailable(f"cannot open the database at {self.path}: {exc}{hint}") from exc
 
     # ---- connections and transactions -------------------------------------------------------
     @property

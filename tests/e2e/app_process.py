@@ -147,3 +147,23 @@ class AppProcess:
     # ---- REST shortcuts -------------------------------------------------------------------------
     def client(self, timeout: float = 120.0) -> httpx.Client:
         return httpx.Client(base_url=self.api, timeout=timeout)
+
+
+def seed_preferences(http: httpx.Client, n: int, annotator: str = "seed", agent: Optional[str] = None) -> list[int]:
+    """``n`` prompts answered twice (a reply and its regeneration), the first preferred and thumbed up, over
+    REST: enough pairs for a FAST_RETRAIN. Returns the comparison ids."""
+    ids = []
+    for i in range(n):
+        body = {"messages": [{"role": "user", "content": f"question {i}: how do I say thanks?"}], "seed": i,
+                "max_new_tokens": 8, "annotator": annotator, **({"agent": agent} if agent else {})}
+        first = http.post("/chat", json=body)
+        first.raise_for_status()
+        reply = first.json()["message_id"]
+        second = http.post(f"/messages/{reply}/regenerate", json={"seed": 1000 + i})
+        second.raise_for_status()
+        vote = http.post("/comparisons", json={"message_a_id": reply, "message_b_id": second.json()["message_id"],
+                                                "winner": "a", "annotator": annotator})
+        vote.raise_for_status()
+        http.post("/feedback", json={"message_id": reply, "thumb": 1, "annotator": annotator}).raise_for_status()
+        ids.append(vote.json()["id"])
+    return ids

@@ -15,4 +15,4 @@ def test_chat_round_through_gradio_client(live_app, services):
     assert store.count("messages") == 2
     reply_id = int(status.split("#")[1].split("*")[0])
     assert store.get_message(reply_id).role == "assistant"
-    assert store.get_message(reply_id).content.strip() == text(history[1]).strip()
+    assert store.get_message(reply_id).content.split() == text(history[1]).split()  # the chatbot folds whitespace
