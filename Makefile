@@ -38,7 +38,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not browser"
 
 load: setup
-	$(PY) -m pytest -q tests/load -s
+	RLHF_LOAD=1 $(PY) -m pytest -q tests/load -s
 
 bench: setup
 	$(VENV)/bin/rlhf-studio bench serve

@@ -163,8 +163,9 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str)
             ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
 
     rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress)
+    accuracy = "n/a" if rm.eval_accuracy is None else f"{rm.eval_accuracy:.2f}"
     ctx.log(f"reward model {rm.reward_model_id}: {rm.mode}, {rm.pairs_train} train / {rm.pairs_eval} held-out "
-            f"pairs, held-out accuracy {rm.eval_accuracy}")
+            f"pairs, held-out accuracy {accuracy}")
     return rm, load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
 
 

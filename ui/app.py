@@ -78,6 +78,8 @@ def build_ui(services: Services) -> gr.Blocks:
         if team:
             demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
         else:
-            demo.load(lambda saved: saved or "", [remembered], [annotator], api_name=False)
+            # Nothing remembered (a first visit): leave the box alone, or a name typed while the page was still
+            # loading would be wiped and the first ratings stored without it.
+            demo.load(lambda saved: saved or gr.skip(), [remembered], [annotator], api_name=False)
             annotator.change(lambda name: name, [annotator], [remembered], api_name=False)
     return demo

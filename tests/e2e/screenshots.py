@@ -1,0 +1,81 @@
+"""The README's screenshots: the app on a real data dir, clicked through in Chromium, one PNG per tab.
+
+Not a test. Point it at a data dir that went around the loop once (the real default model, feedback and a
+trained version), e.g. the one `rlhf-studio simulate --votes 64 --retrain` fills, then:
+
+    .venv/bin/python -m tests.e2e.screenshots --data /tmp/demo --out assets/screenshots
+
+The data dir is copied first, so the chat and the vote made for the pictures land in the copy.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from tests.e2e.app_process import TEST_APP, AppProcess, write_config
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, status_text
+
+TABS = ("chat", "arena", "dashboard", "training", "data")
+
+
+def shoot(url: str, out: Path) -> None:
+    """Chat and rate, vote once in the arena, then a full-page picture of every tab."""
+    from playwright.sync_api import expect, sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        try:
+            page.goto(url + "/")
+            page.get_by_placeholder("e.g. alice").fill("alice")
+            box = page.get_by_placeholder("Type a message and press Enter")
+            box.fill("How do I keep basil fresh?")
+            box.press("Enter")
+            status_text(page, r"Selected reply #\d+")
+            page.get_by_role("button", name="Like", exact=True).last.click()
+            page.get_by_role("radio", name="5").click()
+            page.get_by_label("Note").fill("Short and practical.")
+            page.get_by_role("button", name="Save rating").click()
+            status_text(page, r"Saved\. Selected reply")
+            page.screenshot(path=str(out / "chat.png"), full_page=True)
+
+            open_tab(page, "Arena")
+            prompt = page.get_by_placeholder("Type a prompt (or a follow-up after voting) and press Enter")
+            prompt.fill("Give me one tip for learning to cook.")
+            prompt.press("Enter")
+            vote = page.get_by_role("button", name="A is better")
+            expect(vote).to_be_enabled(timeout=SLOW)
+            vote.click()
+            status_text(page, r"stored as comparison #\d+")
+            page.screenshot(path=str(out / "arena.png"), full_page=True)
+
+            for tab, name in (("Dashboard", "dashboard"), ("Training", "training"), ("Data", "data")):
+                open_tab(page, tab)
+                page.wait_for_timeout(5000)  # plots and tables fill in after the tab opens
+                page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, type=Path, help="a data dir that went around the loop once")
+    parser.add_argument("--out", default=Path("assets/screenshots"), type=Path)
+    parser.add_argument("--base-model", default="smollm2-135m-instruct")
+    args = parser.parse_args(argv)
+    if not (args.data / "studio.db").is_file():
+        parser.error(f"{args.data} has no studio.db; fill one with `rlhf-studio simulate --retrain` first")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        shutil.copytree(args.data, data, ignore=shutil.ignore_patterns("runs", "jobs"))
+        config = write_config(Path(tmp) / "app.yaml", TEST_APP, {"serving": {"max_new_tokens": 96}})
+        with AppProcess(data, args.base_model, config) as app:
+            shoot(app.url, args.out)
+    print("\n".join(str(args.out / f"{t}.png") for t in TABS))
+
+
+if __name__ == "__main__":
+    main()

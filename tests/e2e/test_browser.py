@@ -1,0 +1,164 @@
+"""The whole loop in a real browser: Debian Chromium driven by Playwright against `python app.py` (tiny model).
+
+Chat, thumbs up, score and note, regenerate, vote in the arena, "Retrain now", watch the job finish, see the
+new version in the dashboard and chat with it. Every step is checked on the page and in the Store; a
+screenshot of each tab lands in pytest's tmp dir. Skipped when Chromium or Playwright is missing, unless
+RLHF_REQUIRE_BROWSER=1 (CI) makes that a failure.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from storage import Store
+from tests.conftest import make_adapter
+from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, seed_preferences, write_config
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, pick_version, status_text
+
+pytestmark = pytest.mark.browser
+
+HTML = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2"> <b>bold?</b>'
+NOTE = "<b>keep</b> me & <i>you</i>"
+
+
+def sync_playwright_or_skip():
+    """Playwright's sync API, or a skip (a failure under RLHF_REQUIRE_BROWSER=1) naming what is missing."""
+    missing = []
+    if not Path(CHROMIUM).is_file():
+        missing.append(f"{CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+        missing.append("the playwright package (pip install playwright)")
+    if missing:
+        reason = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("RLHF_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason + "; RLHF_REQUIRE_BROWSER=1 requires it")
+        pytest.skip(reason)
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory, tiny_model_dir):
+    """The app on the tiny model with a second version (for the arena) and enough feedback to retrain."""
+    root = tmp_path_factory.mktemp("browser")
+    data = root / "data"
+    store = Store(data / "studio.db")
+    store.ensure_default_agent(str(tiny_model_dir))
+    v0 = store.active_policy("assistant")
+    store.update_agent("assistant", generation={"max_new_tokens": 12})
+    v1 = store.register_policy_version("assistant", make_adapter(tiny_model_dir, root / "v1", seed=71), v0.id,
+                                       promote=False)
+    config = write_config(root / "app.yaml", TEST_APP, FAST_RETRAIN)
+    with AppProcess(data, tiny_model_dir, config) as app:
+        seed_preferences(app.client(), 6)
+        yield {"app": app, "store": store, "v0": v0, "v1": v1, "shots": root / "screenshots"}
+    store.close()
+
+
+def test_the_whole_loop_in_a_browser(studio):
+    sync_playwright = sync_playwright_or_skip()
+    from playwright.sync_api import expect
+
+    store, app, shots = studio["store"], studio["app"], studio["shots"]
+    shots.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1100})
+        try:
+            page.goto(app.url + "/")
+            page.get_by_placeholder("e.g. alice").fill("alice")
+
+            # Chat: a reply streams in and is selected for rating
+            box = page.get_by_placeholder("Type a message and press Enter")
+            box.fill("Hello from the browser")
+            box.press("Enter")
+            reply_id = int(re.search(r"#(\d+)", status_text(page, r"Selected reply #\d+")).group(1))
+            reply = store.get_message(reply_id)
+            assert reply.role == "assistant" and reply.policy_id == studio["v0"].id
+            assert store.get_message(reply.parent_id).content == "Hello from the browser"
+
+            # Thumbs up from the reply's icon
+            page.get_by_role("button", name="Like", exact=True).last.click()
+            status_text(page, r"Selected reply #\d+ · 👍")
+            assert store.effective_rating(reply_id, "alice")["thumb"] == 1
+
+            # Score and note (HTML in the note is stored as text)
+            page.get_by_role("radio", name="4").click()
+            page.get_by_label("Note").fill(NOTE)
+            page.get_by_role("button", name="Save rating").click()
+            status_text(page, r"Saved\. Selected reply")
+            rating = store.effective_rating(reply_id, "alice")
+            assert (rating["thumb"], rating["score"], rating["note"]) == (1, 4, NOTE)
+
+            # Regenerate: a second reply to the same message, both kept
+            page.get_by_role("button", name="Regenerate").click()
+            status_text(page, r"Alternative 2 stored")
+            assert len(store.siblings(reply_id)) == 2
+
+            # HTML and script in a message: stored as typed, shown as typed, never run
+            box.fill(HTML)
+            box.press("Enter")
+            status_text(page, r"Selected reply #\d+")
+            expect(page.get_by_text("<b>bold?</b>", exact=False).first).to_be_visible()
+            assert page.evaluate("window.__xss") is None
+            assert [m["content"] for m in store.feedback_rows("assistant")["messages"] if m["role"] == "user"][-1] == HTML
+            page.screenshot(path=str(shots / "chat.png"), full_page=True)
+
+            # Arena: two anonymous versions answer; the vote reveals them
+            open_tab(page, "Arena")
+            prompt = page.get_by_placeholder("Type a prompt (or a follow-up after voting) and press Enter")
+            prompt.fill("Which version are you?")
+            prompt.press("Enter")
+            vote_a = page.get_by_role("button", name="A is better")
+            expect(vote_a).to_be_enabled(timeout=SLOW)
+            vote_a.click()
+            comparison_id = int(re.search(r"comparison #(\d+)", status_text(page, r"stored as comparison #\d+"))
+                                .group(1))
+            vote = next(c for c in store.list_comparisons("assistant") if c.id == comparison_id)
+            assert vote.pair_id and vote.winner == "a"
+            assert {vote.policy_a_id, vote.policy_b_id} == {studio["v0"].id, studio["v1"].id}
+            page.screenshot(path=str(shots / "arena.png"), full_page=True)
+
+            # Training: retrain now, watch the job run to its end
+            open_tab(page, "Training")
+            page.get_by_role("button", name="Retrain now").click()
+            job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ queued")).group(1))
+            expect(page.get_by_text(re.compile(rf"Job {job_id} · retrain · succeeded"))).to_be_visible(
+                timeout=600_000)
+            job = store.get_job(job_id)
+            assert job.status == "succeeded" and job.result["version"] == 2
+            new = store.get_policy(job.result["policy_id"])
+            page.screenshot(path=str(shots / "training.png"), full_page=True)
+
+            # Dashboard: the new version is listed with its parent
+            open_tab(page, "Dashboard")
+            expect(page.get_by_role("gridcell", name="v2", exact=True).first).to_be_visible(timeout=SLOW)
+            page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+            # Chat with the new version
+            open_tab(page, "Chat & Rate")
+            page.get_by_role("button", name="New conversation").click()
+            pick_version(page, "v2")
+            box.fill("Hello, new version")
+            box.press("Enter")
+            status_text(page, r"Selected reply #\d+")
+            latest = store.feedback_rows("assistant")["messages"][-1]
+            assert latest["role"] == "assistant" and latest["policy_id"] == new.id
+
+            # Data: the feedback table shows the note's HTML as text
+            open_tab(page, "Data")
+            expect(page.get_by_role("gridcell", name=NOTE, exact=True).first).to_be_visible(timeout=SLOW)
+            page.screenshot(path=str(shots / "data.png"), full_page=True)
+            assert page.evaluate("window.__xss") is None
+        except Exception:
+            page.screenshot(path=str(shots / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert sorted(p.name for p in shots.glob("*.png")) == ["arena.png", "chat.png", "dashboard.png", "data.png",
+                                                            "training.png"]
