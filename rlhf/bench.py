@@ -6,9 +6,11 @@ import json
 import os
 import platform
 import sys
+import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +59,24 @@ def report(name: str, rows: Sequence[dict], figures: dict, notes: str = "",
         f.write(section)
     print(json.dumps(figures), flush=True)
     return figures
+
+
+def run_together(worker: Callable[[int], None], n: int) -> float:
+    """Run ``worker(i)`` for i in 0..n-1 in ``n`` threads that start at the same moment; wall seconds taken.
+
+    The clock starts once every thread is ready (thread start-up is not part of the figure).
+    """
+    start = threading.Barrier(n + 1)
+
+    def run(i: int) -> None:
+        start.wait()
+        worker(i)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0

@@ -8,11 +8,9 @@ must be exactly one new row: ``lost`` counts successes without their row, ``erro
 from __future__ import annotations
 
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from rlhf.bench import report
+from rlhf.bench import report, run_together
 from rlhf.bench_serve import LiveApp, bench_config, load_policy_server
 from rlhf.config import AppConfig
 
@@ -36,10 +34,8 @@ def store_writes(store, replies: list[int], threads: int, total: int) -> dict:
     per_thread = max(1, total // threads)
     before = store.count("ratings")
     ok, errors = [0] * threads, [0] * threads
-    start = threading.Barrier(threads + 1)
 
     def writer(t: int) -> None:
-        start.wait()
         for k in range(per_thread):
             try:
                 store.record_rating(replies[(t * per_thread + k) % len(replies)], f"writer-{t}",
@@ -48,14 +44,7 @@ def store_writes(store, replies: list[int], threads: int, total: int) -> dict:
             except Exception:  # counted and reported
                 errors[t] += 1
 
-    workers = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(threads)]
-    for w in workers:
-        w.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for w in workers:
-        w.join()
-    wall = time.perf_counter() - t0
+    wall = run_together(writer, threads)
     written = store.count("ratings") - before
     return {"ok": sum(ok), "errors": sum(errors), "lost": sum(ok) - written, "wall_s": wall,
             "per_s": sum(ok) / wall if wall else 0.0}
@@ -66,11 +55,9 @@ def http_votes(url: str, pairs: list[tuple[int, int]], clients: int, per_client:
     import httpx
 
     ok, errors = [0] * clients, [0] * clients
-    start = threading.Barrier(clients + 1)
 
     def voter(c: int) -> None:
         with httpx.Client(base_url=url, timeout=120) as client:
-            start.wait()
             for k in range(per_client):
                 a, b = pairs[k % len(pairs)]
                 winner = "a" if (k // len(pairs)) % 2 == 0 else "b"
@@ -84,14 +71,7 @@ def http_votes(url: str, pairs: list[tuple[int, int]], clients: int, per_client:
                 except httpx.HTTPError:
                     errors[c] += 1
 
-    workers = [threading.Thread(target=voter, args=(c,), daemon=True) for c in range(clients)]
-    for w in workers:
-        w.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for w in workers:
-        w.join()
-    wall = time.perf_counter() - t0
+    wall = run_together(voter, clients)
     return {"ok": sum(ok), "errors": sum(errors), "wall_s": wall, "per_s": sum(ok) / wall if wall else 0.0}
 
 

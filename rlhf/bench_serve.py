@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rlhf.bench import report
+from rlhf.bench import report, run_together
 from rlhf.config import AppConfig, apply_overrides
 
 QUESTIONS = [
@@ -100,12 +100,10 @@ class Level:
     wall_s: float = 0.0
 
 
-def _annotator(url: str, user: int, n_requests: int, gen: dict, start: threading.Barrier, level: Level,
-               lock: threading.Lock) -> None:
+def _annotator(url: str, user: int, n_requests: int, gen: dict, level: Level, lock: threading.Lock) -> None:
     import httpx
 
     with httpx.Client(base_url=url, timeout=600) as client:
-        start.wait()
         for k in range(n_requests):
             question = QUESTIONS[(user * n_requests + k) % len(QUESTIONS)]
             body = {"messages": [{"role": "user", "content": question}], "annotator": f"bench-{user}",
@@ -150,16 +148,7 @@ def run_level(url: str, users: int, n_requests: int, gen: dict) -> Level:
     """``users`` annotators start together; each sends ``n_requests`` chats in sequence."""
     level = Level(users)
     lock = threading.Lock()
-    start = threading.Barrier(users + 1)
-    threads = [threading.Thread(target=_annotator, args=(url, u, n_requests, gen, start, level, lock), daemon=True)
-               for u in range(users)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    level.wall_s = time.perf_counter() - t0
+    level.wall_s = run_together(lambda u: _annotator(url, u, n_requests, gen, level, lock), users)
     return level
 
 

@@ -73,8 +73,8 @@ def build_ui(services: Services) -> gr.Blocks:
             build_dashboard(services, dashboard_tab)
         with gr.Tab("Training"):
             build_training(services)
-        with gr.Tab("Data"):
-            build_data_tab(services)
+        with gr.Tab("Data") as data_tab:
+            build_data_tab(services, data_tab)
         if team:
             demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
         else:

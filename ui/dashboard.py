@@ -12,6 +12,7 @@ import gradio as gr
 from storage import StoreError
 from ui import views
 from ui.permissions import Forbidden, is_admin, require_admin
+from ui.plots import by_color, keep_fresh
 from ui.services import Services, bind
 
 REFRESH_SECONDS = 10
@@ -34,21 +35,25 @@ def refresh_overview(services: Services, agent_name: str, pick_a, pick_b, pick_a
     reward_models = {rm.id: rm for rm in store.list_reward_models(agent_name)}
     versions = views.versions_table(policies, reward_models, table)
     ratings = views.rating_plot_frame(table)
-    volume, volume_lim = views.volume_frame(store.feedback_volume(agent_name))
+    volume = views.volume_frame(store.feedback_volume(agent_name))
     choices = views.version_choices(policies)
     active = store.active_policy(agent_name).id
     newest_other = next((c[1] for c in choices if c[1] != active), None)
     jobs = views.job_choices(store.list_jobs(agent_name))
     return (versions,
-            gr.LinePlot(value=ratings, y_lim=views.padded_limits(ratings["rating"]),
-                        x_lim=[-0.5, max(p.version for p in policies) + 0.5],
-                        color_map=views.rating_plot_colors(ratings),
-                        colors_in_legend=sorted({s for s in ratings["series"] if " " not in s})),
-            gr.BarPlot(value=volume, y_lim=volume_lim),
+            ratings,  # values only: keep_fresh sends the props that follow from them
+            volume,
             gr.Dropdown(choices=choices, value=_keep(pick_a, choices, active)),
             gr.Dropdown(choices=choices, value=_keep(pick_b, choices, newest_other)),
             gr.Dropdown(choices=choices, value=_keep(pick_admin, choices, newest_other)),
             gr.Dropdown(choices=jobs, value=_keep(pick_job, jobs)))
+
+
+def rating_plot_style(frame) -> dict:
+    """The rating plot's props: one colour per version (CI bar and BT tick alike), the y range, one slot per version."""
+    return {"color_map": views.rating_plot_colors(frame),
+            "colors_in_legend": sorted({s for s in frame["series"] if " " not in s}),
+            "y_lim": views.padded_limits(frame["rating"]), "x_lim": [-0.5, round(frame["x"].max()) + 0.5]}
 
 
 def first_paint(services: Services, agent_name: str):
@@ -146,10 +151,10 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
                             wrap=True)
     with gr.Row():
         ratings = gr.LinePlot(x="x", y="rating", color="series", title="Arena rating per version: BT tick, 95% CI bar",
-                              x_title="version", y_title="rating (Elo scale)", x_axis_format="d",
+                              x_title="version", y_title="rating (Elo scale)",
                               tooltip=["series", "point", "rating", "elo"], height=300)
         volume = gr.BarPlot(x="period", y="n", color="kind", title="Feedback volume", x_title="UTC time",
-                            y_title="events", y_lim=[0, 1], height=300, x_label_angle=-30)
+                            y_title="events", y_lim=[0, None], height=300, x_label_angle=-30)
     with gr.Accordion("Training curves", open=True):
         with gr.Row():
             job = gr.Dropdown([], label="Retrain job", scale=1)
@@ -163,7 +168,8 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
             regen_a = gr.Button("Regenerate A's eval replies")
             regen_b = gr.Button("Regenerate B's eval replies")
         samples = gr.Dataframe(label="Replies to the held-out eval prompts (generated at publish time)",
-                               interactive=False, wrap=True)
+                               interactive=False, wrap=True,
+                               column_widths=["20%", "34%", "6%", "34%", "6%"])  # views.side_by_side's columns
         regen_status = gr.Markdown()
     with gr.Accordion("Admin", open=True):
         with gr.Row():
@@ -173,6 +179,9 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
             archive = gr.Button("Archive", variant="stop", scale=1)
         admin_status = gr.Markdown(ADMIN_NOTE)
 
+    keep_fresh(ratings, rating_plot_style)
+    keep_fresh(volume, lambda f: {**by_color("kind")(f), "sort": sorted(set(f["period"]))})
+    keep_fresh(curves, by_color("metric"))
     overview = bind(refresh_overview, services)
     overview_io = ([agent, pick_a, pick_b, pick_admin, job],
                    [versions, ratings, volume, pick_a, pick_b, pick_admin, job])

@@ -17,6 +17,7 @@ from rlhf.export import FORMATS, ExportError, archive, default_name, export
 from storage import FLAGS, NotFound, StoreError
 from ui.agents import build_agents_panel
 from ui.permissions import Forbidden, is_admin, require_admin
+from ui.plots import by_category, keep_fresh
 from ui.services import Services, bind
 
 ALL = "all"
@@ -91,8 +92,7 @@ def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag
         flagged = flagged.iloc[0:0]  # flagged replies are for admins' eyes
     count = f"{len(shown)} of {len(frame)} feedback events" + (" (newest 500 shown)" if len(shown) > 500 else "")
     return (feedback_view(shown), count, gr.Dropdown(choices=names, value=annotator if annotator in names else ALL),
-            stats_view(stats), gr.BarPlot(value=agreement_plot_frame(stats), y_lim=[0, 100]),
-            gr.BarPlot(value=speed_plot_frame(stats)), alpha_markdown(quality.alpha_report(rows)), flagged,
+            stats_view(stats), agreement_plot_frame(stats), speed_plot_frame(stats), alpha_markdown(quality.alpha_report(rows)), flagged,
             gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)]))
 
 
@@ -150,8 +150,8 @@ def admin_gate(services: Services, n_controls: int, request: gr.Request = None):
 
 
 # ---- layout ----------------------------------------------------------------------------------------
-def build_data_tab(services: Services) -> None:
-    """Lay out the tab (inside ``with gr.Tab(...)``) and bind its handlers."""
+def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
+    """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
     agents = [a.name for a in services.store.list_agents()]
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
     with gr.Row():
@@ -166,8 +166,11 @@ def build_data_tab(services: Services) -> None:
         with gr.Row():
             agreement = gr.BarPlot(x="annotator", y="agreement", title="Agreement with the majority (%)",
                                    y_lim=[0, 100], height=260)
-            speed = gr.BarPlot(x="annotator", y="seconds", title="Median seconds per item", height=260)
+            speed = gr.BarPlot(x="annotator", y="seconds", title="Median seconds per item", y_lim=[0, None],
+                               height=260)
         alpha = gr.Markdown()
+        for plot in (agreement, speed):
+            keep_fresh(plot, by_category("annotator"))
     admin_only: list = []
     access = gr.Markdown(ADMIN_NOTE)
     with gr.Accordion("Exclude an annotator from training (admin)", open=False):
@@ -203,6 +206,8 @@ def build_data_tab(services: Services) -> None:
     refresh = bind(refresh_data, services)
     gr.on([agent.change, who.input, kind.change, flag.change, text.submit], refresh, inputs, outputs, api_name=False)
     gr.on(None, refresh, inputs, outputs, api_name=False)  # on load
+    if tab is not None:  # what arrived since the last refresh, as soon as the tab is shown
+        tab.select(refresh, inputs, outputs, api_name=False, show_progress="hidden")
     gr.Timer(30).tick(refresh, inputs, outputs, api_name=False, show_progress="hidden")
     agent.focus(lambda current: gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current),
                 [agent], [agent], api_name=False)

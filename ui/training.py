@@ -12,6 +12,7 @@ from rlhf.pipeline import dry_run
 from rlhf.scheduler import Rule
 from storage import Job, StoreError
 from ui.permissions import Forbidden, require_admin
+from ui.plots import by_color, keep_fresh
 from ui.services import Services, bind
 
 PLOT_KEYS = {"reward": ["reward/mean", "eval/reward"], "kl": ["ppo/kl", "eval/kl"],
@@ -160,6 +161,8 @@ def build_training(services: Services) -> None:
         rule_status = gr.Markdown()
         sched = gr.Markdown()
 
+    for plot in plots:
+        keep_fresh(plot, by_color("metric"))
     outputs = [estimate, jobs, job_pick, progress, *plots, log, sched]
     refresh_fn = bind(refresh, services)
     gr.Timer(2).tick(refresh_fn, [agent, job_pick], outputs, show_progress="hidden", api_name=False)

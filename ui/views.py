@@ -238,19 +238,18 @@ def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
             for j in sorted(jobs, key=lambda j: j.id, reverse=True)]
 
 
-def volume_frame(rows: list[dict], max_hours: int = 72) -> tuple[pd.DataFrame, list[float]]:
-    """Feedback volume bars (period, kind, n) and a y range from 0; hours for short spans, else days."""
+def volume_frame(rows: list[dict], max_hours: int = 72) -> pd.DataFrame:
+    """Feedback volume bars (period, kind, n): one bar per hour for short spans, else per day."""
     frame = pd.DataFrame(rows, columns=["hour", "kind", "n"])
     if frame.empty:
-        return pd.DataFrame(columns=["period", "kind", "n"]).astype({"n": "int64"}), [0, 1]
+        return pd.DataFrame(columns=["period", "kind", "n"]).astype({"n": "int64"})
     hours = pd.to_datetime(frame["hour"], format="%Y-%m-%dT%H")
     if (hours.max() - hours.min()).total_seconds() / 3600 >= max_hours:
         frame["period"] = hours.dt.strftime("%Y-%m-%d")
     else:
         frame["period"] = hours.dt.strftime("%Y-%m-%d %H:00")
     frame = frame.groupby(["period", "kind"], as_index=False)["n"].sum().astype({"n": "int64"})
-    top = frame.groupby("period")["n"].sum().max()  # bars stack by kind
-    return frame[["period", "kind", "n"]], [0, math.ceil(top * 1.15) or 1]
+    return frame[["period", "kind", "n"]]
 
 
 def prompt_text(prompt: Any) -> str:

@@ -37,3 +37,25 @@ def pick_version(page, label_start: str, timeout: float = 90.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"version {label_start!r} never appeared in the dropdown")
         page.wait_for_timeout(2000)
+
+
+def send_chat(page, text: str) -> int:
+    """Type a message in the Chat tab and wait for the reply; the reply's message id."""
+    box = page.get_by_placeholder("Type a message and press Enter")
+    box.fill(text)
+    box.press("Enter")
+    return int(re.search(r"#(\d+)", status_text(page, r"Selected reply #\d+")).group(1))
+
+
+def arena_vote_a(page, text: str) -> int:
+    """Open the Arena, ask ``text``, vote "A is better" once both sides answered; the stored comparison's id."""
+    from playwright.sync_api import expect
+
+    open_tab(page, "Arena")
+    prompt = page.get_by_placeholder("Type a prompt (or a follow-up after voting) and press Enter")
+    prompt.fill(text)
+    prompt.press("Enter")
+    vote = page.get_by_role("button", name="A is better")
+    expect(vote).to_be_enabled(timeout=SLOW)
+    vote.click()
+    return int(re.search(r"comparison #(\d+)", status_text(page, r"stored as comparison #\d+")).group(1))

@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 
 from tests.e2e.app_process import TEST_APP, AppProcess, write_config
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, status_text
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, arena_vote_a, open_tab, send_chat, status_text
 
 TABS = ("chat", "arena", "dashboard", "training", "data")
 
 
 def shoot(url: str, out: Path) -> None:
     """Chat and rate, vote once in the arena, then a full-page picture of every tab."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -31,10 +31,7 @@ def shoot(url: str, out: Path) -> None:
         try:
             page.goto(url + "/")
             page.get_by_placeholder("e.g. alice").fill("alice")
-            box = page.get_by_placeholder("Type a message and press Enter")
-            box.fill("How do I keep basil fresh?")
-            box.press("Enter")
-            status_text(page, r"Selected reply #\d+")
+            send_chat(page, "How do I keep basil fresh?")
             page.get_by_role("button", name="Like", exact=True).last.click()
             page.get_by_role("radio", name="5").click()
             page.get_by_label("Note").fill("Short and practical.")
@@ -42,14 +39,7 @@ def shoot(url: str, out: Path) -> None:
             status_text(page, r"Saved\. Selected reply")
             page.screenshot(path=str(out / "chat.png"), full_page=True)
 
-            open_tab(page, "Arena")
-            prompt = page.get_by_placeholder("Type a prompt (or a follow-up after voting) and press Enter")
-            prompt.fill("Give me one tip for learning to cook.")
-            prompt.press("Enter")
-            vote = page.get_by_role("button", name="A is better")
-            expect(vote).to_be_enabled(timeout=SLOW)
-            vote.click()
-            status_text(page, r"stored as comparison #\d+")
+            arena_vote_a(page, "Give me one tip for learning to cook.")
             page.screenshot(path=str(out / "arena.png"), full_page=True)
 
             for tab, name in (("Dashboard", "dashboard"), ("Training", "training"), ("Data", "data")):

@@ -16,7 +16,8 @@ import pytest
 from storage import Store
 from tests.conftest import make_adapter
 from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, seed_preferences, write_config
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, pick_version, status_text
+from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, open_tab, pick_version, send_chat,
+                               status_text)
 
 pytestmark = pytest.mark.browser
 
@@ -74,10 +75,7 @@ def test_the_whole_loop_in_a_browser(studio):
             page.get_by_placeholder("e.g. alice").fill("alice")
 
             # Chat: a reply streams in and is selected for rating
-            box = page.get_by_placeholder("Type a message and press Enter")
-            box.fill("Hello from the browser")
-            box.press("Enter")
-            reply_id = int(re.search(r"#(\d+)", status_text(page, r"Selected reply #\d+")).group(1))
+            reply_id = send_chat(page, "Hello from the browser")
             reply = store.get_message(reply_id)
             assert reply.role == "assistant" and reply.policy_id == studio["v0"].id
             assert store.get_message(reply.parent_id).content == "Hello from the browser"
@@ -101,24 +99,14 @@ def test_the_whole_loop_in_a_browser(studio):
             assert len(store.siblings(reply_id)) == 2
 
             # HTML and script in a message: stored as typed, shown as typed, never run
-            box.fill(HTML)
-            box.press("Enter")
-            status_text(page, r"Selected reply #\d+")
+            send_chat(page, HTML)
             expect(page.get_by_text("<b>bold?</b>", exact=False).first).to_be_visible()
             assert page.evaluate("window.__xss") is None
             assert [m["content"] for m in store.feedback_rows("assistant")["messages"] if m["role"] == "user"][-1] == HTML
             page.screenshot(path=str(shots / "chat.png"), full_page=True)
 
             # Arena: two anonymous versions answer; the vote reveals them
-            open_tab(page, "Arena")
-            prompt = page.get_by_placeholder("Type a prompt (or a follow-up after voting) and press Enter")
-            prompt.fill("Which version are you?")
-            prompt.press("Enter")
-            vote_a = page.get_by_role("button", name="A is better")
-            expect(vote_a).to_be_enabled(timeout=SLOW)
-            vote_a.click()
-            comparison_id = int(re.search(r"comparison #(\d+)", status_text(page, r"stored as comparison #\d+"))
-                                .group(1))
+            comparison_id = arena_vote_a(page, "Which version are you?")
             vote = next(c for c in store.list_comparisons("assistant") if c.id == comparison_id)
             assert vote.pair_id and vote.winner == "a"
             assert {vote.policy_a_id, vote.policy_b_id} == {studio["v0"].id, studio["v1"].id}
@@ -144,9 +132,7 @@ def test_the_whole_loop_in_a_browser(studio):
             open_tab(page, "Chat & Rate")
             page.get_by_role("button", name="New conversation").click()
             pick_version(page, "v2")
-            box.fill("Hello, new version")
-            box.press("Enter")
-            status_text(page, r"Selected reply #\d+")
+            send_chat(page, "Hello, new version")
             latest = store.feedback_rows("assistant")["messages"][-1]
             assert latest["role"] == "assistant" and latest["policy_id"] == new.id
 

@@ -45,13 +45,14 @@ def test_overview_table_plots_and_default_picks(services, published):
     assert (row["Status"], row["Parent"], row["Feedback used"], row["RM accuracy"]) == ("active", "v0", "32", "80%")
     assert (row["Eval reward"], row["KL to base"], row["Elo"], row["Votes"]) == ("0.250", "1.50", "1016", 1)
     assert table.set_index("Version").loc["v2", "Eval reward"] == views.DASH
-    frame = ratings.constructor_args["value"]
+    frame = ratings  # plot values go out alone; their props follow from them (rating_plot_style)
     assert set(frame["series"]) == {"v0", "v1", "v0 BT", "v1 BT", "v2 BT"}  # v2 has no votes: no CI bar
-    assert ratings.constructor_args["colors_in_legend"] == ["v0", "v1"]
-    lo, hi = ratings.constructor_args["y_lim"]
+    style = dashboard.rating_plot_style(frame)
+    assert style["colors_in_legend"] == ["v0", "v1"] and style["x_lim"] == [-0.5, 2.5]
+    assert style["color_map"]["v1"] == style["color_map"]["v1 BT"] != style["color_map"]["v0"]
+    lo, hi = style["y_lim"]
     assert lo < frame["rating"].min() and hi > frame["rating"].max()
-    bars = volume.constructor_args["value"]
-    assert sorted(bars["kind"]) == ["comparisons", "ratings"] and volume.constructor_args["y_lim"][0] == 0
+    assert sorted(volume["kind"]) == ["comparisons", "ratings"]
     assert pick_a.constructor_args["value"] == v1.id  # the active version
     assert pick_b.constructor_args["value"] == v2.id  # the newest other one
     assert pick_job.constructor_args["value"] == job.id

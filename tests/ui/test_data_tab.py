@@ -56,7 +56,7 @@ def test_refresh_shows_filtered_feedback_and_stats(rated):
     assert who.value == "carol" and {"alice", "bob", "carol"} <= set(c[0] for c in who.choices)
     assert list(stats["annotator"]) == ["alice", "bob", "carol"]
     assert stats.set_index("annotator").loc["carol", "agreement with majority"] == "0%"
-    assert list(agreement.value["data"]) and "thumbs (nominal)" in alpha
+    assert len(agreement) and list(agreement.columns) == ["annotator", "agreement"] and "thumbs (nominal)" in alpha
     assert len(flagged) == 2  # local mode: everyone is admin
     only_unsafe = data_tab.refresh_data(rated, "assistant", "all", "rating", "Unsafe", "", None)[0]
     assert len(only_unsafe) == 2 and set(only_unsafe["flags"]) == {"Unsafe"}

@@ -140,20 +140,19 @@ def test_job_choices_newest_first():
     assert views.job_choices([job(3, "retrain")])[0][0].startswith("#3 retrain · succeeded")
 
 
-def test_volume_frame_hours_then_days_and_y_from_zero():
+def test_volume_frame_hours_then_days():
     rows = [{"hour": "2024-01-02T03", "kind": "ratings", "n": 4},
             {"hour": "2024-01-02T03", "kind": "comparisons", "n": 2},
             {"hour": "2024-01-02T05", "kind": "ratings", "n": 1}]
-    frame, y_lim = views.volume_frame(rows)
+    frame = views.volume_frame(rows)
     assert list(frame["period"]) == ["2024-01-02 03:00", "2024-01-02 03:00", "2024-01-02 05:00"]
-    assert y_lim == [0, math.ceil(6 * 1.15)]  # stacked bars: 4 + 2 in one hour
     rows.append({"hour": "2024-01-09T10", "kind": "ratings", "n": 3})
-    frame, y_lim = views.volume_frame(rows)  # more than three days: one bar per day
+    frame = views.volume_frame(rows)  # more than three days: one bar per day
     assert frame.to_dict(orient="records") == [{"period": "2024-01-02", "kind": "comparisons", "n": 2},
                                                {"period": "2024-01-02", "kind": "ratings", "n": 5},
                                                {"period": "2024-01-09", "kind": "ratings", "n": 3}]
-    empty, y_lim = views.volume_frame([])
-    assert empty.empty and list(empty.columns) == ["period", "kind", "n"] and y_lim[0] == 0
+    empty = views.volume_frame([])
+    assert empty.empty and list(empty.columns) == ["period", "kind", "n"]
 
 
 def test_side_by_side_aligns_prompts_and_marks_missing():
