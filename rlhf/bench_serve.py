@@ -176,6 +176,56 @@ def baseline(server, system_prompt: str, n_requests: int, gen: dict) -> dict:
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95)}
 
 
+def decode_ceiling(server, batch_sizes: list[int], context: int = 120, steps: int = 8) -> list[dict]:
+    """The bare model's decode step at each batch size (random tokens, a ``context``-token KV cache, no engine,
+    no HTTP): how much batching can give on this machine at best, to read the served ratio against."""
+    import torch
+
+    model = server.model
+    rows = []
+    for bs in batch_sizes:
+        gen = torch.Generator().manual_seed(bs)
+        ids = torch.randint(100, 20000, (bs, context), generator=gen).to(server.device)
+        step_ids = ids[:, -1:]
+        with server.engine.lock, torch.inference_mode():  # the engine is idle; the lock keeps it so
+            past = model(ids, use_cache=True).past_key_values
+            past = model(step_ids, past_key_values=past, use_cache=True).past_key_values  # warm-up step
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                past = model(step_ids, past_key_values=past, use_cache=True).past_key_values
+            per_step = (time.perf_counter() - t0) / steps
+        rows.append({"batch": bs, "ms_per_step": 1000 * per_step, "tokens_per_s": bs / per_step})
+    return rows
+
+
+def engine_direct(server, system_prompt: str, users: int, n_requests: int, gen: dict) -> Level:
+    """``users`` threads calling the engine in-process (no HTTP, no Store), like run_level otherwise: what the
+    batching engine gives on its own, to split the served figure into engine and web-stack costs."""
+    from rlhf.serving import AdapterRef, GenParams
+
+    level, lock = Level(users), threading.Lock()
+
+    def annotator(user: int) -> None:
+        for k in range(n_requests):
+            question = QUESTIONS[(user * n_requests + k) % len(QUESTIONS)]
+            params = GenParams(max_new_tokens=gen["max_new_tokens"], temperature=gen["temperature"],
+                               top_p=gen["top_p"], seed=user * 1000 + k)
+            t0 = time.perf_counter()
+            stream = server.stream(system_prompt, [{"role": "user", "content": question}], AdapterRef(0), params)
+            first = None
+            for _ in stream:
+                if first is None:
+                    first = time.perf_counter() - t0
+            with lock:
+                level.requests += 1
+                level.tokens += stream.n_tokens
+                if first is not None:
+                    level.ttft.append(first)
+
+    level.wall_s = run_together(annotator, users)
+    return level
+
+
 def level_row(level: Level, tps: float, before: dict, after: dict) -> dict:
     """A table row for one level, with the engine's mean batch size and step time over it."""
     steps = after["decode_steps"] - before["decode_steps"]
@@ -209,6 +259,16 @@ def run(config: AppConfig, args, path=None) -> dict:
                      "tokens": base["tokens"], "wall_s": base["wall_s"], "tokens_per_s": base["tokens_per_s"],
                      "ttft_p50_s": base["ttft_p50_s"], "ttft_p95_s": base["ttft_p95_s"], "busy": 0, "errors": 0,
                      "rows_per_step": 1.0, "ms_per_step": 0.0}]
+            ceiling = decode_ceiling(server, [1, 8] if quick else [1, 8, 32])
+            rows += [{"mode": "ceiling: bare decode step", "users": c["batch"], "requests": 0, "tokens": 0,
+                      "wall_s": 0.0, "tokens_per_s": c["tokens_per_s"], "ttft_p50_s": 0.0, "ttft_p95_s": 0.0,
+                      "busy": 0, "errors": 0, "rows_per_step": float(c["batch"]), "ms_per_step": c["ms_per_step"]}
+                     for c in ceiling]
+            direct_users = 8 if 8 in levels else levels[-1]
+            before = server.engine.stats.to_dict()
+            direct = engine_direct(server, system_prompt, direct_users, per_user, gen)
+            rows.append({**level_row(direct, direct.tokens / direct.wall_s, before, server.engine.stats.to_dict()),
+                         "mode": "engine in-process (no HTTP), batched"})
             results = {}
             with LiveApp(create_app(services)) as live:
                 for users in levels:
@@ -227,6 +287,11 @@ def run(config: AppConfig, args, path=None) -> dict:
                "ttft_p95_s": round(percentile(level.ttft, 95), 3), "tokens_per_s": round(tps, 2),
                "baseline_tokens_per_s": round(base["tokens_per_s"], 2),
                "ratio": round(tps / base["tokens_per_s"], 2) if base["tokens_per_s"] else 0.0}
+    by_batch = {c["batch"]: c["tokens_per_s"] for c in ceiling}
+    ceiling_note = ""
+    if pick in by_batch and 1 in by_batch:
+        ceiling_note = (f" Ceiling: the bare model decodes {by_batch[pick] / by_batch[1]:.1f}x faster per token at "
+                        f"batch {pick} than at batch 1 on this machine.")
     errors = [e for lv, _ in results.values() for e in lv.errors]
     s = config.serving
     notes = (f"Model `{config.base_model}` on {server.device} (loaded in {load_s:.1f} s); {per_user} chat(s) per "
@@ -236,5 +301,5 @@ def run(config: AppConfig, args, path=None) -> dict:
              f"the baseline's 'TTFT' is its whole reply (plain generate does not stream). Served figures include HTTP, "
              f"Store writes and the shared system-prompt KV reuse; the baseline is the bare model. Engine profile "
              f"over the run: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in profile.items()})}."
-             + (f" Errors: {errors[:3]}" if errors else ""))
+             + ceiling_note + (f" Errors: {errors[:3]}" if errors else ""))
     return report("serve", rows, figures, notes, path=path)
