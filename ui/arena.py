@@ -16,16 +16,7 @@ import numpy as np
 
 from rlhf.leaderboard import choose_pair
 from rlhf.serving import Busy
-from storage import (
-    Agent,
-    ArenaPair,
-    Comparison,
-    Conflict,
-    Message,
-    Policy,
-    Store,
-    StoreError,
-)
+from storage import Agent, ArenaPair, Comparison, Conflict, Message, Policy, Store, StoreError
 from ui import chatflow, views
 from ui.auth import signed_in_annotator
 from ui.permissions import Forbidden
