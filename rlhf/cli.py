@@ -77,9 +77,9 @@ def cmd_train_reward(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from rlhf.data import DataError, NotEnoughData
+    from rlhf.training.data import DataError, NotEnoughData
     from rlhf.models import ModelNotFound
-    from rlhf.reward import RewardModelError, train_reward_model
+    from rlhf.training.reward import RewardModelError, train_reward_model
     from storage import NotFound, Store
 
     config = config_from_args(args)
@@ -113,7 +113,7 @@ def cmd_train_reward(args: argparse.Namespace) -> int:
 
 # ---- PPO (issue 4) ----
 def _train_ppo_args(p: argparse.ArgumentParser) -> None:
-    from rlhf.ppo_run import add_train_ppo_args
+    from rlhf.training.ppo.run import add_train_ppo_args
 
     add_train_ppo_args(p)
 
@@ -121,14 +121,14 @@ def _train_ppo_args(p: argparse.ArgumentParser) -> None:
 @command("train-ppo", "PPO-train an agent's policy (LoRA) against its reward model; prints one JSON line last",
          _train_ppo_args)
 def cmd_train_ppo(args: argparse.Namespace) -> int:
-    from rlhf.ppo_run import run_train_ppo
+    from rlhf.training.ppo.run import run_train_ppo
 
     return run_train_ppo(config_from_args(args), args)
 
 
 # ---- jobs, simulate (issue 5) ----
 def add_simulate_args(p: argparse.ArgumentParser) -> None:
-    from rlhf.simulate import ORACLES
+    from rlhf.bench.simulate import ORACLES
 
     p.add_argument("--oracle", required=True, choices=sorted(ORACLES), help="the built-in preference to play")
     p.add_argument("--votes", type=int, required=True, help="how many comparisons to post")
@@ -146,7 +146,7 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from rlhf.simulate import simulate
+    from rlhf.bench.simulate import simulate
 
     if args.votes < 1:
         print("--votes must be at least 1", file=sys.stderr)
@@ -173,7 +173,7 @@ def open_data(config: AppConfig):
 
 
 def add_export_args(p: argparse.ArgumentParser) -> None:
-    from rlhf.export import FORMATS
+    from rlhf.interop.export import FORMATS
 
     p.add_argument("--format", required=True, choices=FORMATS, help="what to write (see the README's Exports)")
     p.add_argument("--out", required=True, metavar="PATH", help="file to write, or a new directory for "
@@ -187,7 +187,7 @@ def add_export_args(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     import json
 
-    from rlhf.export import ExportError, export
+    from rlhf.interop.export import ExportError, export
     from storage import StoreError
 
     config = config_from_args(args)
@@ -205,7 +205,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_import_args(p: argparse.ArgumentParser) -> None:
-    from rlhf.import_policy import DEFAULT_TARGETS
+    from rlhf.interop.import_policy import DEFAULT_TARGETS
 
     p.add_argument("path", help="a PEFT adapter directory or a full model directory (same architecture as the "
                    "agent's base)")
@@ -221,7 +221,7 @@ def add_import_args(p: argparse.ArgumentParser) -> None:
 def cmd_import_policy(args: argparse.Namespace) -> int:
     import json
 
-    from rlhf.import_policy import PolicyImportError, import_policy
+    from rlhf.interop.import_policy import PolicyImportError, import_policy
     from storage import StoreError
 
     config = config_from_args(args)
@@ -290,8 +290,8 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 # ---- benchmarks (issue 8) ----
-BENCHES = {"serve": "rlhf.bench_serve", "ingest": "rlhf.bench_ingest", "train": "rlhf.bench_train",
-           "memory": "rlhf.bench_memory"}
+BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
+           "memory": "rlhf.bench.memory"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -312,7 +312,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise
         print(f"benchmark {args.what!r} is not available yet", file=sys.stderr)
         return 2
-    module.run(config_from_args(args), args)  # each module calls rlhf.bench.report(...)
+    module.run(config_from_args(args), args)  # each module calls rlhf.bench.report.report(...)
     return 0
 
 

@@ -87,7 +87,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir):
-    from rlhf.serving import PolicyServer
+    from rlhf.serving.server import PolicyServer
 
     server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=512)
     yield server

@@ -6,13 +6,13 @@ import importlib.util
 import gradio as gr
 
 from rlhf.config import data_is_ephemeral
-from ui.arena import build_arena
-from ui.chat import build_chat
-from ui.dashboard import build_dashboard
-from ui.data_tab import build_data_tab
+from ui.tabs.arena import build_arena
+from ui.tabs.chat import build_chat
+from ui.tabs.dashboard import build_dashboard
+from ui.tabs.data import build_data_tab
 from ui.permissions import current_user, is_admin
 from ui.services import Services, bind
-from ui.training import build_training
+from ui.tabs.training import build_training
 
 TITLE = "RLHF Studio"
 EPHEMERAL = ("\n\n> ⚠️ **Data is NOT persistent here.** This Space has no persistent storage mounted at `{mount}`, "

@@ -2,24 +2,22 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 
 from rlhf.config import AppConfig
-from rlhf.models import pick_device, resolve_model
-from rlhf.publish import check_adapters, clean_leftovers
-from rlhf.scheduler import StudioScheduler
-from rlhf.serving import PolicyServer
+from rlhf.jobs.publish import check_adapters, clean_leftovers
+from rlhf.jobs.scheduler import StudioScheduler
+from rlhf.serving.server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui
 from ui.auth import Auth, install_security
-from ui.rest import body_size_guard, build_router, install_error_handlers
-from ui.rest_admin import build_admin_router
-from ui.rest_arena import build_arena_router
-from ui.rest_jobs import build_jobs_router
+from ui.api.core import body_size_guard, build_router, install_error_handlers
+from ui.api.admin import build_admin_router
+from ui.api.arena import build_arena_router
+from ui.api.jobs import build_jobs_router
 from ui.services import Services
 
 log = logging.getLogger(__name__)
@@ -30,20 +28,6 @@ def open_store(config: AppConfig) -> Store:
     store = Store(config.db_path, max_text_chars=config.serving.max_message_chars)
     store.ensure_default_agent(config.base_model)
     return store
-
-
-def load_server(config: AppConfig) -> PolicyServer:
-    """The base model (converted and cached on first use) behind a generation worker, warmed up."""
-    t0 = time.perf_counter()
-    source = resolve_model(config.base_model, config.data_path)
-    s = config.serving
-    server = PolicyServer.load(source, pick_device(config.device), config.base_model, s.max_context_tokens,
-                               s.load_in_4bit, queue_size=s.queue_size, max_batch_size=s.max_batch_size,
-                               batch_window_ms=s.batch_window_ms)
-    log.info("model %s loaded from %s in %.1f s", config.base_model, source, time.perf_counter() - t0)
-    if config.serving.warmup:
-        log.info("warm-up generation took %.1f s", server.warmup())
-    return server
 
 
 def build_services(config: AppConfig, server: PolicyServer | None = None) -> Services:

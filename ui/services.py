@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from rlhf.config import AppConfig
-from rlhf.serving import PolicyServer
+from rlhf.serving.server import PolicyServer, load_server
 from storage import Conflict, Store
 
 
@@ -20,7 +20,7 @@ class Services:
     config: AppConfig
     store: Store
     server: PolicyServer
-    scheduler: Optional[Any] = None  # rlhf.scheduler.StudioScheduler when running
+    scheduler: Optional[Any] = None  # rlhf.jobs.scheduler.StudioScheduler when running
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
     servers: dict = field(default_factory=dict)  # base model -> PolicyServer of agents on another base
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -32,8 +32,6 @@ class Services:
             return self.server
         with self._servers_lock:
             if base not in self.servers:
-                from ui.server import load_server  # ui.server imports this module
-
                 try:
                     self.servers[base] = load_server(dataclasses.replace(self.config, base_model=base))
                 except Exception as exc:  # a missing or broken model dir: the request fails, the app stays up

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 
 import pandas as pd
 
-from rlhf.leaderboard import ELIGIBLE_STATUSES, leaderboard, win_rate_matrix
+from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES, leaderboard, win_rate_matrix
 from storage import Comparison, Job, Policy, RewardModel
 
 DASH = "–"
@@ -73,7 +73,7 @@ def literal_chat(messages: list[dict]) -> list[dict]:
 
 # ---- leaderboard -----------------------------------------------------------------------------------
 def rated_votes(comparisons: Iterable[Comparison]) -> list[dict]:
-    """Vote rows for rlhf.leaderboard: comparisons between two different, known versions."""
+    """Vote rows for rlhf.analysis.leaderboard: comparisons between two different, known versions."""
     return [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner} for c in comparisons
             if c.policy_a_id is not None and c.policy_b_id is not None and c.policy_a_id != c.policy_b_id]
 
@@ -101,7 +101,7 @@ def leaderboard_json(table: pd.DataFrame) -> list[dict]:
 
 
 def pair_candidates(table: pd.DataFrame) -> list[dict]:
-    """Versions ``rlhf.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated votes."""
+    """Versions ``rlhf.analysis.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated votes."""
     out = []
     for row in table.itertuples(index=False):
         if row.status not in ELIGIBLE_STATUSES:

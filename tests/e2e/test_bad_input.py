@@ -16,7 +16,7 @@ import pytest
 
 from rlhf.config import load_config
 from tests.conftest import LiveServer, make_adapter
-from ui import arena, chat
+from ui.tabs import arena, chat
 from ui.server import build_services, create_app
 
 GEN = (8, 0.0, 1.0, None)  # max tokens, temperature, top_p, seed

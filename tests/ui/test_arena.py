@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 
 from storage import Conflict
 from tests.conftest import make_adapter
-from ui import arena
+from ui.tabs import arena
+from ui.flows import arena as flow
 from ui.auth import Auth, sync_users
 from ui.server import create_app
 
@@ -39,10 +40,10 @@ def client(services):
 
 
 def play(services, messages=None, continue_pair_id=None, seed=0):
-    rnd = arena.open_round(services, "assistant", messages or [{"role": "user", "content": "Hello arena"}],
+    rnd = flow.open_round(services, "assistant", messages or [{"role": "user", "content": "Hello arena"}],
                            "alice", continue_pair_id, rng=np.random.default_rng(seed))
-    updates = list(arena.stream_round(rnd))
-    return rnd, updates, arena.close_round(services.store, rnd)
+    updates = list(flow.stream_round(rnd))
+    return rnd, updates, flow.close_round(services.store, rnd)
 
 
 def drain(gen):
@@ -61,7 +62,7 @@ def label(chat, default: str) -> str:
 # ---- round logic -----------------------------------------------------------------------------------
 def test_the_arena_needs_two_versions_and_stores_nothing_without(services):
     with pytest.raises(Conflict, match="two versions.*Retrain"):
-        arena.open_round(services, "assistant", [{"role": "user", "content": "hi"}])
+        flow.open_round(services, "assistant", [{"role": "user", "content": "hi"}])
     assert services.store.count("messages") == 0 and services.store.count("conversations") == 0
 
 
@@ -69,7 +70,7 @@ def test_pairs_are_two_different_servable_versions(services, versions):
     v0, v1, v2 = versions
     services.store.archive_policy(v2.id)
     rng = np.random.default_rng(1)
-    seen = {tuple(sorted(p.id for p in arena.draw_pair(services.store, services.store.get_agent("assistant"), rng)))
+    seen = {tuple(sorted(p.id for p in flow.draw_pair(services.store, services.store.get_agent("assistant"), rng)))
             for _ in range(40)}
     assert seen == {(v0.id, v1.id)}  # never v2 (archived), never one version twice
 
@@ -92,8 +93,8 @@ def test_a_round_streams_both_sides_and_stores_sibling_replies(services, version
 def test_vote_is_stored_once_and_feeds_comparisons_and_ratings(services, versions):
     store = services.store
     _, _, pair = play(services)
-    first = arena.cast_vote(store, pair.id, "a", "alice")
-    again = arena.cast_vote(store, pair.id, "b", "alice")
+    first = flow.cast_vote(store, pair.id, "a", "alice")
+    again = flow.cast_vote(store, pair.id, "b", "alice")
     assert again.id == first.id and again.winner == "a" and store.count("comparisons") == 1
     a = store.get_message(pair.message_a_id)
     assert first.policy_a_id == a.policy_id and first.pair_id == pair.id
@@ -109,8 +110,8 @@ def test_continue_goes_under_the_preferred_reply(services, versions, winner, sid
     store = services.store
     _, _, pair = play(services)
     with pytest.raises(Conflict, match="vote"):
-        arena.open_round(services, "assistant", [{"role": "user", "content": "more"}], continue_pair_id=pair.id)
-    arena.cast_vote(store, pair.id, winner)
+        flow.open_round(services, "assistant", [{"role": "user", "content": "more"}], continue_pair_id=pair.id)
+    flow.cast_vote(store, pair.id, winner)
     rnd, _, nxt = play(services, [{"role": "user", "content": "And then?"}], continue_pair_id=pair.id, seed=3)
     preferred = pair.message_a_id if side == "a" else pair.message_b_id
     assert rnd.user.parent_id == preferred
@@ -122,10 +123,10 @@ def test_continue_goes_under_the_preferred_reply(services, versions, winner, sid
 
 def test_after_both_bad_only_start_over(services, versions):
     _, _, pair = play(services)
-    arena.cast_vote(services.store, pair.id, "both_bad")
+    flow.cast_vote(services.store, pair.id, "both_bad")
     before = services.store.count("messages")
     with pytest.raises(Conflict, match="both replies"):
-        arena.open_round(services, "assistant", [{"role": "user", "content": "x"}], continue_pair_id=pair.id)
+        flow.open_round(services, "assistant", [{"role": "user", "content": "x"}], continue_pair_id=pair.id)
     assert services.store.count("messages") == before
 
 
@@ -177,7 +178,7 @@ def test_leaderboard_tables_follow_votes(services, versions):
     board, matrix = arena.leaderboard_tables(services, "assistant")
     assert list(board["Votes"]) == [0, 0, 0]
     _, _, pair = play(services)
-    vote = arena.cast_vote(services.store, pair.id, "a")
+    vote = flow.cast_vote(services.store, pair.id, "a")
     board, matrix = arena.leaderboard_tables(services, "assistant")
     winner = f"v{services.store.get_policy(vote.policy_a_id).version}"
     assert board.iloc[0]["Version"] == winner and board.iloc[0]["W / L / T"] == "1 / 0 / 0"

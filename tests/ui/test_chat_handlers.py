@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui import chat
+from ui.tabs import chat
 
 GEN = (8, 0.0, 1.0, None)  # max tokens, temperature, top_p, seed
 

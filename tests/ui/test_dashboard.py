@@ -4,7 +4,8 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from ui import dashboard, views
+from ui import views
+from ui.tabs import dashboard
 from ui.auth import Auth
 
 

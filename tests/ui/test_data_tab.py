@@ -8,10 +8,10 @@ import gradio as gr
 import pytest
 from fastapi.testclient import TestClient
 
-from rlhf import quality
+from rlhf.analysis import quality
 from tests.conftest import make_tiny_model
-from ui import agents as agents_ui
-from ui import data_tab
+from ui.tabs import agents as agents_ui
+from ui.tabs import data as data_tab
 from ui.auth import Auth
 
 ADMIN, ANNOTATOR = gr.Request(username="alice"), gr.Request(username="bob")

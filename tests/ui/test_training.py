@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from rlhf.scheduler import Rule
-from ui import training
+from rlhf.jobs.scheduler import Rule
+from ui.tabs import training
 from ui.server import create_app
 
 

@@ -1,0 +1,128 @@
+"""`rlhf-studio bench memory`: resident memory of one serving process with 1 vs 10 policy versions.
+
+Ten real LoRA adapters of the policy's shape (``ppo.lora_r``/``ppo.lora_alpha`` on q/k/v/o, random non-zero
+weights) are written first; a fresh child process then loads the server, serves the base once, serves version 1
+once (RSS "1 version"), then versions 2..10 once each (RSS "10 versions"). Versions share the base weights, so
+each adds only its adapter. RSS is read from /proc after ``gc.collect()`` and glibc ``malloc_trim(0)``, so freed
+heap the allocator kept does not count as memory in use.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rlhf.bench.report import report
+from rlhf.config import AppConfig
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def rss_mb() -> float:
+    """This process's resident set size in MB (after a GC and returning free heap to the OS)."""
+    import ctypes
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc: measure as is
+        pass
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak, the best portable figure
+
+
+def make_adapters(source: str, root: Path, n: int, r: int, alpha: int) -> list[str]:
+    """``n`` LoRA adapters (r, alpha, q/k/v/o, random weights) for the model at ``source``; their dirs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rlhf.models import load_causal_lm
+
+    torch.manual_seed(0)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=TARGETS, init_lora_weights=False)
+    model = get_peft_model(load_causal_lm(source, "cpu"), cfg, adapter_name="v0")
+    for i in range(1, n):
+        model.add_adapter(f"v{i}", cfg)
+    model.save_pretrained(str(root))  # named adapters land in root/<name>/
+    dirs = [str(root / f"v{i}") for i in range(n)]
+    missing = [d for d in dirs if not (Path(d) / "adapter_config.json").is_file()]
+    if missing:
+        raise RuntimeError(f"adapters were not written where expected: {missing}")
+    del model
+    gc.collect()
+    return dirs
+
+
+def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int) -> dict:
+    """Serve base, 1 version, then all versions in this process; RSS (and CUDA) figures after each."""
+    import torch
+
+    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+
+    server = PolicyServer.load(source, device, "bench-memory")
+    history = [{"role": "user", "content": "Hello! What can you do?"}]
+    params = GenParams(max_new_tokens=max_new_tokens, temperature=0)
+
+    def cuda_mb() -> float:
+        return torch.cuda.memory_allocated() / 2**20 if device == "cuda" else 0.0
+
+    server.generate("", history, AdapterRef(0), params)
+    figures = {"rss_base_mb": rss_mb(), "cuda_base_mb": cuda_mb()}
+    server.generate("", history, AdapterRef(1, adapter_dirs[0]), params)
+    figures.update(rss_1_mb=rss_mb(), cuda_1_mb=cuda_mb())
+    for i, path in enumerate(adapter_dirs[1:], start=2):
+        server.generate("", history, AdapterRef(i, path), params)
+    figures.update(rss_10_mb=rss_mb(), cuda_10_mb=cuda_mb(), loaded=len(server.loaded_adapters))
+    server.close()
+    return figures
+
+
+def measure_in_child(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int) -> dict:
+    """``measure`` in a fresh interpreter (nothing this process loaded is counted); its JSON comes back."""
+    spec = json.dumps({"source": source, "device": device, "adapter_dirs": adapter_dirs,
+                       "max_new_tokens": max_new_tokens})
+    done = subprocess.run([sys.executable, "-m", "rlhf.bench.memory", spec], capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory benchmark child failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(config: AppConfig, args, path=None) -> dict:
+    """Write 10 adapters, measure a fresh serving process with 1 and 10 versions; report the figures."""
+    from rlhf.models import pick_device, resolve_model
+
+    quick = bool(getattr(args, "quick", False))
+    source = resolve_model(config.base_model, config.data_path)
+    device = pick_device(config.device)
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        dirs = make_adapters(source, Path(tmp), 10, config.ppo.lora_r, config.ppo.lora_alpha)
+        adapter_mb = sum(f.stat().st_size for f in Path(dirs[0]).iterdir()) / 2**20
+        result = measure_in_child(source, device, dirs, 2 if quick else 8)
+    ratio = result["rss_10_mb"] / result["rss_1_mb"]
+    per_version = (result["rss_10_mb"] - result["rss_1_mb"]) / 9
+    rows = [{"versions": "base only", "rss_mb": result["rss_base_mb"], "cuda_mb": result["cuda_base_mb"]},
+            {"versions": "1", "rss_mb": result["rss_1_mb"], "cuda_mb": result["cuda_1_mb"]},
+            {"versions": "10", "rss_mb": result["rss_10_mb"], "cuda_mb": result["cuda_10_mb"]}]
+    figures = {"rss_1_mb": round(result["rss_1_mb"], 1), "rss_10_mb": round(result["rss_10_mb"], 1),
+               "ratio": round(ratio, 3), "mb_per_version": round(per_version, 1),
+               "adapter_file_mb": round(adapter_mb, 1), "device": device}
+    notes = (f"Model `{config.base_model}` on {device}; adapters r={config.ppo.lora_r}, alpha={config.ppo.lora_alpha} "
+             f"on {'/'.join(t[0] for t in TARGETS)} ({adapter_mb:.1f} MB each on disk); {result['loaded']} loaded "
+             "at the end. Goal: ratio ≤ 1.1.")
+    return report("memory", rows, figures, notes, path=path)
+
+
+if __name__ == "__main__":  # the child of measure_in_child
+    print(json.dumps(measure(**json.loads(sys.argv[1]))), flush=True)

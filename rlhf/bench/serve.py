@@ -1,0 +1,305 @@
+"""`rlhf-studio bench serve`: simulated annotators chatting over HTTP against the real app, vs plain generate.
+
+Each level starts the given number of annotator threads at once; each sends its chats one after another
+through ``POST /api/v1/chat/stream`` (the same Store writes and engine as ``/chat``, streamed), so time to first
+token is measured where a user feels it: at the client, over loopback HTTP. The baseline, in the same run and
+on the same model object, is what serving did before batching: one request at a time through HF ``generate``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rlhf.bench.report import report, run_together
+from rlhf.config import AppConfig, apply_overrides
+
+QUESTIONS = [
+    "What is the capital of France?", "Give me three tips for sleeping better.",
+    "Explain photosynthesis to a ten-year-old.", "Write a haiku about autumn.",
+    "How do I reverse a list in Python?", "What causes the seasons on Earth?",
+    "Suggest a name for a friendly robot.", "Why is the sky blue?",
+    "How many legs does a spider have?", "What is a good breakfast before a run?",
+    "Summarise the plot of Romeo and Juliet in two sentences.", "What does a compiler do?",
+    "Translate 'good morning' into Spanish.", "Tell me a fun fact about octopuses.",
+    "How can I make my tea less bitter?", "What is the difference between weather and climate?",
+]
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+class LiveApp:
+    """The real app (FastAPI + Gradio) served by uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, app):
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveApp":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the benchmark app did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def bench_config(config: AppConfig, data_dir: str) -> AppConfig:
+    """The run's config with a throwaway data dir, no scheduler and no per-user rate limit."""
+    return apply_overrides(config, {"data_dir": data_dir, "scheduler.enabled": False,
+                                    "server.rate_limit_per_minute": 0, "server.users": "",
+                                    "server.users_file": ""})
+
+
+def load_policy_server(config: AppConfig, warmup: bool = True):
+    """A PolicyServer for the configured base model with the config's batching settings."""
+    from rlhf.models import pick_device, resolve_model
+    from rlhf.serving.server import PolicyServer
+
+    s = config.serving
+    server = PolicyServer.load(resolve_model(config.base_model, config.data_path), pick_device(config.device),
+                               config.base_model, s.max_context_tokens, s.load_in_4bit, queue_size=s.queue_size,
+                               max_batch_size=s.max_batch_size, batch_window_ms=s.batch_window_ms)
+    if warmup:
+        server.warmup()
+    return server
+
+
+@dataclass
+class Level:
+    """What the annotators of one concurrency level saw."""
+
+    users: int
+    ttft: list = field(default_factory=list)
+    tokens: int = 0
+    requests: int = 0
+    busy: int = 0
+    errors: list = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _annotator(url: str, user: int, n_requests: int, gen: dict, level: Level, lock: threading.Lock) -> None:
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for k in range(n_requests):
+            question = QUESTIONS[(user * n_requests + k) % len(QUESTIONS)]
+            body = {"messages": [{"role": "user", "content": question}], "annotator": f"bench-{user}",
+                    "seed": user * 1000 + k, **gen}
+            while True:
+                t0 = time.perf_counter()
+                first = None
+                done = None
+                try:
+                    with client.stream("POST", "/api/v1/chat/stream", json=body) as r:
+                        if r.status_code == 503:  # busy: wait as told, like a polite client
+                            retry = float(r.headers.get("retry-after", "1"))
+                            with lock:
+                                level.busy += 1
+                            time.sleep(min(retry, 5.0))
+                            continue
+                        if r.status_code != 200:
+                            raise RuntimeError(f"HTTP {r.status_code}: {r.read()[:200]!r}")
+                        for line in r.iter_lines():
+                            if not line:
+                                continue
+                            event = json.loads(line)
+                            if "delta" in event and first is None:
+                                first = time.perf_counter() - t0
+                            elif "error" in event:
+                                raise RuntimeError(event["error"])
+                            elif event.get("done"):
+                                done = event
+                except Exception as exc:  # recorded, reported, never hidden
+                    with lock:
+                        level.errors.append(f"{type(exc).__name__}: {exc}")
+                    break
+                with lock:
+                    level.requests += 1
+                    level.tokens += done["n_tokens"] if done else 0
+                    if first is not None:
+                        level.ttft.append(first)
+                break
+
+
+def run_level(url: str, users: int, n_requests: int, gen: dict) -> Level:
+    """``users`` annotators start together; each sends ``n_requests`` chats in sequence."""
+    level = Level(users)
+    lock = threading.Lock()
+    level.wall_s = run_together(lambda u: _annotator(url, u, n_requests, gen, level, lock), users)
+    return level
+
+
+def baseline(server, system_prompt: str, n_requests: int, gen: dict) -> dict:
+    """One request at a time through plain HF ``generate`` on the served model (no engine, no batching)."""
+    import torch
+
+    model, tok = server.model, server.tokenizer
+    sampling = (dict(do_sample=True, temperature=gen["temperature"], top_p=gen["top_p"])
+                if gen["temperature"] > 0 else dict(do_sample=False))
+    tokens, ttfts = 0, []
+    t0 = time.perf_counter()
+    for k in range(n_requests):
+        ids = server.build_prompt(system_prompt, [{"role": "user", "content": QUESTIONS[k % len(QUESTIONS)]}])
+        x = torch.tensor([ids], device=server.device)
+        torch.manual_seed(k)
+        started = time.perf_counter()
+        with server.engine.lock, torch.inference_mode():  # the engine is idle; the lock keeps it so
+            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=gen["max_new_tokens"],
+                                 pad_token_id=tok.pad_token_id, **sampling)
+        ttfts.append(time.perf_counter() - started)  # without streaming, the reply arrives all at once
+        tokens += sum(1 for t in out[0, len(ids):].tolist() if t not in (tok.eos_token_id, tok.pad_token_id))
+    wall = time.perf_counter() - t0
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "requests": n_requests,
+            "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95)}
+
+
+def decode_ceiling(server, batch_sizes: list[int], context: int = 120, steps: int = 8) -> list[dict]:
+    """The bare model's decode step at each batch size (random tokens, a ``context``-token KV cache, no engine,
+    no HTTP): how much batching can give on this machine at best, to read the served ratio against."""
+    import torch
+
+    model = server.model
+    rows = []
+    for bs in batch_sizes:
+        gen = torch.Generator().manual_seed(bs)
+        ids = torch.randint(100, 20000, (bs, context), generator=gen).to(server.device)
+        step_ids = ids[:, -1:]
+        with server.engine.lock, torch.inference_mode():  # the engine is idle; the lock keeps it so
+            past = model(ids, use_cache=True).past_key_values
+            past = model(step_ids, past_key_values=past, use_cache=True).past_key_values  # warm-up step
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                past = model(step_ids, past_key_values=past, use_cache=True).past_key_values
+            per_step = (time.perf_counter() - t0) / steps
+        rows.append({"batch": bs, "ms_per_step": 1000 * per_step, "tokens_per_s": bs / per_step})
+    return rows
+
+
+def engine_direct(server, system_prompt: str, users: int, n_requests: int, gen: dict) -> Level:
+    """``users`` threads calling the engine in-process (no HTTP, no Store), like run_level otherwise: what the
+    batching engine gives on its own, to split the served figure into engine and web-stack costs."""
+    from rlhf.serving.server import AdapterRef, GenParams
+
+    level, lock = Level(users), threading.Lock()
+
+    def annotator(user: int) -> None:
+        for k in range(n_requests):
+            question = QUESTIONS[(user * n_requests + k) % len(QUESTIONS)]
+            params = GenParams(max_new_tokens=gen["max_new_tokens"], temperature=gen["temperature"],
+                               top_p=gen["top_p"], seed=user * 1000 + k)
+            t0 = time.perf_counter()
+            stream = server.stream(system_prompt, [{"role": "user", "content": question}], AdapterRef(0), params)
+            first = None
+            for _ in stream:
+                if first is None:
+                    first = time.perf_counter() - t0
+            with lock:
+                level.requests += 1
+                level.tokens += stream.n_tokens
+                if first is not None:
+                    level.ttft.append(first)
+
+    level.wall_s = run_together(annotator, users)
+    return level
+
+
+def level_row(level: Level, tps: float, before: dict, after: dict) -> dict:
+    """A table row for one level, with the engine's mean batch size and step time over it."""
+    steps = after["decode_steps"] - before["decode_steps"]
+    return {"mode": "served: HTTP stream, batched", "users": level.users, "requests": level.requests,
+            "tokens": level.tokens, "wall_s": level.wall_s, "tokens_per_s": tps,
+            "ttft_p50_s": percentile(level.ttft, 50), "ttft_p95_s": percentile(level.ttft, 95),
+            "busy": level.busy, "errors": len(level.errors),
+            "rows_per_step": (after["decode_rows"] - before["decode_rows"]) / steps if steps else 0.0,
+            "ms_per_step": 1000 * (after["decode_s"] - before["decode_s"]) / steps if steps else 0.0}
+
+
+def run(config: AppConfig, args, path=None) -> dict:
+    """Measure baseline and 1/8/32 concurrent annotators (or ``--users N``); report and return the figures."""
+    from ui.server import build_services, create_app
+
+    quick = bool(getattr(args, "quick", False))
+    levels = [args.users] if getattr(args, "users", None) else ([1, 8] if quick else [1, 8, 32])
+    gen = {"max_new_tokens": 16 if quick else 64, "temperature": config.serving.temperature,
+           "top_p": config.serving.top_p}
+    per_user = 1 if quick else 2
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        cfg = bench_config(config, tmp)
+        t0 = time.perf_counter()
+        server = load_policy_server(config)  # models resolve from the configured data dir
+        load_s = time.perf_counter() - t0
+        services = build_services(cfg, server=server)
+        try:
+            system_prompt = services.store.get_agent(None).system_prompt
+            base = baseline(server, system_prompt, 2 if quick else 4, gen)
+            rows = [{"mode": "baseline: generate, one at a time", "users": 1, "requests": base["requests"],
+                     "tokens": base["tokens"], "wall_s": base["wall_s"], "tokens_per_s": base["tokens_per_s"],
+                     "ttft_p50_s": base["ttft_p50_s"], "ttft_p95_s": base["ttft_p95_s"], "busy": 0, "errors": 0,
+                     "rows_per_step": 1.0, "ms_per_step": 0.0}]
+            ceiling = decode_ceiling(server, [1, 8] if quick else [1, 8, 32])
+            rows += [{"mode": "ceiling: bare decode step", "users": c["batch"], "requests": 0, "tokens": 0,
+                      "wall_s": 0.0, "tokens_per_s": c["tokens_per_s"], "ttft_p50_s": 0.0, "ttft_p95_s": 0.0,
+                      "busy": 0, "errors": 0, "rows_per_step": float(c["batch"]), "ms_per_step": c["ms_per_step"]}
+                     for c in ceiling]
+            direct_users = 8 if 8 in levels else levels[-1]
+            before = server.engine.stats.to_dict()
+            direct = engine_direct(server, system_prompt, direct_users, per_user, gen)
+            rows.append({**level_row(direct, direct.tokens / direct.wall_s, before, server.engine.stats.to_dict()),
+                         "mode": "engine in-process (no HTTP), batched"})
+            results = {}
+            with LiveApp(create_app(services)) as live:
+                for users in levels:
+                    before = server.engine.stats.to_dict()
+                    level = run_level(live.url, users, per_user, gen)
+                    after = server.engine.stats.to_dict()
+                    tps = level.tokens / level.wall_s if level.wall_s else 0.0
+                    results[users] = (level, tps)
+                    rows.append(level_row(level, tps, before, after))
+            profile = server.engine.stats.to_dict()
+        finally:
+            services.close()
+    pick = 8 if 8 in results else levels[-1]
+    level, tps = results[pick]
+    figures = {"users": pick, "ttft_p50_s": round(percentile(level.ttft, 50), 3),
+               "ttft_p95_s": round(percentile(level.ttft, 95), 3), "tokens_per_s": round(tps, 2),
+               "baseline_tokens_per_s": round(base["tokens_per_s"], 2),
+               "ratio": round(tps / base["tokens_per_s"], 2) if base["tokens_per_s"] else 0.0}
+    by_batch = {c["batch"]: c["tokens_per_s"] for c in ceiling}
+    ceiling_note = ""
+    if pick in by_batch and 1 in by_batch:
+        ceiling_note = (f" Ceiling: the bare model decodes {by_batch[pick] / by_batch[1]:.1f}x faster per token at "
+                        f"batch {pick} than at batch 1 on this machine.")
+    errors = [e for lv, _ in results.values() for e in lv.errors]
+    s = config.serving
+    notes = (f"Model `{config.base_model}` on {server.device} (loaded in {load_s:.1f} s); {per_user} chat(s) per "
+             f"annotator, max_new_tokens={gen['max_new_tokens']}, temperature={gen['temperature']}, "
+             f"top_p={gen['top_p']}; max_batch_size={s.max_batch_size}, queue_size={s.queue_size}, "
+             f"batch_window_ms={s.batch_window_ms}. TTFT is measured by the client over HTTP (/api/v1/chat/stream); "
+             f"the baseline's 'TTFT' is its whole reply (plain generate does not stream). Served figures include HTTP, "
+             f"Store writes and the shared system-prompt KV reuse; the baseline is the bare model. Engine profile "
+             f"over the run: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in profile.items()})}."
+             + ceiling_note + (f" Errors: {errors[:3]}" if errors else ""))
+    return report("serve", rows, figures, notes, path=path)

@@ -1,0 +1,193 @@
+"""Import a policy trained elsewhere (OpenRLHF, verl, TRL, ...) as a candidate version of an agent.
+
+A PEFT adapter directory is checked against the agent's base (loaded onto it, one forward pass) and
+published as is. A full model directory of the same architecture is turned into a LoRA adapter: per
+target matrix, the weight delta ``W_new - W_base`` is replaced by its best rank-r approximation, a
+truncated SVD (Eckart–Young: ``U_r S_r V_r^T`` minimises the Frobenius error among rank-r matrices), split
+as ``B = U_r sqrt(S_r)``, ``A = sqrt(S_r) V_r^T`` with ``lora_alpha = r`` so the LoRA scale is 1 (Hu et al.
+2021, LoRA, eq. 3: ``h = W x + (alpha / r) B A x``). A model of another architecture cannot become an
+adapter of this base: the error says to create an agent on that model instead.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from rlhf.config import AppConfig
+from rlhf.models import load_causal_lm, load_tokenizer, resolve_model
+from rlhf.jobs.publish import publish_version
+from storage import Policy, Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "vocab_size")
+PROBE = [{"role": "user", "content": "Say hello in one short sentence."}]
+
+
+class PolicyImportError(RuntimeError):
+    """A directory that cannot become a version of this agent (the message says what to do instead)."""
+
+
+@dataclass
+class ImportResult:
+    """The published version and what the import measured."""
+
+    policy: Policy
+    kind: str  # adapter | full
+    rank: Optional[int] = None
+    metrics: dict = field(default_factory=dict)
+
+
+def find_adapter_dir(path: Path) -> Optional[Path]:
+    """``path`` itself when it holds adapter_config.json, or its single named-adapter subdirectory."""
+    if (path / "adapter_config.json").is_file():
+        return path
+    subs = [d for d in path.iterdir() if d.is_dir() and (d / "adapter_config.json").is_file()] if path.is_dir() else []
+    return subs[0] if len(subs) == 1 else None
+
+
+def _probe_logits(model, tokenizer):
+    import torch
+
+    enc = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        return model(**{k: v.to(model.device) for k, v in enc.items()}).logits.float()
+
+
+def _check_finite(logits, what: str) -> None:
+    import torch
+
+    if not torch.isfinite(logits).all():
+        raise PolicyImportError(f"{what} produces non-finite logits on a probe prompt; refusing to import it")
+
+
+def architecture_mismatch(base_cfg: dict, new_cfg: dict) -> list[str]:
+    """Config fields (architecture and shapes) in which two models differ."""
+    return [f"{k}: {base_cfg.get(k)!r} vs {new_cfg.get(k)!r}" for k in SHAPE_KEYS if base_cfg.get(k) != new_cfg.get(k)]
+
+
+def low_rank_factors(delta, rank: int):
+    """(B, A, residual Frobenius norm) with ``B @ A`` the best rank-``rank`` approximation of ``delta``."""
+    import torch
+
+    U, S, Vh = torch.linalg.svd(delta.float(), full_matrices=False)
+    r = min(rank, S.numel())
+    root = S[:r].sqrt()
+    B = U[:, :r] * root  # (out, r)
+    A = root[:, None] * Vh[:r]  # (r, in)
+    # The discarded singular values are exactly the residual: ||delta - B A||_F^2 = sum_{i > r} S_i^2.
+    residual = S[r:].pow(2).sum().sqrt().item()
+    if r < rank:  # a matrix smaller than the rank: pad with zeros so every module has the same rank
+        B = torch.cat([B, B.new_zeros(B.shape[0], rank - r)], dim=1)
+        A = torch.cat([A, A.new_zeros(rank - r, A.shape[1])], dim=0)
+    return B, A, residual
+
+
+def adapter_from_full_model(base, new, rank: int, targets: tuple[str, ...], out_dir: Path) -> dict:
+    """Write a LoRA adapter of ``base`` approximating ``new`` to ``out_dir``; returns error figures."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    base_state = {k: v for k, v in base.state_dict().items()}
+    new_state = new.state_dict()
+    total_sq, residual_sq, untracked_sq, untracked_base_sq, worst = 0.0, 0.0, 0.0, 0.0, 0.0
+    factors = {}
+    for name, w_base in base_state.items():
+        if name not in new_state or new_state[name].shape != w_base.shape:
+            raise PolicyImportError(f"weight {name} is missing or has another shape in the imported model")
+        delta = new_state[name].float() - w_base.float()
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and module.rsplit(".", 1)[-1] in targets and delta.dim() == 2:
+            B, A, residual = low_rank_factors(delta, rank)
+            norm = delta.norm().item()
+            factors[module] = (B, A)
+            total_sq += norm ** 2
+            residual_sq += residual ** 2
+            worst = max(worst, residual / norm if norm > 0 else 0.0)
+        else:
+            untracked_sq += delta.pow(2).sum().item()
+            untracked_base_sq += w_base.float().pow(2).sum().item()
+    if not factors:
+        raise PolicyImportError(f"no target modules ({', '.join(targets)}) found in the model")
+    cfg = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                     target_modules=sorted({m.rsplit(".", 1)[-1] for m in factors}))
+    peft_model = get_peft_model(base, cfg)
+    with torch.no_grad():
+        for name, module in peft_model.named_modules():
+            key = name.removeprefix("base_model.model.")
+            if key in factors and hasattr(module, "lora_A"):
+                B, A = factors[key]
+                module.lora_A["default"].weight.copy_(A.to(module.lora_A["default"].weight.dtype))
+                module.lora_B["default"].weight.copy_(B.to(module.lora_B["default"].weight.dtype))
+    peft_model.save_pretrained(str(out_dir))
+    return {"peft_model": peft_model,
+            "import/reconstruction_error": math.sqrt(residual_sq / total_sq) if total_sq > 0 else 0.0,
+            "import/worst_matrix_error": worst,
+            # Changes outside the target matrices (norms, embeddings) cannot ride in a LoRA adapter.
+            "import/untracked_change": math.sqrt(untracked_sq / untracked_base_sq) if untracked_base_sq > 0 else 0.0}
+
+
+def import_policy(store: Store, config: AppConfig, path: str | Path, agent: str, rank: int = 16,
+                  targets: tuple[str, ...] = DEFAULT_TARGETS, promote: bool = False) -> ImportResult:
+    """Publish an adapter or a full model directory as a new (candidate) version of ``agent``."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise PolicyImportError(f"{path} is not a directory (expected a PEFT adapter or a model directory)")
+    if rank < 1:
+        raise PolicyImportError("--rank must be at least 1")
+    agent_rec = store.get_agent(agent)
+    parent = store.active_policy(agent_rec.id)
+    source = resolve_model(agent_rec.base_model, config.data_path)
+    tokenizer = load_tokenizer(source)
+    base = load_causal_lm(source, "cpu")
+    adapter_dir = find_adapter_dir(path)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        try:
+            model = PeftModel.from_pretrained(base, str(adapter_dir))
+        except Exception as exc:  # shape mismatches and unknown modules surface as many error types
+            raise PolicyImportError(f"the adapter in {adapter_dir} does not fit the base model of agent {agent!r} "
+                                    f"({agent_rec.base_model}): {type(exc).__name__}: {exc}") from exc
+        model.eval()
+        _check_finite(_probe_logits(model, tokenizer), "the adapter")
+        policy = publish_version(store, config, agent_rec.name, adapter_dir, parent_id=parent.id, promote=promote,
+                                 run_config={"imported_from": str(path), "kind": "adapter"})
+        return ImportResult(policy, "adapter", metrics={})
+    if not (path / "config.json").is_file():
+        raise PolicyImportError(f"{path} holds neither adapter_config.json (a PEFT adapter) nor config.json "
+                                "(a full model)")
+    new_cfg = json.loads((path / "config.json").read_text())
+    problems = architecture_mismatch(base.config.to_dict(), new_cfg)
+    if problems:
+        raise PolicyImportError(
+            f"{path} is not the same architecture as agent {agent!r}'s base model {agent_rec.base_model} "
+            f"({'; '.join(problems)}), so it cannot become one of its versions. Create an agent with that model "
+            f"as its base instead: POST /api/v1/agents {{\"name\": ..., \"base_model\": \"{path}\"}} or the Data "
+            "tab's Agents panel.")
+    new = load_causal_lm(str(path), "cpu")
+    probe_full = _probe_logits(new, tokenizer)
+    _check_finite(probe_full, "the imported model")
+    tmp = Path(tempfile.mkdtemp(prefix="rlhf-import-"))
+    try:
+        figures = adapter_from_full_model(base, new, rank, targets, tmp)
+        peft_model = figures.pop("peft_model")
+        peft_model.eval()
+        probe_lora = _probe_logits(peft_model, tokenizer)
+        figures["import/probe_logit_max_abs_diff"] = (probe_lora - probe_full).abs().max().item()
+        log.info("imported %s as a rank-%d LoRA: %s", path, rank, figures)
+        policy = publish_version(store, config, agent_rec.name, tmp, parent_id=parent.id, promote=promote,
+                                 run_config={"imported_from": str(path), "kind": "full", "rank": rank,
+                                             "targets": list(targets)},
+                                 metrics={**figures, "import/rank": rank})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ImportResult(policy, "full", rank, figures)

@@ -1,0 +1,245 @@
+"""The retrain job: feedback snapshot → data → reward model → PPO → evaluation → gate → publish.
+
+Runs inside a job process (rlhf/jobs/worker.py). Each phase reports progress and metrics through the job
+context, so the Training tab shows it live; a failure anywhere publishes nothing.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from rlhf.config import AppConfig, ConfigError, apply_overrides
+from rlhf.jobs.worker import JobContext, job_kind
+from storage import InvalidInput, Store
+
+# Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
+PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
+          "publish": (0.97, 1.0), "done": (1.0, 1.0)}
+# Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
+DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 60.0, "overhead_s": 30.0}
+
+
+def _data_counts(store: Store, config: AppConfig, agent: str) -> dict:
+    from rlhf.training.data import build_pairs, build_pointwise
+
+    rows = store.feedback_rows(agent)
+    r = config.reward
+    pairs = build_pairs(rows, r.exclude_annotators, r.margin_per_score, r.rated_vs_unrated)
+    pointwise = build_pointwise(rows, r.exclude_annotators)
+    return {"pairs": len(pairs), "pointwise": len(pointwise),
+            "feedback_count": len(rows["ratings"]) + len(rows["comparisons"])}
+
+
+def measured_rates(store: Store, agent: str) -> dict:
+    """Seconds per pair / per PPO sample from this machine's last successful retrain, else defaults."""
+    for job in store.list_jobs(agent, limit=100):
+        if job.kind == "retrain" and job.status == "succeeded" and job.result.get("rates"):
+            return {**DEFAULT_RATES, **job.result["rates"]}
+    return dict(DEFAULT_RATES)
+
+
+def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
+    """Expected wall minutes of a retrain with these settings."""
+    reward_s = rates["reward_s_per_pair"] * max(pairs, 1) * config.reward.epochs
+    ppo_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size
+    return round((reward_s + ppo_s + rates["eval_s"] + rates["overhead_s"]) / 60.0, 1)
+
+
+def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dict] = None) -> dict:
+    """What a retrain would use and cost now: feedback counts, pairs, minutes, and what is missing."""
+    try:
+        cfg = apply_overrides(config, overrides or {})
+    except ConfigError as exc:
+        raise InvalidInput(f"config: {exc}") from None
+    counts = _data_counts(store, cfg, agent)
+    mode = cfg.reward.mode
+    if mode == "pairwise" or (mode == "auto" and counts["pairs"] >= cfg.reward.min_pairs):
+        ready, missing = counts["pairs"] >= max(2, cfg.reward.min_pairs if mode != "auto" else 2), None
+        if not ready:
+            missing = f"{cfg.reward.min_pairs - counts['pairs']} more preference pairs (comparisons or " \
+                      "differently rated regenerations)"
+    else:
+        ready = counts["pointwise"] >= cfg.reward.min_pointwise
+        missing = None if ready else (
+            f"{cfg.reward.min_pointwise - counts['pointwise']} more rated replies (thumbs or scores), or "
+            f"{cfg.reward.min_pairs - counts['pairs']} more preference pairs")
+    out = {"feedback_count": counts["feedback_count"], "pairs": counts["pairs"], "pointwise": counts["pointwise"],
+           "estimated_minutes": estimate_minutes(measured_rates(store, agent), counts["pairs"], cfg),
+           "ready": ready}
+    if missing:
+        out["missing"] = missing
+    return out
+
+
+class Phases:
+    """Maps each phase's own 0–1 progress onto the job's overall progress bar and times the phases."""
+
+    def __init__(self, ctx: JobContext):
+        self.ctx = ctx
+        self.started: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+
+    def enter(self, name: str, message: str = "") -> None:
+        now = time.perf_counter()
+        for previous, t0 in self.started.items():
+            self.seconds.setdefault(previous, now - t0)
+        self.started[name] = now
+        self.ctx.progress(PHASES[name][0], name, message or f"{name} started")
+
+    def report(self, name: str, fraction: float, message: Optional[str] = None) -> None:
+        lo, hi = PHASES[name]
+        self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
+
+
+@job_kind("retrain")
+def retrain(ctx: JobContext) -> dict:
+    """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
+    from rlhf.jobs.evaluation import gate
+    from rlhf.models import pick_device, resolve_model
+    from rlhf.jobs.publish import publish_version
+
+    store, cfg = ctx.store, ctx.config
+    agent = store.get_agent(ctx.job.agent_id)
+    parent = store.active_policy(agent.id)
+    phases = Phases(ctx)
+    device = pick_device(cfg.device)
+    base_source = resolve_model(cfg.base_model, cfg.data_path)
+
+    # Data: freeze the feedback snapshot this version is trained on
+    phases.enter("data", f"snapshot of {agent.name}'s feedback")
+    snapshot = store.feedback_watermark(agent.id)
+
+    # Reward model on that snapshot
+    phases.enter("reward", "training the reward model")
+    rm, scorer = train_reward_phase(ctx, phases, agent.name, device)
+
+    # PPO from the active version toward the new reward model
+    phases.enter("ppo", "PPO on the reward model")
+    ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, parent.adapter_path,
+                                           device)
+
+    # Evaluation against the active version, then the gate
+    phases.enter("eval", "evaluating candidate vs active version")
+    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer, eval_prompts)
+    passed, reasons = gate(report, cfg.retrain.min_win_rate, cfg.retrain.max_kl)
+    ctx.metrics(cfg.ppo.steps + 1, report.metrics())
+
+    # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
+    phases.enter("publish", "publishing the new version")
+    metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
+               "feedback_used": snapshot_size(store, agent.name, snapshot), "gate/passed": passed,
+               "gate/reasons": reasons, "ppo/reward_before": ppo.reward_before, "ppo/reward_after": ppo.reward_after}
+    promote = passed and cfg.retrain.auto_promote
+    policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=parent.id, promote=promote,
+                             job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot,
+                             run_config=cfg.to_dict(), metrics=metrics)
+    store.record_eval_samples(policy.id, report.samples)
+    store.record_eval_samples(parent.id, report.active_samples)  # same prompts, same reward model: comparable
+    ctx.log(f"published version {policy.version} ({'active' if promote else 'candidate'})"
+            + ("" if passed else ": " + "; ".join(reasons)))
+    phases.enter("done", "finished")
+    rates = {"reward_s_per_pair": phases.seconds["reward"] / max(1.0, rm.pairs_train * cfg.reward.epochs),
+             "ppo_s_per_sample": phases.seconds["ppo"] / max(1, ppo.steps * cfg.ppo.batch_size),
+             "eval_s": phases.seconds["eval"]}
+    return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
+            "gate_reasons": reasons, "reward_model_id": rm.reward_model_id, "metrics": metrics,
+            "run_dir": str(ppo.run_dir), "rates": rates, "phase_seconds": phases.seconds}
+
+
+def snapshot_size(store: Store, agent: str, snapshot: dict) -> int:
+    """How many ratings + comparisons a snapshot covers."""
+    rows = store.feedback_rows(agent, until=snapshot)
+    return len(rows["ratings"]) + len(rows["comparisons"])
+
+
+def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str):
+    """Train, register and load the reward model; returns (result, scorer)."""
+    from rlhf.training.reward import load_reward_model, train_reward_model
+
+    def progress(fraction: float, phase: str = "reward", metrics: Optional[dict] = None) -> None:
+        phases.report("reward", fraction, phase)
+        if metrics:
+            ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
+
+    rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress)
+    accuracy = "n/a" if rm.eval_accuracy is None else f"{rm.eval_accuracy:.2f}"
+    ctx.log(f"reward model {rm.reward_model_id}: {rm.mode}, {rm.pairs_train} train / {rm.pairs_eval} held-out "
+            f"pairs, held-out accuracy {accuracy}")
+    return rm, load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
+
+
+def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
+                       init_adapter: Optional[str], device: str):
+    """PPO from the active version's adapter (or the base); returns (result, held-out eval prompts)."""
+    from rlhf.training.ppo.trainer import train_ppo
+    from rlhf.training.prompts import prompt_sets
+
+    cfg = ctx.config
+    prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent)
+    run_dir = cfg.data_path / "runs" / f"job{ctx.job_id}"
+
+    def on_step(step: int, metrics: dict) -> None:
+        ctx.metrics(step, metrics)
+        phases.report("ppo", step / max(1, cfg.ppo.steps), f"PPO step {step}/{cfg.ppo.steps}")
+
+    resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted job
+    result = train_ppo(cfg, base_source, scorer, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
+                       resume=resume, on_step=on_step, device=device)
+    return result, eval_prompts
+
+
+def evaluate_phase(ctx: JobContext, base_source: str, device: str, candidate_dir: str | Path,
+                   active_dir: Optional[str], scorer, eval_prompts: list):
+    """Generate with candidate and active adapters on one base and compare them with the reward model."""
+    from rlhf.jobs.evaluation import evaluate_versions
+
+    cfg = ctx.config
+    model, tokenizer = adapters_on_base(base_source, device, {"cand": str(candidate_dir), "active": active_dir})
+    return evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", "active" if active_dir else None,
+                             cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000)
+
+
+def adapters_on_base(base_source: str, device: str, adapters: dict):
+    """One base model with named LoRA adapters (None entries are skipped) and its tokenizer."""
+    from peft import PeftModel
+
+    from rlhf.models import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(base_source, device)
+    for name, path in adapters.items():
+        if path is None:
+            continue
+        if isinstance(model, PeftModel):
+            model.load_adapter(path, adapter_name=name)
+        else:
+            model = PeftModel.from_pretrained(model, path, adapter_name=name)
+    model.eval()
+    return model, load_tokenizer(base_source)
+
+
+@job_kind("eval_samples")
+def eval_samples(ctx: JobContext) -> dict:
+    """Regenerate one version's replies to the held-out eval prompts, scored by its reward model."""
+    from rlhf.jobs.evaluation import generate_replies
+    from rlhf.models import pick_device, resolve_model
+    from rlhf.training.prompts import prompt_sets
+    from rlhf.training.reward import load_reward_model
+
+    store, cfg = ctx.store, ctx.config
+    policy = store.get_policy(int(ctx.job.config["policy_id"]))
+    device = pick_device(cfg.device)
+    models = store.list_reward_models(policy.agent_id)
+    rm_path = store.get_reward_model(policy.reward_model_id).path if policy.reward_model_id else \
+        (models[0].path if models else None)
+    ctx.progress(0.1, "generate", f"replies of version {policy.version}")
+    _, prompts = prompt_sets(store, cfg, policy.agent_id)
+    model, tokenizer = adapters_on_base(resolve_model(cfg.base_model, cfg.data_path), device,
+                                        {"version": policy.adapter_path})
+    texts, _, _ = generate_replies(model, tokenizer, prompts, "version" if policy.adapter_path else None,
+                                   cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.seed + 1000)
+    ctx.progress(0.7, "score", "reward-model scores" if rm_path else "no reward model yet: unscored")
+    rewards = load_reward_model(rm_path, device=device)(prompts, texts) if rm_path else [None] * len(texts)
+    store.record_eval_samples(policy.id, [{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
+                                          for i, (p, t, r) in enumerate(zip(prompts, texts, rewards))])
+    return {"policy_id": policy.id, "samples": len(texts), "reward_model": rm_path}

@@ -1,0 +1,133 @@
+"""The app-side job runner: claims queued jobs one at a time and runs each in its own OS process."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from rlhf.config import AppConfig
+from storage import Job, Store
+
+log = logging.getLogger(__name__)
+CANCEL_GRACE_SECONDS = 5.0  # a job that ignores a cancel this long is killed
+
+
+def pid_alive(pid: Optional[int]) -> bool:
+    """True when a process with this id exists (and is not a zombie)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class JobRunner:
+    """Starts at most one job process at a time; reaps it, enforces cancels, records crashes."""
+
+    def __init__(self, store: Store, config: AppConfig, cancel_grace: float = CANCEL_GRACE_SECONDS):
+        self.store = store
+        self.config = config
+        self.cancel_grace = cancel_grace
+        self._proc: Optional[subprocess.Popen] = None
+        self._job_id: Optional[int] = None
+        self._cancel_seen: Optional[float] = None
+        self._lock = threading.Lock()
+
+    @property
+    def current_job_id(self) -> Optional[int]:
+        return self._job_id
+
+    def sweep(self) -> list[Job]:
+        """At start: jobs left 'running' by a dead process are failed (or re-queued to resume)."""
+        swept = self.store.sweep_stale_jobs(pid_alive, self.config.retrain.stale_after_seconds,
+                                            resume=self.config.retrain.resume_interrupted)
+        for job in swept:
+            log.warning("job %s was interrupted by a restart: now %s", job.id, job.status)
+        return swept
+
+    def tick(self) -> Optional[int]:
+        """One scheduling step: reap or police the running job, else start the next queued one."""
+        with self._lock:
+            self._reap()
+            if self._proc is None:
+                job = self.store.claim_job(pid=os.getpid())
+                if job is not None:
+                    self._start(job)
+            return self._job_id
+
+    def _start(self, job: Job) -> None:
+        log_dir = self.config.data_path / "jobs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(log_dir / f"{job.id}.log", "ab")
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._proc = subprocess.Popen([sys.executable, "-m", "rlhf.jobs.worker", str(self.store.path), str(job.id),
+                                       str(os.getpid())], stdout=out, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, cwd=root, env=env, start_new_session=True)
+        out.close()
+        self._job_id = job.id
+        self._cancel_seen = None
+        self.store.set_job_pid(job.id, self._proc.pid)
+        log.info("job %s (%s) started in process %s", job.id, job.kind, self._proc.pid)
+
+    def _reap(self) -> None:
+        if self._proc is None:
+            return
+        code = self._proc.poll()
+        job = self.store.get_job(self._job_id)
+        if code is None:
+            if job.cancel_requested:
+                self._cancel_seen = self._cancel_seen or time.monotonic()
+                if time.monotonic() - self._cancel_seen > self.cancel_grace:
+                    self._proc.kill()  # the job ignored the request: stop it hard
+                    self._proc.wait(10)
+                    self.store.finish_job(job.id, "cancelled", error="cancelled by request (process killed)")
+                    self._clear()
+            return
+        if not job.done:  # died without recording an end: OOM, kill -9, segfault
+            reason = f"job process exited with code {code} before finishing"
+            self.store.finish_job(job.id, "cancelled" if job.cancel_requested else "failed", error=reason)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._proc, self._job_id, self._cancel_seen = None, None, None
+
+    def wait(self, job_id: int, timeout: float = 600.0, poll: float = 0.2) -> Job:
+        """Tick until ``job_id`` has ended (for the CLI and tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.tick()
+            job = self.store.get_job(job_id)
+            if job.done:
+                self.tick()  # reap the process
+                return job
+            time.sleep(poll)
+        raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f} s")
+
+    def shutdown(self) -> None:
+        """Stop the running job process (the job is recorded as interrupted)."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                job = self.store.get_job(self._job_id)
+                if not job.done:
+                    self.store.finish_job(job.id, "failed", error="interrupted: the app stopped")
+            self._clear()

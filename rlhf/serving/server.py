@@ -1,0 +1,276 @@
+"""Serving: ONE base model in memory, one LoRA adapter per policy version, replies streamed token by token.
+
+A policy is stateless: it maps a full state (system prompt + history) to a reply. Requests go through a
+bounded queue into ``rlhf.serving.engine.BatchEngine``, which decodes concurrent replies together (continuous
+batching, per-row adapters and settings); a full queue says "busy, retry in N s" instead of hanging.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from rlhf.config import AppConfig
+from rlhf.models import pick_device, resolve_model
+from rlhf.serving.engine import BatchEngine, IncrementalDecoder, Request
+
+__all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "IncrementalDecoder", "PolicyServer", "ReplyStream",
+           "load_server"]
+
+log = logging.getLogger(__name__)
+
+
+class Busy(RuntimeError):
+    """The generation queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float):
+        super().__init__(f"the model is busy; retry in {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+class AdapterError(RuntimeError):
+    """A policy version's adapter cannot be loaded (missing or corrupted directory)."""
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Per-request generation settings."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.7
+    top_p: float = 0.9
+    seed: Optional[int] = None
+
+    def validated(self, max_tokens_limit: int = 2048) -> "GenParams":
+        """Self, or ValueError naming the bad field."""
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or not 1 <= self.max_new_tokens <= max_tokens_limit:
+            raise ValueError(f"max_new_tokens must be an integer in 1..{max_tokens_limit}")
+        for name, lo, hi in (("temperature", 0.0, 5.0), ("top_p", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo}, {hi}]")
+        if self.top_p == 0:
+            raise ValueError("top_p must be > 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
+            raise ValueError("seed must be a non-negative integer")
+        return self
+
+    def to_dict(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    """Which weights answer: a policy id and its adapter dir (None = the base model)."""
+
+    policy_id: int
+    path: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return f"p{self.policy_id}"
+
+
+@dataclass
+class ReplyStream:
+    """Text deltas of one reply as they are generated; iterate it, or call ``text()`` to wait."""
+
+    prompt_tokens: int = 0
+    _queue: "queue.Queue" = field(default_factory=queue.Queue)
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    n_tokens: int = 0
+    parts: list = field(default_factory=list)
+    _done: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        while not self._done:
+            item = self._queue.get()
+            if item is None:
+                self._done = True
+                break
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            self.parts.append(item)
+            yield item
+
+    def text(self) -> str:
+        """Block until the reply is complete and return it."""
+        for _ in self:
+            pass
+        return "".join(self.parts)
+
+    def cancel(self) -> None:
+        """Stop generating this reply (other requests are not affected)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def latency_ms(self) -> float:
+        end = self.finished_at or time.perf_counter()
+        return (end - self.submitted) * 1000.0
+
+    # called by the worker
+    def _emit(self, delta: str) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._queue.put(delta)
+
+    def _close(self, error: Optional[BaseException] = None) -> None:
+        self.finished_at = time.perf_counter()
+        if error is not None:
+            self._queue.put(error)
+        self._queue.put(None)
+
+
+class PolicyServer:
+    """Holds the base model, loads adapters on demand, and answers generation requests with a batching engine."""
+
+    def __init__(self, model, tokenizer, device: str, model_name: str, max_context_tokens: int = 2048,
+                 queue_size: int = 64, max_batch_size: int = 32, batch_window_ms: float = 10.0):
+        self.tokenizer = tokenizer
+        self.device = device
+        self.model_name = model_name
+        self.max_context_tokens = max_context_tokens
+        self._loaded: dict[str, str] = {}  # adapter name -> path
+        self._adapter_lock = threading.Lock()  # held by the engine for each forward pass, and to load adapters
+        self.engine = BatchEngine(model, tokenizer, device, max_batch_size=max_batch_size, queue_size=queue_size,
+                                  batch_window_ms=batch_window_ms, lock=self._adapter_lock)
+        self._queue = self.engine.queue
+        self._worker = self.engine.thread
+        self._system_ids: dict[str, list[int]] = {}  # system prompt -> its templated ids (the shared prefix)
+
+    @classmethod
+    def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048,
+             load_in_4bit: bool = False, queue_size: int = 64, max_batch_size: int = 32,
+             batch_window_ms: float = 10.0) -> "PolicyServer":
+        """Load the base model + tokenizer from a resolved source and start the engine."""
+        from rlhf.models import load_causal_lm, load_tokenizer
+
+        tokenizer = load_tokenizer(source)
+        model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
+        return cls(model, tokenizer, device, model_name, max_context_tokens, queue_size=queue_size,
+                   max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)
+
+    @property
+    def model(self):
+        """The served model (a ``PeftModel`` once an adapter is loaded)."""
+        return self.engine.model
+
+    @model.setter
+    def model(self, value) -> None:
+        self.engine.model = value
+
+    # ---- prompts ----------------------------------------------------------------------------
+    def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
+        """Token ids of the chat-templated state, dropping the oldest turns to fit the context limit."""
+        turns = list(history)
+        while True:
+            messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + turns
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]
+            if len(ids) <= self.max_context_tokens or len(turns) <= 1:
+                return list(ids[-self.max_context_tokens:])
+            turns = turns[2:] if len(turns) > 2 else turns[-1:]
+
+    def shared_prefix_len(self, system_prompt: str, ids: list[int]) -> int:
+        """How many leading ``ids`` are the templated system prompt alone (0 if none): the engine computes
+        that prefix's KV cache once per adapter and reuses it for every chat of the agent."""
+        if not system_prompt:
+            return 0
+        prefix = self._system_ids.get(system_prompt)
+        if prefix is None:
+            prefix = list(self.tokenizer.apply_chat_template([{"role": "system", "content": system_prompt}],
+                                                             tokenize=True, return_dict=True)["input_ids"])
+            if len(self._system_ids) > 256:  # agents are few; this only guards against unbounded growth
+                self._system_ids.clear()
+            self._system_ids[system_prompt] = prefix
+        return len(prefix) if len(prefix) < len(ids) and ids[:len(prefix)] == prefix else 0
+
+    # ---- adapters ---------------------------------------------------------------------------
+    def ensure_adapter(self, adapter: AdapterRef) -> None:
+        """Load a version's LoRA adapter onto the shared base (once); AdapterError if it cannot be."""
+        if adapter.path is None or adapter.name in self._loaded:
+            return
+        from pathlib import Path
+
+        path = Path(adapter.path)
+        if not (path / "adapter_config.json").is_file():
+            raise AdapterError(f"adapter of policy {adapter.policy_id} is missing: {path}/adapter_config.json")
+        with self._adapter_lock:
+            if adapter.name in self._loaded:
+                return
+            try:
+                from peft import PeftModel
+
+                if not isinstance(self.model, PeftModel):
+                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=adapter.name)
+                else:
+                    self.model.load_adapter(str(path), adapter_name=adapter.name)
+                self.model.eval()
+            except Exception as exc:  # a corrupted file can raise many kinds of errors
+                raise AdapterError(f"adapter of policy {adapter.policy_id} at {path} cannot be loaded: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            self._loaded[adapter.name] = str(path)
+
+    @property
+    def loaded_adapters(self) -> list[str]:
+        return sorted(self._loaded)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def stream(self, system_prompt: str, history: list[dict], adapter: AdapterRef,
+               params: GenParams) -> ReplyStream:
+        """Queue a reply and return its stream at once; raises Busy when the queue is full."""
+        params.validated()
+        self.ensure_adapter(adapter)
+        ids = self.build_prompt(system_prompt, history)
+        stream = ReplyStream(prompt_tokens=len(ids))
+        try:
+            self.engine.submit(Request(ids, None if adapter.path is None else adapter.name, params, stream,
+                                       prefix_len=self.shared_prefix_len(system_prompt, ids)))
+        except queue.Full:
+            raise Busy(retry_after=self.engine.retry_after()) from None
+        return stream
+
+    def generate(self, system_prompt: str, history: list[dict], adapter: AdapterRef, params: GenParams) -> str:
+        """The whole reply (blocking)."""
+        return self.stream(system_prompt, history, adapter, params).text()
+
+    def warmup(self) -> float:
+        """One short generation so the first user does not pay for lazy initialisation; returns seconds."""
+        t0 = time.perf_counter()
+        self.generate("", [{"role": "user", "content": "Hello"}], AdapterRef(0), GenParams(max_new_tokens=4,
+                                                                                           temperature=0))
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Stop the engine; replies still running end with an error."""
+        self.engine.close()
+
+
+def load_server(config: "AppConfig") -> PolicyServer:
+    """The base model (converted and cached on first use) behind a generation worker, warmed up."""
+    t0 = time.perf_counter()
+    source = resolve_model(config.base_model, config.data_path)
+    s = config.serving
+    server = PolicyServer.load(source, pick_device(config.device), config.base_model, s.max_context_tokens,
+                               s.load_in_4bit, queue_size=s.queue_size, max_batch_size=s.max_batch_size,
+                               batch_window_ms=s.batch_window_ms)
+    log.info("model %s loaded from %s in %.1f s", config.base_model, source, time.perf_counter() - t0)
+    if config.serving.warmup:
+        log.info("warm-up generation took %.1f s", server.warmup())
+    return server

@@ -1,0 +1,1 @@
+"""rlhf/training/ppo."""

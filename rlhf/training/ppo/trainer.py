@@ -1,0 +1,373 @@
+"""Our PPO for LLM RLHF (TRL 1.16 has none), as one readable page in the spirit of CleanRL's ppo.py.
+
+Each step: Rollout (batched sampling, KV cache) -> Score (reward model + rule terms) -> KL (per-token
+penalty against the reference = the same base with the LoRA adapter disabled) -> Values (a head on the
+policy's hidden states) -> GAE -> several epochs of clipped policy and value updates on shuffled
+minibatches. Guards skip minibatches with NaN/inf, runaway ratios or KL and fail the run after
+``ppo.max_guard_events``; a failed run never writes ``final/``.
+
+References: Ziegler et al. 2019 (RL fine-tuning of LMs from human preferences, adaptive KL);
+Stiennon et al. 2020; Ouyang et al. 2022 (InstructGPT); Schulman et al. 2016 (GAE), 2017 (PPO);
+Huang et al. 2024, "The N+ implementation details of RLHF with PPO".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from rlhf.training.checkpoint import atomic_dir, find_checkpoint, load_checkpoint, save_checkpoint, save_policy
+from rlhf.config import AppConfig
+from rlhf.training.ppo.core import (AdaptiveKLController, FixedKLController, compute_gae, entropy_from_logits,
+                           logprobs_from_logits, masked_mean, masked_whiten, ppo_policy_loss, token_rewards,
+                           value_loss)
+from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, score_tokens
+from rlhf.training.prompts import PromptBuffer
+from rlhf.training.run_metrics import MetricsLog
+from rlhf.training.shaping import RewardShaper
+
+log = logging.getLogger(__name__)
+PHASES = ("generate", "score", "reference", "update", "eval")
+
+
+class PPOFailed(RuntimeError):
+    """The run was stopped by its guards (NaN/inf, runaway ratio or KL); nothing was published."""
+
+
+@dataclass
+class PPOResult:
+    """What a finished run produced and measured."""
+
+    run_dir: Path
+    steps: int
+    reward_before: float
+    reward_after: float
+    kl: float
+    seconds: float
+    phase_seconds: dict
+    final_dir: Path  # the PEFT adapter dir (``final/adapter``), ready for PeftModel.from_pretrained / publishing
+    best_dir: Path  # ``best/adapter``: the evaluated-best policy (the final one unless eval_every found better)
+    eval_samples: list = field(default_factory=list)
+    history: list = field(default_factory=list)
+    guard_events: int = 0
+
+    def summary(self) -> dict:
+        """The JSON line `train-ppo` prints last."""
+        return {"run_dir": str(self.run_dir), "steps": self.steps, "reward_before": self.reward_before,
+                "reward_after": self.reward_after, "kl": self.kl, "seconds": round(self.seconds, 2),
+                "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()}}
+
+
+def _seed(seed: int, step: int, rank: int) -> None:
+    # Every step seeds itself from (seed, step, rank): a resumed run samples what the original would have.
+    torch.manual_seed((seed * 1_000_003 + step * 1_009 + rank) % (2**63 - 1))
+
+
+def _validate(cfg) -> None:
+    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.ppo_epochs < 1 or cfg.max_new_tokens < 1:
+        raise ValueError("ppo.steps, ppo.batch_size, ppo.ppo_epochs and ppo.max_new_tokens must be >= 1")
+    if not 1 <= cfg.mini_batch_size <= cfg.batch_size:
+        raise ValueError("ppo.mini_batch_size must be in 1..ppo.batch_size")
+    if cfg.temperature <= 0:
+        raise ValueError("ppo.temperature must be > 0 (PPO needs sampled replies)")
+    if cfg.ratio_limit <= 1 or cfg.max_guard_events < 1:
+        raise ValueError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
+
+
+class _Guard:
+    """Counts skipped minibatches/replies; fails the run at ``limit`` events."""
+
+    def __init__(self, limit: int, events: int = 0):
+        self.limit, self.events, self.last = limit, events, ""
+
+    def event(self, reason: str, count: int = 1) -> None:
+        self.events += count
+        self.last = reason
+        log.warning("PPO guard: %s (%d/%d events)", reason, self.events, self.limit)
+        if self.events >= self.limit:
+            raise PPOFailed(f"PPO stopped after {self.events} guard events (ppo.max_guard_events="
+                            f"{self.limit}); last: {reason}")
+
+
+def evaluate(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[list[dict]], cfg, device,
+             seed: int) -> dict:
+    """Mean score and KL to the base (nats per reply) of sampled replies to held-out prompts."""
+    rewards, kls, samples = [], [], []
+    ids = encode_prompts(tokenizer, list(prompts), cfg.max_prompt_tokens)
+    _seed(seed, 0, 1_000_000)  # the same sampling noise for every evaluation of a run
+    for i in range(0, len(ids), cfg.batch_size):
+        chunk = list(prompts[i:i + cfg.batch_size])
+        ro = generate(policy, tokenizer, ids[i:i + cfg.batch_size], cfg.max_new_tokens, cfg.temperature,
+                      cfg.top_p, device, keep_stats=True)
+        scores, _ = shaper(chunk, ro.replies, ro.n_tokens, ro.finished)
+        logp = ro.logprobs if ro.logprobs is not None else \
+            score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, with_values=False)[0]
+        ref, _ = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, reference=True)
+        kls += ((logp - ref) * ro.mask).sum(1).tolist()  # k1 on samples: unbiased for KL(policy || base)
+        rewards += scores
+        samples += [{"prompt": p, "reply": r, "reward": s} for p, r, s in zip(chunk, ro.replies, scores)]
+    finite = [r for r in rewards if math.isfinite(r)]
+    return {"reward": sum(finite) / max(len(finite), 1), "kl": sum(kls) / max(len(kls), 1), "samples": samples}
+
+
+def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev):
+    """Tokenizer, policy with value head, optimizer, KL controller and trainer state (restored on resume)."""
+    from rlhf.models import load_tokenizer
+
+    cfg = config.ppo
+    checkpoint = find_checkpoint(resume) if resume else None
+    if resume and checkpoint is None:
+        raise FileNotFoundError(f"no checkpoint to resume in {resume}")
+    tokenizer = load_tokenizer(base_source)
+    torch.manual_seed(cfg.seed)
+    # A resumed run rebuilds its adapter from the checkpoint's own config, so the shapes always match.
+    model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter)
+    model.value_head.to(dev)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
+                                  eps=1e-5)
+    kl_ctl = AdaptiveKLController(cfg.kl_init, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target > 0 \
+        else FixedKLController(cfg.kl_init)
+    state = {"step": 0, "guard_events": 0, "history": [], "reward_before": None, "best_reward": None,
+             "phase_seconds": dict.fromkeys(PHASES, 0.0), "seconds": 0.0}
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, optimizer)
+        kl_ctl.load_state_dict(state["kl_ctl"])
+        log.info("resumed %s at step %d", checkpoint, state["step"])
+    return tokenizer, model, optimizer, kl_ctl, state
+
+
+def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuffer | Sequence[list[dict]],
+              eval_prompts: Sequence[list[dict]], run_dir: Path, init_adapter: Optional[str] = None,
+              resume: Optional[Path] = None, on_step: Optional[Callable[[int, dict], None]] = None,
+              device: str = "cpu") -> Optional[PPOResult]:
+    """Run PPO on a LoRA policy over ``base_source``; ``reward_fn(prompts, replies) -> scores`` (None = rules only).
+
+    Returns the result on the main process (None on the others of a multi-process run); raises PPOFailed
+    when the guards stop the run, which then has no ``final/``.
+    """
+    from accelerate import Accelerator
+
+    cfg = config.ppo
+    _validate(cfg)
+    started = time.perf_counter()
+    acc = Accelerator(cpu=device == "cpu")
+    main, dev = acc.is_main_process, acc.device
+    if dev.type != device:  # Accelerate keeps the first device a process asked for
+        raise RuntimeError(f"train_ppo(device={device!r}) but this process's Accelerate state is on {dev}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shaper = RewardShaper(cfg, reward_fn)
+    buffer = prompts if isinstance(prompts, PromptBuffer) else PromptBuffer(prompts, 0.0, cfg.seed)
+    tokenizer, model, optimizer, kl_ctl, state = _load(config, base_source, init_adapter, resume, dev)
+    model, optimizer = acc.prepare(model, optimizer)
+    policy = acc.unwrap_model(model)
+    guard = _Guard(cfg.max_guard_events, state["guard_events"])
+    phase, seconds_before = state["phase_seconds"], state["seconds"]
+    metrics_log = MetricsLog(run_dir, cfg.report_to, config.to_dict(), state["step"]) if main else None
+    if main:
+        (run_dir / "config.json").write_text(config.to_json())
+
+    def elapsed() -> float:
+        return seconds_before + time.perf_counter() - started
+
+    def timed_eval() -> dict:
+        t = time.perf_counter()
+        result = evaluate(policy, tokenizer, shaper, eval_prompts, cfg, dev, cfg.seed) if eval_prompts else \
+            {"reward": math.nan, "kl": math.nan, "samples": []}
+        phase["eval"] += time.perf_counter() - t
+        return result
+
+    try:
+        if state["reward_before"] is None and main:
+            state["reward_before"] = timed_eval()["reward"]
+        for step in range(state["step"] + 1, cfg.steps + 1):
+            metrics = ppo_step(step, model, policy, optimizer, tokenizer, buffer, shaper, kl_ctl, guard, cfg, acc)
+            for name in ("generate", "score", "reference", "update"):
+                phase[name] += metrics[f"time/{name}"]
+            state["guard_events"] = guard.events
+            if main and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                ev = timed_eval()
+                metrics.update({"eval/reward": ev["reward"], "eval/kl": ev["kl"]})
+                if state["best_reward"] is None or ev["reward"] > state["best_reward"]:
+                    state["best_reward"] = ev["reward"]
+                    save_policy(policy, run_dir / "best", {"step": step, **metrics})
+            state["history"].append(metrics)
+            if main:
+                metrics_log.log(step, metrics)
+                if cfg.save_every and step % cfg.save_every == 0:
+                    save_checkpoint(run_dir, step, policy, optimizer,
+                                    {**state, "kl_ctl": kl_ctl.state_dict(), "seconds": elapsed()})
+                if on_step is not None:
+                    on_step(step, metrics)  # may raise to cancel the run: let it propagate
+            acc.wait_for_everyone()
+        result = None
+        if main:
+            final = timed_eval()
+            result = _finish(policy, run_dir, state, final, guard.events, elapsed(),
+                             {"step": cfg.steps, "base": base_source, "init_adapter": init_adapter,
+                              "processes": acc.num_processes, "device": str(dev)})
+        acc.wait_for_everyone()
+        return result
+    except PPOFailed as exc:
+        if main:
+            (run_dir / "failed.json").write_text(json.dumps({"reason": str(exc), "step": len(state["history"])}))
+        raise
+    finally:
+        if metrics_log is not None:
+            metrics_log.close()
+
+
+def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, seconds: float,
+            info: dict) -> PPOResult:
+    """Write ``final/`` (and ``best/`` when final is the best evaluated) and the eval samples."""
+    info = {**info, "eval/reward": final["reward"], "eval/kl": final["kl"], "reward_before": state["reward_before"]}
+    final_dir = save_policy(policy, run_dir / "final", info)
+    if state["best_reward"] is None or not final["reward"] < state["best_reward"]:
+        with atomic_dir(run_dir / "best") as tmp:
+            shutil.copytree(final_dir, tmp, dirs_exist_ok=True)
+    (run_dir / "eval_samples.json").write_text(json.dumps(final["samples"], indent=1))
+    return PPOResult(run_dir, info["step"], state["reward_before"], final["reward"], final["kl"], seconds,
+                     dict(state["phase_seconds"]), final_dir / "adapter", run_dir / "best" / "adapter",
+                     final["samples"], state["history"], guard_events)
+
+
+def _reduce(acc, values: Sequence[float]) -> list[float]:
+    """Mean of each value over processes (identity in a single process)."""
+    if acc.num_processes == 1:
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.float64, device=acc.device)
+    return acc.reduce(t, "mean").tolist()
+
+
+def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffer, shaper: RewardShaper, kl_ctl,
+             guard: _Guard, cfg, acc) -> dict:
+    """One PPO iteration: rollout, score, KL, values, GAE, update; returns the step's metrics."""
+    rank, world, dev = acc.process_index, acc.num_processes, acc.device
+    t0 = time.perf_counter()
+
+    # Rollout
+    prompts = buffer.batch(step, cfg.batch_size, rank, world)
+    _seed(cfg.seed, step, rank)
+    ro = generate(policy, tokenizer, encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens),
+                  cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True)
+    t1 = time.perf_counter()
+
+    # Score
+    scores_list, parts = shaper(prompts, ro.replies, ro.n_tokens, ro.finished)
+    scores = torch.tensor(scores_list, dtype=torch.float32, device=dev)
+    ok = torch.isfinite(scores)
+    # A reply with a NaN/inf score is masked out (same shapes on every process keep DDP in step).
+    n_bad = int(round(_reduce(acc, [float((~ok).sum())])[0] * world))
+    if n_bad:
+        guard.event(f"non-finite reward for {n_bad} of {cfg.batch_size * world} replies at step {step}", n_bad)
+    mask = ro.mask * ok.unsqueeze(1)
+    scores = torch.where(ok, scores, torch.zeros_like(scores))
+    if cfg.whiten_rewards and ok.sum() > 1:
+        scores = torch.where(ok, (scores - scores[ok].mean()) / (scores[ok].std() + 1e-8), scores)
+    t2 = time.perf_counter()
+
+    # KL: per-token log-ratio against the reference policy = the same weights with the adapter disabled.
+    # Values: the value head reads the policy's last hidden state. Both policy quantities come from the
+    # logits and hidden states generation already computed (a forward only when they are missing).
+    logprobs, values = ro.logprobs, ro.values
+    if logprobs is None:
+        logprobs, values = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size)
+    ref_logprobs, _ = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, reference=True)
+    rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, kl_ctl.value)
+    kl_per_reply = kl.sum(1)
+    t3 = time.perf_counter()
+
+    # GAE (Schulman et al. 2016) over response tokens; advantages whitened per batch.
+    advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
+    advantages = masked_whiten(advantages, mask)
+
+    # Update: several epochs over shuffled minibatches.
+    batch = {"logprobs": logprobs, "values": values, "advantages": advantages, "returns": returns, "mask": mask,
+             "kl_per_reply": kl_per_reply}
+    stats = _update(step, model, optimizer, ro, batch, guard, cfg, acc)
+    t4 = time.perf_counter()
+
+    rows = mask.sum(1) > 0
+    finite = [s for s in scores_list if math.isfinite(s)]
+    mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
+    local = {
+        "reward/mean": mean(finite),
+        "reward/std": float(torch.tensor(finite).std()) if len(finite) > 1 else 0.0,
+        "ppo/kl": float(kl_per_reply[rows].mean()) if rows.any() else 0.0,
+        "ppo/approx_kl": mean(stats["approx_kl"]), "ppo/clipfrac": mean(stats["clipfrac"]),
+        "loss/policy": mean(stats["pg_loss"]), "loss/value": mean(stats["v_loss"]),
+        "ppo/entropy": mean(stats["entropy"]), "ppo/response_length": float(ro.mask.sum(1).mean()),
+        "time/generate": t1 - t0, "time/score": t2 - t1, "time/reference": t3 - t2, "time/update": t4 - t3,
+        **{f"reward/{name}": mean([v for v in vals if math.isfinite(v)]) for name, vals in parts.items()},
+    }
+    keys = list(local)
+    metrics = dict(zip(keys, _reduce(acc, [local[k] for k in keys])))
+    metrics["ppo/kl_coef"] = kl_ctl.value
+    # KL controller (Ziegler et al. 2019): steer the observed KL per reply toward the target.
+    kl_ctl.update(metrics["ppo/kl"], cfg.batch_size * world)
+    metrics["perf/tokens_per_s"] = float(ro.mask.sum()) * world / max(t4 - t0, 1e-9)
+    metrics["guard/events"] = float(guard.events)
+    metrics["ppo/minibatches"] = float(len(stats["pg_loss"]))
+    return metrics
+
+
+def _update(step: int, model, optimizer, ro, b: dict, guard: _Guard, cfg, acc) -> dict[str, list[float]]:
+    """PPO epochs over shuffled minibatches with guards and early stop; per-minibatch stats of those applied."""
+    stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "approx_kl", "clipfrac", "entropy")}
+    mask = b["mask"]
+    generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    if _reduce(acc, [float(mask.sum() == 0)])[0] == 1.0:  # every reply was dropped: nothing to learn from
+        return stats
+    for _ in range(cfg.ppo_epochs):
+        order = torch.randperm(mask.shape[0], generator=generator).to(mask.device)
+        for start in range(0, mask.shape[0], cfg.mini_batch_size):
+            idx = order[start:start + cfg.mini_batch_size]
+            mb_mask = mask[idx]
+            logits, vpred = model(ro.input_ids[idx], ro.attention_mask[idx], ro.response_len, cfg.temperature)
+            new_logprobs = logprobs_from_logits(logits, ro.response[idx])
+            # Policy loss (clipped surrogate, Schulman et al. 2017 eq. 7)
+            pg_loss, pg_stats = ppo_policy_loss(new_logprobs, b["logprobs"][idx], b["advantages"][idx], mb_mask,
+                                                cfg.clip_range)
+            # Value loss (clipped, as in the PPO reference implementation)
+            v_loss, _ = value_loss(vpred, b["values"][idx], b["returns"][idx], mb_mask, cfg.clip_range_value)
+            with torch.set_grad_enabled(cfg.ent_coef != 0 and torch.is_grad_enabled()):
+                entropy = masked_mean(entropy_from_logits(logits), mb_mask)
+            loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+            rows = mb_mask.sum(1) > 0
+            mb_kl = b["kl_per_reply"][idx][rows].mean() if rows.any() else torch.tensor(0.0)
+            # One reduction per minibatch keeps every process's skip / stop decisions identical.
+            bad_loss, ratio_mean, mb_kl, approx_kl = _reduce(acc, [
+                float(not torch.isfinite(loss)), float(pg_stats["ratio_mean"]), float(mb_kl),
+                float(pg_stats["approx_kl"])])
+            reason = None
+            if bad_loss > 0:
+                reason = f"non-finite loss at step {step}"
+            elif not 1 / cfg.ratio_limit <= ratio_mean <= cfg.ratio_limit:  # a loss spike in the making
+                reason = f"mean policy ratio {ratio_mean:.3g} outside ppo.ratio_limit at step {step}"
+            elif mb_kl > cfg.kl_limit:
+                reason = f"KL {mb_kl:.3g} nats per reply above ppo.kl_limit={cfg.kl_limit} at step {step}"
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                acc.backward(loss)
+                grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                if torch.isfinite(torch.as_tensor(grad_norm)):
+                    optimizer.step()
+                else:
+                    reason = f"non-finite gradient at step {step}"
+                optimizer.zero_grad(set_to_none=True)
+            if reason is not None:
+                guard.event(reason)
+                continue
+            for key, value in (("pg_loss", pg_loss.item()), ("v_loss", v_loss.item()), ("approx_kl", approx_kl),
+                               ("clipfrac", float(pg_stats["clipfrac"])), ("entropy", entropy.item())):
+                stats[key].append(value)
+            if approx_kl > cfg.approx_kl_stop:  # early stop: the policy moved far enough for this batch
+                return stats
+    return stats

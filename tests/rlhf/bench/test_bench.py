@@ -1,0 +1,51 @@
+"""Quick runs of the serve, ingest and memory benchmarks on the tiny model: a table, a BENCHMARKS.md section
+(written to a temp file), and one JSON line printed last with the contracted figures."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from rlhf.bench import ingest as bench_ingest, memory as bench_memory, serve as bench_serve
+
+
+def quick(**extra):
+    return argparse.Namespace(users=None, quick=True, **extra)
+
+
+def last_json_line(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def test_percentile_is_nearest_rank():
+    assert bench_serve.percentile([], 95) == 0.0
+    assert bench_serve.percentile([3, 1, 2], 50) == 2
+    assert bench_serve.percentile(list(range(1, 101)), 95) == 95 and bench_serve.percentile([5], 95) == 5
+
+
+def test_serve_bench_quick(app_config, tmp_path, capsys):
+    path = tmp_path / "BENCHMARKS.md"
+    figures = bench_serve.run(app_config, quick(), path=path)
+    printed = last_json_line(capsys)
+    assert printed == figures
+    assert set(figures) == {"users", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "baseline_tokens_per_s", "ratio"}
+    assert figures["users"] == 8 and figures["tokens_per_s"] > 0 and figures["baseline_tokens_per_s"] > 0
+    assert 0 < figures["ttft_p50_s"] <= figures["ttft_p95_s"]
+    text = path.read_text()
+    assert "## serve" in text and "baseline" in text and "Machine:" in text and "| 8 |" in text
+    assert "errors" in text and '"ratio"' in text
+
+
+def test_ingest_bench_quick_loses_nothing(app_config, tmp_path, capsys):
+    figures = bench_ingest.run(app_config, quick(), path=tmp_path / "BENCHMARKS.md")
+    assert last_json_line(capsys) == figures
+    assert figures["errors"] == 0 and figures["lost_rows"] == 0
+    assert all(figures[f"store_writes_per_s_{n}"] > 0 for n in (1, 16, 128)) and figures["votes_per_s"] > 0
+    assert "POST /api/v1/comparisons" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_memory_bench_quick(app_config, tmp_path, capsys):
+    figures = bench_memory.run(app_config, quick(), path=tmp_path / "BENCHMARKS.md")
+    assert last_json_line(capsys) == figures
+    assert figures["rss_10_mb"] >= figures["rss_1_mb"] > 0 and figures["ratio"] >= 1.0
+    assert figures["adapter_file_mb"] > 0

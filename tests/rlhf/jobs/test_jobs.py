@@ -1,0 +1,167 @@
+"""Job lifecycle in real OS processes: success, failure, cancel (cooperative and forced), crash, sweep."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from rlhf.jobs.runner import JobRunner
+from rlhf.jobs.scheduler import Rule, StudioScheduler, should_trigger
+from storage import InvalidInput
+
+
+@pytest.fixture
+def sched(app_config, store):
+    s = StudioScheduler(store, app_config, JobRunner(store, app_config, cancel_grace=1.0))
+    yield s
+    s.shutdown()
+
+
+def selftest(sched, **opts):
+    return sched.enqueue("selftest", "assistant", selftest=opts)
+
+
+def wait_status(store, job_id, statuses, timeout=60, runner=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if runner:
+            runner.tick()
+        job = store.get_job(job_id)
+        if job.status in statuses:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still {store.get_job(job_id).status}")
+
+
+def test_job_succeeds_in_its_own_process_with_metrics(sched, store):
+    job = selftest(sched, steps=3)
+    assert job.status == "queued" and job.config["app"]["base_model"]  # full config stored with the job
+    done = sched.runner.wait(job.id, timeout=60)
+    assert done.status == "succeeded" and done.progress == 1.0 and done.result == {"steps": 3}
+    assert done.pid and done.pid != os.getpid()
+    assert [r["value"] for r in store.job_metrics(job.id)] == [1.5, 3.0, 4.5]
+    assert any("started" in line["line"] for line in store.job_log_tail(job.id))
+
+
+def test_failing_job_is_recorded_with_its_reason(sched, store):
+    job = selftest(sched, steps=3, fail_at=2)
+    done = sched.runner.wait(job.id, timeout=60)
+    assert done.status == "failed" and "asked to fail at step 2" in done.error
+
+
+def test_only_one_job_runs_and_the_next_waits(sched, store):
+    first, second = selftest(sched, steps=20, sleep=0.1), sched.enqueue("selftest", None, selftest={"steps": 1})
+    sched.runner.tick()
+    wait_status(store, first.id, {"running"})
+    sched.runner.tick()
+    assert store.get_job(second.id).status == "queued"
+    sched.runner.wait(first.id, timeout=60)
+    assert sched.runner.wait(second.id, timeout=60).status == "succeeded"
+
+
+def test_cooperative_cancel(sched, store):
+    job = selftest(sched, steps=200, sleep=0.1)
+    sched.runner.tick()
+    wait_status(store, job.id, {"running"}, runner=sched.runner)
+    while store.get_job(job.id).progress == 0:
+        time.sleep(0.1)
+    store.request_cancel(job.id)
+    done = wait_status(store, job.id, {"cancelled", "failed", "succeeded"}, timeout=20, runner=sched.runner)
+    assert done.status == "cancelled"
+
+
+def test_a_job_that_ignores_cancel_is_killed(sched, store):
+    job = selftest(sched, steps=1, hang=True)
+    sched.runner.tick()
+    wait_status(store, job.id, {"running"}, runner=sched.runner)
+    while store.get_job(job.id).progress < 1:  # now inside the loop that ignores cancels
+        time.sleep(0.1)
+    store.request_cancel(job.id)
+    done = wait_status(store, job.id, {"cancelled"}, timeout=20, runner=sched.runner)
+    assert "killed" in done.error
+    assert not _alive(done.pid)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def test_kill_9_of_the_job_process_marks_it_failed_and_loses_no_feedback(sched, store):
+    conv = store.create_conversation("assistant", messages=[{"role": "user", "content": "keep me"}])
+    reply = store.record_reply(store.leaf(conv.id).id, "kept", 1)
+    store.record_rating(reply.id, "alice", thumb=1)
+    before = {t: store.count(t) for t in ("messages", "ratings", "policies")}
+    job = selftest(sched, steps=1, hang=True)
+    sched.runner.tick()
+    running = wait_status(store, job.id, {"running"}, runner=sched.runner)
+    while store.get_job(job.id).progress < 1:
+        time.sleep(0.1)
+    os.kill(running.pid, signal.SIGKILL)
+    done = wait_status(store, job.id, {"failed"}, timeout=20, runner=sched.runner)
+    assert "exited with code -9" in done.error
+    assert {t: store.count(t) for t in ("messages", "ratings", "policies")} == before
+
+
+def test_restart_sweeps_jobs_of_dead_processes(app_config, store):
+    job = store.enqueue_job("selftest", "assistant", {})
+    store.claim_job(pid=2**22 + 12345)  # a pid that does not exist
+    swept = JobRunner(store, app_config).sweep()
+    assert [j.id for j in swept] == [job.id] and store.get_job(job.id).status == "failed"
+
+
+def test_two_triggers_at_once_give_one_job(sched, store):
+    ids = []
+    threads = [threading.Thread(target=lambda: ids.append(selftest(sched).id)) for _ in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(set(ids)) == 1 and store.count("jobs") == 1
+
+
+@pytest.mark.parametrize("rule, feedback, minutes, expected", [
+    (Rule(True, 32, 60), 31, None, False),
+    (Rule(True, 32, 60), 32, None, True),
+    (Rule(True, 32, 60), 40, 59.0, False),
+    (Rule(True, 32, 60), 40, 61.0, True),
+    (Rule(False, 32, 60), 100, None, False),
+])
+def test_threshold_rule(rule, feedback, minutes, expected):
+    assert should_trigger(rule, feedback, minutes) is expected
+
+
+def test_check_triggers_enqueues_when_enough_feedback(sched, store):
+    sched.update_rule("assistant", Rule(True, 3, 0))
+    assert sched.check_triggers() == []
+    conv = store.create_conversation("assistant", messages=[{"role": "user", "content": "q"}])
+    reply = store.record_reply(store.leaf(conv.id).id, "a", 1)
+    for name in ("a", "b", "c"):
+        store.record_rating(reply.id, name, thumb=1)
+    queued = sched.check_triggers()
+    assert len(queued) == 1 and queued[0].kind == "retrain" and queued[0].config["reason"] == "threshold"
+
+
+def test_rules_survive_restarts_and_bad_cron_is_refused(app_config, store):
+    s = StudioScheduler(store, app_config)
+    s.update_rule("assistant", Rule(True, 5, 10.0, "0 3 * * *"))
+    assert StudioScheduler(store, app_config).rule("assistant") == Rule(True, 5, 10.0, "0 3 * * *")
+    with pytest.raises(InvalidInput, match="cron"):
+        s.update_rule("assistant", Rule(True, 5, 10.0, "every day"))
+
+
+def test_scheduler_drains_the_queue_by_itself(app_config, store):
+    s = StudioScheduler(store, app_config)
+    s.start()
+    try:
+        job = s.enqueue("selftest", "assistant", selftest={"steps": 1})
+        assert s.next_check() is not None
+        done = wait_status(store, job.id, {"succeeded", "failed"}, timeout=60)
+        assert done.status == "succeeded"
+    finally:
+        s.shutdown()

@@ -1,0 +1,77 @@
+"""The whole retrain job on a tiny model, in its own process: feedback → reward model → PPO → eval → publish."""
+from __future__ import annotations
+
+import pytest
+
+from rlhf.jobs.pipeline import dry_run, estimate_minutes
+from rlhf.jobs.runner import JobRunner
+from rlhf.jobs.scheduler import StudioScheduler
+from rlhf.serving.server import AdapterRef, GenParams
+
+FAST = {"reward.epochs": 1, "reward.min_pairs": 4, "reward.batch_size": 4, "reward.max_length": 128,
+        "ppo.steps": 2, "ppo.batch_size": 4, "ppo.mini_batch_size": 2, "ppo.max_new_tokens": 8,
+        "ppo.eval_prompts": 4, "ppo.save_every": 1, "retrain.min_win_rate": 0.0, "retrain.max_kl": 1000.0}
+
+
+def seed_feedback(store, n=12):
+    """n prompts with two replies each; the annotator always prefers the reply that says 'thanks'."""
+    for i in range(n):
+        conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": f"question {i}"}])
+        user = store.leaf(conv.id)
+        good = store.record_reply(user.id, f"answer {i}, thanks!", 1)
+        bad = store.record_reply(user.id, f"answer {i}.", 1)
+        store.record_comparison(good.id, bad.id, "a", "ann")
+
+
+def test_dry_run_says_what_is_missing_then_ready(store, app_config):
+    early = dry_run(store, app_config, "assistant")
+    assert early["ready"] is False and "more" in early["missing"] and early["pairs"] == 0
+    seed_feedback(store, 16)
+    ready = dry_run(store, app_config, "assistant")
+    assert ready["ready"] and ready["pairs"] == 16 and ready["feedback_count"] == 16
+    assert ready["estimated_minutes"] > 0 and "missing" not in ready
+
+
+def test_estimate_grows_with_data_and_steps(app_config):
+    rates = {"reward_s_per_pair": 1.0, "ppo_s_per_sample": 2.0, "eval_s": 10.0, "overhead_s": 0.0}
+    small = estimate_minutes(rates, 10, app_config)
+    assert estimate_minutes(rates, 100, app_config) > small
+    assert small == pytest.approx((10 * app_config.reward.epochs + 2.0 * app_config.ppo.steps *
+                                   app_config.ppo.batch_size + 10) / 60, abs=0.1)
+
+
+def test_retrain_publishes_a_version_the_app_serves(store, app_config, tiny_server):
+    seed_feedback(store)
+    sched = StudioScheduler(store, app_config, JobRunner(store, app_config))
+    job = sched.enqueue("retrain", "assistant", FAST, reason="test")
+    done = sched.runner.wait(job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    result = done.result
+    policy = store.get_policy(result["policy_id"])
+    assert policy.version == 1 and policy.parent_id == 1 and policy.job_id == job.id
+    assert policy.reward_model_id == result["reward_model_id"]
+    assert policy.data_snapshot == store.feedback_watermark("assistant")
+    assert policy.config["ppo"]["steps"] == 2  # the full config it ran with
+    assert {"eval/reward", "eval/kl", "eval/win_rate", "feedback_used"} <= set(policy.metrics)
+    assert policy.metrics["feedback_used"] == 12
+    assert (policy.status == "active") == result["promoted"]
+    keys = {r["key"] for r in store.job_metrics(job.id)}
+    assert {"reward/mean", "ppo/kl", "loss/policy", "eval/win_rate"} <= keys
+    assert len(store.eval_samples(policy.id)) == 4 and len(store.eval_samples(1)) == 4
+    assert set(result["phase_seconds"]) >= {"data", "reward", "ppo", "eval", "publish"}
+    # the running app serves the new version at once, on its shared base
+    text = tiny_server.generate("", [{"role": "user", "content": "hi"}], AdapterRef(policy.id, policy.adapter_path),
+                                GenParams(max_new_tokens=4, temperature=0))
+    assert isinstance(text, str)
+    # the on-demand eval-samples job rewrites them
+    again = sched.enqueue("eval_samples", "assistant", FAST, key=f"policy{policy.id}", policy_id=policy.id)
+    assert sched.runner.wait(again.id, timeout=300).status == "succeeded"
+    assert len(store.eval_samples(policy.id)) == 4
+
+
+def test_retrain_without_enough_data_fails_and_publishes_nothing(store, app_config):
+    sched = StudioScheduler(store, app_config, JobRunner(store, app_config))
+    job = sched.enqueue("retrain", "assistant", FAST, reason="test")
+    done = sched.runner.wait(job.id, timeout=300)
+    assert done.status == "failed" and "NotEnoughData" in done.error
+    assert len(store.list_policies("assistant")) == 1

@@ -1,0 +1,322 @@
+"""Our PPO trainer end to end on tiny real models: learning, outputs, exact resume, guards, CLI, 2 processes."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlhf.config import ConfigError, load_config
+from rlhf.training.ppo.trainer import PPOFailed, train_ppo
+from rlhf.training.run_metrics import METRIC_KEYS, check_report_to, read_metrics
+from tests.conftest import ROOT, free_port
+
+PROMPTS = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Tell me about {w}."}]
+           for w in ("cats", "dogs", "rain", "tea", "music", "trees", "code", "maths")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread; two threads on a shared 2-core machine mostly wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def ppo_config(tmp_path, model_dir, *overrides):
+    return load_config(env={}, overrides=[
+        f"data_dir={tmp_path / 'data'}", f"base_model={model_dir}", "device=cpu", "ppo.batch_size=4",
+        "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.eval_prompts=2", "ppo.save_every=0", *overrides])
+
+
+def reply_length(prompts, replies):
+    """A cheap synthetic reward: longer replies score higher."""
+    return [len(r) / 20 for r in replies]
+
+
+def adapter_tensors(adapter_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+
+# ---------------------------------------------------------------- learning
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, tokenizer):
+    """A tiny random Llama whose output layer has a planted direction u: the tokens whose output rows point
+    along u form half the vocabulary, and a LoRA policy can favour them all by steering its hidden state."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.5)
+        u = torch.randn(64)
+        favoured = set(torch.nonzero(model.lm_head.weight @ u > 0).flatten().tolist())
+    target = tmp_path_factory.mktemp("planted")
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target, favoured
+
+
+def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted, tokenizer):
+    model_dir, favoured = planted
+
+    def share_favoured(prompts, replies):  # reward = share of reply tokens from the favoured half
+        ids = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
+        return [sum(i in favoured for i in x) / max(len(x), 1) for x in ids]
+
+    config = ppo_config(tmp_path, model_dir, "ppo.steps=10", "ppo.batch_size=8", "ppo.mini_batch_size=4",
+                        "ppo.max_new_tokens=8", "ppo.learning_rate=1e-3", "ppo.kl_init=0.02", "ppo.ppo_epochs=2")
+    result = train_ppo(config, str(model_dir), share_favoured, PROMPTS, PROMPTS, tmp_path / "run")
+    rewards = [m["reward/mean"] for m in result.history]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.1, rewards
+    assert result.reward_after > result.reward_before
+    kls = [m["ppo/kl"] for m in result.history]
+    assert all(math.isfinite(k) and k < config.ppo.kl_limit for k in kls), kls
+    assert 0 < result.kl < config.ppo.kl_limit
+    assert all(math.isfinite(m["loss/policy"]) and math.isfinite(m["loss/value"]) for m in result.history)
+
+
+# ---------------------------------------------------------------- outputs of a run
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("ppo-run")
+    config = ppo_config(tmp, tiny_model_dir, "ppo.steps=2", "ppo.save_every=1", "ppo.eval_every=1")
+    steps = []
+    result = train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp / "run",
+                       on_step=lambda step, metrics: steps.append((step, dict(metrics))))
+    return config, result, steps
+
+
+def test_run_writes_final_best_checkpoints_metrics_and_config(finished_run):
+    config, result, steps = finished_run
+    run = result.run_dir
+    assert result.final_dir == run / "final" / "adapter" and result.best_dir == run / "best" / "adapter"
+    for d in (run / "final", run / "best", run / "checkpoints" / "step-000001", run / "checkpoints" / "step-000002"):
+        assert (d / "adapter" / "adapter_config.json").is_file() and (d / "value_head.pt").is_file()
+    assert {p.name for p in (run / "checkpoints" / "step-000001").iterdir()} == {
+        "adapter", "value_head.pt", "optimizer.pt", "rng.pt", "trainer_state.json"}
+    assert not [p for p in run.rglob("*") if ".tmp-" in p.name or ".old-" in p.name]  # no temp dirs left
+    assert json.loads((run / "config.json").read_text())["ppo"]["steps"] == 2
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2] and set(METRIC_KEYS) <= set(rows[0])
+    assert rows[0]["eval/reward"] is not None  # eval_every=1 evaluates every step but the last
+    assert [s for s, _ in steps] == [1, 2] and steps[1][1]["ppo/kl_coef"] > 0
+    assert all(math.isfinite(steps[0][1][k]) for k in METRIC_KEYS if not k.startswith("eval/"))
+    summary = result.summary()
+    assert set(summary) == {"run_dir", "steps", "reward_before", "reward_after", "kl", "seconds", "phase_seconds"}
+    assert set(summary["phase_seconds"]) == {"generate", "score", "reference", "update", "eval"}
+    assert len(result.eval_samples) == 2 and {"prompt", "reply", "reward"} <= set(result.eval_samples[0])
+
+
+def test_the_final_adapter_is_trained_and_servable(finished_run, tiny_server):
+    from rlhf.serving.server import AdapterRef
+
+    _, result, _ = finished_run
+    lora_b = [t for k, t in adapter_tensors(result.final_dir).items() if "lora_B" in k]
+    assert lora_b and any(t.abs().max() > 0 for t in lora_b)  # LoRA B starts at zero: the update moved it
+    tiny_server.ensure_adapter(AdapterRef(99, str(result.final_dir)))
+
+
+def test_resume_continues_exactly(tmp_path, tiny_model_dir):
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=3", "ppo.save_every=1")
+    straight = train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "a")
+
+    def cancel_at_two(step, metrics):
+        if step == 2:  # step 2 ran and was checkpointed; its metrics row must not be written twice
+            raise KeyboardInterrupt("cancelled")
+
+    with pytest.raises(KeyboardInterrupt):
+        train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "b",
+                  on_step=cancel_at_two)
+    assert not (tmp_path / "b" / "final").exists()
+    resumed = train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "b",
+                        resume=tmp_path / "b" / "checkpoints" / "step-000001")
+    assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2, 3]
+    for key in ("reward/mean", "ppo/kl", "loss/policy", "loss/value"):
+        assert_close(torch.tensor([m[key] for m in resumed.history]),
+                     torch.tensor([m[key] for m in straight.history]))
+    a, b = adapter_tensors(straight.final_dir), adapter_tensors(resumed.final_dir)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert_close(a[key], b[key])
+    assert resumed.reward_after == pytest.approx(straight.reward_after)
+
+
+# ---------------------------------------------------------------- guards
+
+
+def test_nan_rewards_fail_the_run_with_a_reason_and_publish_nothing(tmp_path, tiny_model_dir):
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=3", "ppo.max_guard_events=3", "ppo.save_every=1")
+    with pytest.raises(PPOFailed, match="non-finite reward"):
+        train_ppo(config, str(tiny_model_dir), lambda p, r: [math.nan] * len(r), PROMPTS, PROMPTS[:2],
+                  tmp_path / "run")
+    assert not (tmp_path / "run" / "final").exists() and not (tmp_path / "run" / "best").exists()
+    assert "non-finite reward" in json.loads((tmp_path / "run" / "failed.json").read_text())["reason"]
+
+
+def test_one_nan_reward_is_skipped_and_counted(tmp_path, tiny_model_dir):
+    calls = []
+
+    def flaky(prompts, replies):
+        calls.append(len(replies))
+        scores = reply_length(prompts, replies)
+        if len(calls) == 2:  # call 1 is the evaluation before training; call 2 is step 1's rollout
+            scores[0] = math.nan
+        return scores
+
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=2")
+    result = train_ppo(config, str(tiny_model_dir), flaky, PROMPTS, PROMPTS[:2], tmp_path / "run")
+    assert result.guard_events == 1 and result.history[0]["guard/events"] == 1
+    assert all(math.isfinite(m["reward/mean"]) and math.isfinite(m["loss/policy"]) for m in result.history)
+    assert (result.final_dir / "adapter_config.json").is_file()
+
+
+def test_a_kl_above_the_hard_limit_skips_minibatches_until_the_run_fails(tmp_path, tiny_model_dir):
+    # A huge learning rate drives the policy away from the base; a tiny hard limit then trips the guard.
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=6", "ppo.learning_rate=0.5", "ppo.kl_limit=0.01",
+                        "ppo.max_guard_events=2", "ppo.ratio_limit=1e9", "ppo.approx_kl_stop=1e9")
+    with pytest.raises(PPOFailed, match="ppo.kl_limit|ppo.ratio_limit|non-finite"):
+        train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "run")
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_report_to_needs_a_known_and_installed_tracker():
+    with pytest.raises(ConfigError, match="must be one of"):
+        check_report_to("mlflow")
+    check_report_to("none")
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(ConfigError, match="pip install wandb"):
+            check_report_to("wandb")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def cli_args(tmp_path, model_dir, *extra):
+    return ["train-ppo", "--reward-model", "none", "--set", f"data_dir={tmp_path / 'data'}",
+            "--set", f"base_model={model_dir}", "--set", "device=cpu", "--set", "ppo.polite_weight=1.0",
+            "--set", "ppo.length_target=4", "--set", "ppo.length_weight=1.0", "--set", "ppo.steps=1",
+            "--set", "ppo.batch_size=2", "--set", "ppo.mini_batch_size=2", "--set", "ppo.max_new_tokens=4",
+            "--set", "ppo.eval_prompts=2", "--set", "ppo.save_every=1", *extra]
+
+
+def test_cli_trains_prints_one_json_line_last_and_resumes(tmp_path, tiny_model_dir, capsys):
+    from rlhf.cli import main
+    from storage import Store
+
+    (tmp_path / "data").mkdir()
+    store = Store(tmp_path / "data" / "studio.db")
+    store.ensure_default_agent(str(tiny_model_dir))
+    job = store.enqueue_job("ppo", "assistant")
+    assert main(cli_args(tmp_path, tiny_model_dir, "--job-id", str(job.id))) == 0
+    keys = {row["key"] for row in store.job_metrics(job.id)}  # a job's metrics go to the Store
+    assert set(METRIC_KEYS) - {"eval/reward", "eval/kl"} <= keys and {"eval/reward", "eval/kl"} <= keys
+    store.close()
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert summary["steps"] == 1 and set(summary["phase_seconds"]) >= {"generate", "score", "reference", "update"}
+    run_dir = summary["run_dir"]
+    assert run_dir.startswith(str(tmp_path / "data" / "runs"))
+    assert main(cli_args(tmp_path, tiny_model_dir, "--resume", run_dir, "--set", "ppo.steps=2")) == 0
+    resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resumed["run_dir"] == run_dir and resumed["steps"] == 2
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+
+
+def test_cli_without_a_reward_model_says_what_to_do(tmp_path, tiny_model_dir, capsys):
+    from rlhf.cli import main
+
+    args = [a for a in cli_args(tmp_path, tiny_model_dir) if a not in ("--reward-model", "none")]
+    assert main(args) == 2
+    assert "no reward model yet" in capsys.readouterr().err
+    assert main(cli_args(tmp_path, tiny_model_dir, "--agent", "nobody")) == 2
+    assert "unknown agent 'nobody'" in capsys.readouterr().err
+    assert not (tmp_path / "data" / "runs").exists()
+
+
+def test_two_process_accelerate_run(tmp_path, tiny_model_dir):
+    accelerate = ROOT / ".venv" / "bin" / "accelerate"
+    if not accelerate.exists():
+        accelerate = "accelerate"
+    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "assets" / "accelerate_cpu2.yaml"),
+           "--main_process_port", str(free_port()), "-m", "rlhf", *cli_args(tmp_path, tiny_model_dir)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+                               "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, proc.stdout  # only the main process reports
+    summary = json.loads(lines[0])
+    assert summary["steps"] == 1
+    assert json.loads((Path(summary["run_dir"]) / "final" / "info.json").read_text())["processes"] == 2
+    rows = read_metrics(summary["run_dir"])
+    assert len(rows) == 1 and rows[0]["ppo/response_length"] > 0
+    assert [p.name for p in (tmp_path / "data" / "runs").iterdir()] == [Path(summary["run_dir"]).name]
+
+
+def test_python_dash_m_entry_point_lists_train_ppo():
+    out = subprocess.run([sys.executable, "-m", "rlhf", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert "train-ppo" in out.stdout
+
+
+# ---------------------------------------------------------------- benchmark
+
+
+def test_train_bench_quick_compares_with_rloo(app_config, tmp_path, capsys):
+    import argparse
+
+    from rlhf.bench import train as bench_train
+
+    path = tmp_path / "BENCHMARKS.md"
+    figures = bench_train.run(app_config, argparse.Namespace(quick=True, users=None), path=path)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
+    assert figures["ppo_samples_per_s"] > 0 and figures["rloo_samples_per_s"] > 0
+    assert figures["ratio"] == pytest.approx(figures["ppo_samples_per_s"] / figures["rloo_samples_per_s"], rel=1e-2)
+    assert set(figures["phase_split"]) == {"generate", "score", "reference", "update"}
+    assert sum(figures["phase_split"].values()) == pytest.approx(1.0, abs=0.01)
+    text = path.read_text()
+    assert "## train" in text and "TRL RLOOTrainer" in text and "ours (PPO)" in text
+
+
+# ---------------------------------------------------------------- CUDA (skipped without a GPU)
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate pins a process to the first device it is asked for: start and leave this test clean."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("four_bit", [False, True])
+def test_one_step_on_cuda_bf16_and_qlora(tmp_path, tiny_model_dir, four_bit, fresh_accelerate_state):
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=1", "device=cuda", f"ppo.load_in_4bit={four_bit}")
+    result = train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "run",
+                       device="cuda")
+    assert math.isfinite(result.history[0]["loss/policy"]) and result.final_dir.is_dir()
+    assert json.loads((result.final_dir.parent / "info.json").read_text())["device"].startswith("cuda")
+    lora_b = [t for k, t in adapter_tensors(result.final_dir).items() if "lora_B" in k]
+    assert any(t.abs().max() > 0 for t in lora_b)

@@ -1,0 +1,93 @@
+"""Reward shaping: rule terms by hand, reward functions by import path, totals, clipping, failures."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlhf.config import load_config
+from rlhf.training.shaping import (RewardShaper, length_term, load_reward_function, polite_ending, repetition_term)
+
+PROMPT = [{"role": "user", "content": "Hi"}]
+
+
+def mentions_paris(messages, reply):
+    """A tiny 'verifier': 1 when the reply names the right capital."""
+    return 1.0 if "Paris" in reply else 0.0
+
+
+def broken(messages, reply):
+    raise RuntimeError("database unavailable")
+
+
+def ppo(**overrides):
+    return load_config(env={}, overrides=[f"ppo.{k}={v}" for k, v in overrides.items()]).ppo
+
+
+def test_length_term():
+    assert length_term(40, 40) == 0.0
+    assert length_term(30, 40) == -0.25 and length_term(50, 40) == -0.25
+    assert length_term(0, 40) == -1.0 and length_term(200, 40) == -1.0  # floored at -1
+    assert length_term(7, 0) == 0.0  # no target: off
+
+
+def test_repetition_term():
+    assert repetition_term("the cat sat on the mat") == 0.0
+    # 6 trigrams: "a b c" x2, "b c a" x2, "c a b" x2 -> 3 distinct of 6 -> -0.5
+    assert repetition_term("a b c a b c a b") == -0.5
+    assert repetition_term("too short") == 0.0
+
+
+@pytest.mark.parametrize("reply, finished, value", [
+    ("Paris is the capital. Hope this helps!", True, 1.0),
+    ("Paris is the capital.", True, 0.5),
+    ("Paris is the capital. Let me know if you need more", True, 0.5),  # polite, but no full stop
+    ("Paris is the capital.", False, 0.0),  # cut off by the token limit: not a complete ending
+    ("Use `print(x)`.", True, 0.5), ("", True, 0.0)])
+def test_polite_ending(reply, finished, value):
+    assert polite_ending(PROMPT, reply, finished) == value
+
+
+def test_load_reward_function_by_import_path():
+    assert load_reward_function("tests.rlhf.test_shaping:mentions_paris") is mentions_paris
+    assert load_reward_function("rlhf.training.shaping:polite_ending") is polite_ending
+    for path, problem in [("no_colon", "import path"), ("no.such.module:f", "cannot import"),
+                          ("tests.rlhf.test_shaping:nothing_here", "no attribute"),
+                          ("tests.rlhf.test_shaping:PROMPT", "not callable")]:
+        with pytest.raises(ValueError, match=problem):
+            load_reward_function(path)
+
+
+def test_total_is_reward_model_plus_weighted_terms_and_functions():
+    cfg = ppo(length_target=4, length_weight=2.0, polite_weight=1.0,
+              reward_functions='{"tests.rlhf.test_shaping:mentions_paris": 0.5}')
+    rm = lambda prompts, replies: [10.0 * i for i in range(len(replies))]  # noqa: E731
+    shaper = RewardShaper(cfg, rm)
+    replies = ["Paris. Thanks!", "Lyon"]
+    totals, parts = shaper([PROMPT, PROMPT], replies, n_tokens=[4, 2], finished=[True, True])
+    assert parts["rm"] == [0.0, 10.0]
+    assert parts["length"] == [0.0, 2.0 * -0.5]
+    assert parts["polite"] == [1.0, 0.0]
+    assert parts["tests.rlhf.test_shaping:mentions_paris"] == [0.5, 0.0]
+    assert totals == [0.0 + 0.0 + 1.0 + 0.5, 10.0 - 1.0 + 0.0 + 0.0]  # within the default clip of 10
+
+
+def test_total_is_clipped():
+    shaper = RewardShaper(ppo(reward_clip=2.0), lambda p, r: [5.0, -7.0, 1.5])
+    assert shaper([PROMPT] * 3, ["a", "b", "c"], [1] * 3, [True] * 3)[0] == [2.0, -2.0, 1.5]
+
+
+def test_a_failing_or_nonfinite_part_gives_nan_for_that_reply_only():
+    cfg = ppo(reward_functions='{"tests.rlhf.test_shaping:broken": 1.0}')
+    totals, parts = RewardShaper(cfg, lambda p, r: [1.0, math.inf])([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2)
+    assert all(math.isnan(t) for t in totals)  # broken() fails on both; inf from the model is also NaN
+    totals, _ = RewardShaper(ppo(), lambda p, r: [1.0, math.nan])([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2)
+    assert totals[0] == 1.0 and math.isnan(totals[1])
+
+
+def test_a_reward_is_required_and_the_count_must_match():
+    with pytest.raises(ValueError, match="no reward"):
+        RewardShaper(ppo(), None)
+    assert RewardShaper(ppo(polite_weight=1.0), None).has_rules()
+    with pytest.raises(ValueError, match="returned 1 scores for 2"):
+        RewardShaper(ppo(), lambda p, r: [1.0])([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2)

@@ -1,0 +1,114 @@
+"""The tree shows the architecture: no import cycles in rlhf/, ui/, storage/, and REST and Gradio code meet
+only in ui/flows/. The graph is built from the source (ast), so it needs no imports and covers lazy imports."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("rlhf", "ui", "storage")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def resolve(target: str, known: dict) -> str | None:
+    """The longest known module that ``target`` names (``a.b.C`` -> ``a.b``)."""
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def imports_of(name: str, path: Path, known: dict) -> set[str]:
+    """Modules of the three packages that ``name`` imports, at top level or inside functions."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")
+                base = ".".join(up[:len(up) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for t in targets:
+            hit = resolve(t, known)
+            if hit and hit != name and not name.startswith(hit + "."):  # a package's own __init__ is no edge
+                found.add(hit)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None (iterative DFS with colours)."""
+    colour = dict.fromkeys(g, 0)
+    for start in sorted(g):
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(g[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif colour.get(child) == 0:
+                colour[child] = 1
+                stack.append((child, iter(sorted(g[child]))))
+                path.append(child)
+    return None
+
+
+def test_the_graph_sees_the_packages():
+    g = graph()
+    assert "ui.server" in g and "rlhf.serving.server" in g["ui.server"]
+    assert "storage" in g["rlhf.jobs.pipeline"]
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_rest_and_gradio_meet_only_in_flows():
+    g = graph()
+    for name, deps in g.items():
+        for dep in deps:
+            if name.startswith("ui.api"):
+                assert not dep.startswith("ui.tabs") and dep != "ui.app", f"{name} imports Gradio code {dep}"
+            if name.startswith("ui.tabs") or name == "ui.app":
+                assert not dep.startswith("ui.api"), f"{name} imports REST code {dep}"
+            if name.startswith("ui.flows"):
+                assert not dep.startswith(("ui.api", "ui.tabs")), f"{name} is shared code but imports {dep}"
+
+
+def test_layers_point_one_way():
+    """storage imports neither rlhf nor ui; rlhf never imports ui except the CLI and benchmarks that start it."""
+    g = graph()
+    for name, deps in g.items():
+        if name.startswith("storage"):
+            assert not [d for d in deps if d.startswith(("rlhf", "ui"))], name
+        if name.startswith("rlhf") and name not in ("rlhf.cli",) and not name.startswith("rlhf.bench"):
+            assert not [d for d in deps if d.startswith("ui")], f"{name} imports the UI"

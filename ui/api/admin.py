@@ -1,0 +1,130 @@
+"""REST for teams: agents, exports, annotation quality, annotator exclusion, API tokens, who am I.
+
+Mounted under /api/v1 by ``ui.server.create_app``. Writes here need the admin role (``require_admin``);
+the quality stats are readable by every signed-in user, like the dashboards.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
+
+from rlhf.analysis import quality
+from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
+from storage import InvalidInput, NotFound
+from ui.flows.agents import agent_json, check_generation, create_agent
+from ui.permissions import current_user, is_admin, require_admin
+from ui.api.core import PREFIX, Strict
+from ui.services import Services
+
+MEDIA_TYPES = {".jsonl": "application/x-ndjson", ".parquet": "application/vnd.apache.parquet",
+               ".zip": "application/zip"}
+
+
+class AgentBody(Strict):
+    name: str
+    system_prompt: str
+    base_model: Optional[str] = None
+    generation: Optional[dict[str, Any]] = None
+
+
+class AgentPatch(Strict):
+    system_prompt: Optional[str] = None
+    generation: Optional[dict[str, Any]] = None
+
+
+class ExcludeBody(Strict):
+    excluded: bool
+
+
+class TokenBody(Strict):
+    name: str
+    label: str = ""
+
+
+def build_admin_router(services: Services) -> APIRouter:
+    """POST/PATCH /agents, GET /export, GET /quality, GET /flagged, POST /annotators/{name}/exclude,
+    POST /tokens, GET /me."""
+    r = APIRouter(prefix=PREFIX)
+    store = services.store
+
+    @r.get("/me")
+    def me(request: Request):
+        mode = "local" if services.auth is None else services.auth.mode
+        return {"user": current_user(services, request), "admin": is_admin(services, request), "mode": mode}
+
+    @r.post("/agents")
+    def new_agent(body: AgentBody, request: Request):
+        require_admin(services, request)
+        return agent_json(services, create_agent(services, body.name, body.system_prompt, body.base_model,
+                                                 body.generation))
+
+    @r.patch("/agents/{name}")
+    def edit_agent(name: str, body: AgentPatch, request: Request):
+        require_admin(services, request)
+        agent = store.update_agent(name, body.system_prompt, check_generation(services, body.generation))
+        return agent_json(services, agent)
+
+    @r.get("/export")
+    def export_feedback(request: Request, format: str, agent: Optional[str] = None):
+        require_admin(services, request)
+        if format not in FORMATS:
+            raise InvalidInput(f"unknown format {format!r}; choose one of: {', '.join(FORMATS)}")
+        if agent is not None:
+            store.get_agent(agent)  # 404 before any work
+        work = Path(tempfile.mkdtemp(prefix="rlhf-export-"))
+        try:
+            result = export(store, services.config, format, work / default_name(format, agent), agent)
+            path = archive(result, work)
+        except ExportError as exc:
+            shutil.rmtree(work, ignore_errors=True)
+            raise InvalidInput(str(exc)) from None
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        return FileResponse(path, filename=path.name, media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"),
+                            background=BackgroundTask(shutil.rmtree, work, ignore_errors=True))
+
+    @r.get("/quality")
+    def quality_stats(agent: Optional[str] = None):
+        rows = store.feedback_rows(store.get_agent(agent).id)
+        stats = quality.annotator_stats(rows)
+        return {"annotators": _records(stats), "alpha": quality.alpha_report(rows)}
+
+    @r.get("/flagged")
+    def flagged(request: Request, agent: Optional[str] = None):
+        require_admin(services, request)
+        return _records(quality.flagged_replies(store.feedback_rows(store.get_agent(agent).id)))
+
+    @r.post("/annotators/{name}/exclude")
+    def exclude(name: str, body: ExcludeBody, request: Request):
+        require_admin(services, request)
+        a = store.set_annotator_excluded(name, body.excluded)
+        return {"name": a.name, "excluded": bool(a.excluded)}
+
+    @r.post("/tokens")
+    def new_token(body: TokenBody, request: Request):
+        require_admin(services, request)
+        auth = services.auth
+        if auth is not None and auth.mode == "users" and auth.role_for(body.name) is None:
+            raise NotFound(f"{body.name!r} is not a configured user; add them to server.users or the users file")
+        return {"name": body.name, "token": store.create_api_token(body.name, body.label)}
+
+    return r
+
+
+def _records(frame) -> list[dict]:
+    """DataFrame rows as JSON-safe dicts (NaN → null)."""
+    return [{k: (None if _missing(v) else v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def _missing(value) -> bool:
+    try:
+        return value != value  # NaN is the only value unequal to itself
+    except (TypeError, ValueError):
+        return False

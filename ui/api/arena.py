@@ -1,0 +1,67 @@
+"""REST for the arena, the leaderboard and version archiving (mounted under /api/v1 by ui.server)."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from fastapi import APIRouter, Request
+
+from ui import views
+from ui.flows import arena
+from ui.permissions import require_admin
+from ui.api.core import PREFIX, ChatMessage, Strict, rest_annotator
+from ui.services import Services
+
+
+class ArenaBody(Strict):
+    agent: Optional[str] = None
+    messages: list[ChatMessage]
+    annotator: Optional[str] = None
+    continue_pair_id: Optional[str] = None  # a voted pair: the messages follow its preferred reply
+
+
+class VoteBody(Strict):
+    winner: Literal["a", "b", "tie", "both_bad"]
+    annotator: Optional[str] = None
+
+
+def policy_json(policy) -> dict:
+    """A version as GET /policies lists it."""
+    d = policy.to_dict()
+    return {k: d[k] for k in ("id", "agent_id", "version", "parent_id", "status", "created", "metrics", "error")}
+
+
+def build_arena_router(services: Services) -> APIRouter:
+    """POST /arena, POST /arena/{pair_id}/vote, GET /leaderboard, POST /policies/{id}/archive."""
+    r = APIRouter(prefix=PREFIX)
+    store = services.store
+
+    @r.post("/arena")
+    def arena_round(body: ArenaBody, request: Request):
+        rnd = arena.open_round(services, body.agent, [m.model_dump() for m in body.messages],
+                               rest_annotator(services, request, body.annotator), body.continue_pair_id)
+        try:
+            pair = arena.close_round(store, rnd)
+        except BaseException:
+            rnd.cancel()
+            raise
+        # Blind until the vote: message ids and texts only, never the versions behind them.
+        return {"pair_id": pair.id, "a": {"message_id": pair.message_a_id, "content": rnd.a.saved.content},
+                "b": {"message_id": pair.message_b_id, "content": rnd.b.saved.content}}
+
+    @r.post("/arena/{pair_id}/vote")
+    def arena_vote(pair_id: str, body: VoteBody, request: Request):
+        vote = arena.cast_vote(store, pair_id, body.winner, rest_annotator(services, request, body.annotator))
+        return {"comparison_id": vote.id, "a_policy_id": vote.policy_a_id, "b_policy_id": vote.policy_b_id}
+
+    @r.get("/leaderboard")
+    def leaderboard(agent: Optional[str] = None):
+        agent_rec = store.get_agent(agent)
+        table = views.board(store.list_comparisons(agent_rec.id), store.list_policies(agent_rec.id))
+        return views.leaderboard_json(table)
+
+    @r.post("/policies/{policy_id}/archive")
+    def archive(policy_id: int, request: Request):
+        require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.api.core's handlers)
+        return policy_json(store.archive_policy(policy_id))
+
+    return r

@@ -1,0 +1,258 @@
+"""REST API under /api/v1: JSON in, JSON out, errors as {"error": "..."} with a 4xx status."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterator, Literal, Optional
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from rlhf.serving.server import Busy
+from storage import Conflict, InvalidInput, StoreError
+from ui.flows import chat as chatflow
+from ui.permissions import Forbidden, current_user
+from ui.services import Services
+
+PREFIX = "/api/v1"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ChatMessage(Strict):
+    role: str
+    content: str
+
+
+class ChatBody(Strict):
+    agent: Optional[str] = None
+    policy_id: Optional[int] = None
+    conversation_id: Optional[int] = None
+    messages: list[ChatMessage]
+    max_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    annotator: Optional[str] = None
+
+
+class RegenerateBody(Strict):
+    policy_id: Optional[int] = None
+    seed: Optional[int] = None
+    temperature: Optional[float] = None
+    max_new_tokens: Optional[int] = None
+    annotator: Optional[str] = None
+
+
+class FeedbackBody(Strict):
+    message_id: int
+    thumb: Optional[int] = None
+    score: Optional[Any] = None  # validated by the Store, so NaN / "five" / 6 get one clear message
+    flags: Optional[list[str]] = None
+    note: Optional[str] = None
+    annotator: Optional[str] = None
+
+
+class ComparisonBody(Strict):
+    message_a_id: int
+    message_b_id: int
+    winner: Literal["a", "b", "tie", "both_bad"]
+    annotator: Optional[str] = None
+
+
+def error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map Store errors, validation errors and Busy to JSON errors."""
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError):
+        return error(exc.status, str(exc))
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(request: Request, exc: Forbidden):
+        return error(403, str(exc))
+
+    @app.exception_handler(Busy)
+    async def _busy(request: Request, exc: Busy):
+        return error(503, str(exc), {"Retry-After": str(int(math.ceil(exc.retry_after)))})
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        # FastAPI's own refusals (a body that is not UTF-8, one over the size limit) in the API's error shape.
+        if request.url.path.startswith(PREFIX):
+            return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+        return await http_exception_handler(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            if err.get("type") == "json_invalid":
+                return error(400, "malformed JSON body")
+            problems.append(f"{where or 'body'}: {err.get('msg')}")
+        return error(422, "; ".join(problems) or "invalid request")
+
+
+def rest_annotator(services: Services, request: Request, given: Optional[str]) -> Optional[str]:
+    """The annotator of a write: the authenticated user when auth is on (a differing ``annotator`` field is
+    ignored), else the field as sent."""
+    if services.auth is None:
+        return given
+    return current_user(services, request) or given
+
+
+def message_json(services: Services, message_id: int) -> dict:
+    """A stored message with its rating events, as returned by GET /messages/{id}."""
+    store = services.store
+    msg = store.get_message(message_id)
+    out = {k: v for k, v in msg.to_dict().items() if k != "context_key"}
+    out["ratings"] = [r.to_dict() for r in store.ratings_for(message_id)] if msg.role == "assistant" else []
+    if msg.role == "assistant" and store.is_blind(message_id):
+        out["policy_id"] = None  # an arena reply stays anonymous until its pair is voted on
+    return out
+
+
+def reply_json(msg) -> dict:
+    return {"conversation_id": msg.conversation_id, "message_id": msg.id, "policy_id": msg.policy_id,
+            "content": msg.content, "latency_ms": msg.latency_ms}
+
+
+def ndjson_reply(pending: chatflow.PendingReply) -> Iterator[str]:
+    """NDJSON lines of a streamed reply: {"delta"} per chunk, then the /chat reply plus {"done", "ttft_ms",
+    "n_tokens"}, or {"error"}. A client that hangs up cancels its reply (nothing is stored)."""
+    try:
+        for delta in pending:
+            yield json.dumps({"delta": delta}) + "\n"
+        msg = pending.save()
+        stream = pending.stream
+        ttft = None if stream.first_token_at is None else round((stream.first_token_at - stream.submitted) * 1000, 1)
+        yield json.dumps({"done": True, **reply_json(msg), "ttft_ms": ttft, "n_tokens": stream.n_tokens}) + "\n"
+    except Exception as exc:  # the status line is already sent: report in-band
+        yield json.dumps({"error": str(exc)}) + "\n"
+    finally:
+        if pending.saved is None:
+            pending.stream.cancel()
+
+
+def build_router(services: Services) -> APIRouter:
+    """The issue-2 REST endpoints; later features add their own routers."""
+    r = APIRouter(prefix=PREFIX)
+    store = services.store
+
+    @r.get("/health")
+    def health():
+        return {"status": "ok", "model": services.server.model_name, "schema_version": store.schema_version()}
+
+    @r.get("/agents")
+    def agents():
+        return [a.to_dict() | {"active_policy_id": store.active_policy(a.id).id} for a in store.list_agents()]
+
+    @r.get("/policies")
+    def policies(agent: Optional[str] = None):
+        rows = store.list_policies(agent if agent is not None else None)
+        return [{k: p.to_dict()[k] for k in ("id", "agent_id", "version", "parent_id", "status", "created",
+                                              "metrics", "error")} for p in rows]
+
+    @r.post("/chat")
+    def chat(body: ChatBody, request: Request):
+        agent = store.get_agent(body.agent)  # None = the default (first) agent
+        policy = chatflow.resolve_policy(store, agent, body.policy_id)
+        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
+                                     body.seed)
+        server = services.server_for(agent)
+        user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
+                                          body.conversation_id, rest_annotator(services, request, body.annotator),
+                                          source="api")
+        return reply_json(chatflow.begin_reply(store, server, user_msg.id, policy, params).save())
+
+    @r.post("/chat/stream")
+    def chat_stream(body: ChatBody, request: Request):
+        """/chat streamed as NDJSON; errors before the first byte (bad input, busy) are ordinary JSON errors."""
+        agent = store.get_agent(body.agent)  # the same steps as /chat
+        policy = chatflow.resolve_policy(store, agent, body.policy_id)
+        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
+                                     body.seed)
+        server = services.server_for(agent)
+        user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
+                                          body.conversation_id, rest_annotator(services, request, body.annotator),
+                                          source="api")
+        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
+        return StreamingResponse(ndjson_reply(pending), media_type="application/x-ndjson")
+
+    @r.post("/messages/{message_id}/regenerate")
+    def regenerate(message_id: int, body: RegenerateBody):
+        if store.is_blind(message_id):
+            raise Conflict("this reply is part of an arena round that has not been voted on yet; vote first")
+        parent = chatflow.sibling_parent(store, message_id)
+        agent = chatflow.agent_of(store, parent)
+        original = store.get_message(message_id)
+        policy = chatflow.resolve_policy(store, agent, body.policy_id if body.policy_id is not None
+                                         else original.policy_id)
+        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
+        return reply_json(chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params).save())
+
+    @r.get("/messages/{message_id}")
+    def get_message(message_id: int):
+        return message_json(services, message_id)
+
+    @r.post("/feedback")
+    def feedback(body: FeedbackBody, request: Request):
+        if body.thumb is None and body.score is None and body.flags is None and body.note is None:
+            raise InvalidInput("feedback needs at least one of thumb, score, flags, note")
+        rating = store.record_rating(body.message_id, rest_annotator(services, request, body.annotator),
+                                     thumb=body.thumb, score=body.score, flags=body.flags, note=body.note)
+        return {"id": rating.id}
+
+    @r.post("/comparisons")
+    def comparisons(body: ComparisonBody, request: Request):
+        comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner,
+                                       rest_annotator(services, request, body.annotator))
+        return {"id": comp.id}
+
+    return r
+
+
+def body_size_guard(app: FastAPI, max_bytes: int) -> None:
+    """Refuse oversized REST bodies with 413: by Content-Length before reading, and while reading a body sent
+    without one (chunked), so no client makes the server buffer more than ``max_bytes``."""
+    app.add_middleware(BodyLimit, max_bytes=max_bytes)
+
+
+class BodyLimit:
+    """ASGI middleware behind ``body_size_guard`` (pure ASGI: it must see the body's chunks as they arrive)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX) \
+                or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        too_large = f"request body larger than {self.max_bytes} bytes"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await error(413, too_large)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # FastAPI re-raises an HTTPException from the body read as is
+                    raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, counted, send)
+

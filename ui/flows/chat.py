@@ -1,0 +1,104 @@
+"""The chat flow shared by the Chat tab, the arena and REST: validate → record → generate → record.
+
+Plain functions over a Store and a PolicyServer. The conversation lives in the Store; the model only
+ever sees the full state (system prompt + branch history) of the message it answers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from rlhf.config import AppConfig
+from rlhf.serving.server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
+from storage import Agent, Conflict, InvalidInput, Message, Policy, Store
+
+
+def gen_params(config: AppConfig, agent: Agent, max_new_tokens=None, temperature=None, top_p=None,
+               seed=None) -> GenParams:
+    """Request settings over the agent's defaults over the config's; InvalidInput names a bad one."""
+    base = {"max_new_tokens": config.serving.max_new_tokens, "temperature": config.serving.temperature,
+            "top_p": config.serving.top_p, "seed": None}
+    base.update({k: v for k, v in (agent.generation or {}).items() if k in base})
+    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    base.update({k: v for k, v in given.items() if v is not None})
+    try:
+        return GenParams(**base).validated()
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def resolve_policy(store: Store, agent: Agent, policy_id: Optional[int] = None) -> Policy:
+    """The version to answer with: the one asked for (of this agent, usable) or the agent's active one."""
+    if policy_id is None:
+        return store.active_policy(agent.id)
+    policy = store.get_policy(policy_id)
+    if policy.agent_id != agent.id:
+        raise InvalidInput(f"policy {policy_id} belongs to another agent, not {agent.name!r}")
+    if policy.status in ("broken", "archived"):
+        raise Conflict(f"policy {policy_id} is {policy.status}" + (f": {policy.error}" if policy.error else ""))
+    return policy
+
+
+def adapter_for(policy: Policy) -> AdapterRef:
+    return AdapterRef(policy.id, policy.adapter_path)
+
+
+@dataclass
+class PendingReply:
+    """A reply being generated for ``parent``; iterate for text deltas, then ``save()`` to store it once."""
+
+    store: Store
+    parent: Message
+    policy: Policy
+    params: GenParams
+    stream: ReplyStream
+    saved: Optional[Message] = None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.stream)
+
+    def save(self) -> Message:
+        """Wait for the end of the reply and record it (idempotent)."""
+        if self.saved is None:
+            text = self.stream.text()
+            self.saved = self.store.record_reply(self.parent.id, text, self.policy.id, self.params.to_dict(),
+                                                 round(self.stream.latency_ms, 1))
+        return self.saved
+
+
+def begin_reply(store: Store, server: PolicyServer, parent_id: int, policy: Policy,
+                params: GenParams) -> PendingReply:
+    """Start generating a reply to the user message ``parent_id`` with ``policy``."""
+    parent = store.get_message(parent_id)
+    if parent.role != "user":
+        raise InvalidInput(f"message {parent_id} is not a user message")
+    system_prompt, history = store.state_for(parent_id)
+    try:
+        stream = server.stream(system_prompt, history, adapter_for(policy), params)
+    except AdapterError as exc:
+        store.mark_policy_broken(policy.id, str(exc))
+        raise Conflict(f"version {policy.version} cannot be served and was marked broken: {exc}") from exc
+    return PendingReply(store, parent, policy, params, stream)
+
+
+def add_user_turn(store: Store, agent: Agent, messages: list, conversation_id: Optional[int] = None,
+                  annotator: Optional[str] = None, source: str = "chat") -> Message:
+    """Append ``messages`` (ending with a user turn) to a conversation, new when no id is given."""
+    if conversation_id is None:
+        conv = store.create_conversation(agent.id, annotator, source=source, messages=messages)
+        return store.leaf(conv.id)
+    if store.get_conversation(conversation_id).agent_id != agent.id:
+        raise InvalidInput(f"conversation {conversation_id} belongs to another agent")
+    return store.append_messages(conversation_id, messages)[-1]
+
+
+def sibling_parent(store: Store, message_id: int) -> Message:
+    """The user message a reply answers (what a regeneration answers again)."""
+    msg = store.get_message(message_id)
+    if msg.role != "assistant" or msg.parent_id is None:
+        raise InvalidInput(f"message {message_id} is not a reply; only replies can be regenerated")
+    return store.get_message(msg.parent_id)
+
+
+def agent_of(store: Store, message: Message) -> Agent:
+    return store.get_agent(store.get_conversation(message.conversation_id).agent_id)

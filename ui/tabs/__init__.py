@@ -1,0 +1,1 @@
+"""ui/tabs: one module per Gradio tab, each with build_<tab>(services, ...)."""

@@ -1,0 +1,154 @@
+"""Arena tab: two anonymous versions answer the same prompt side by side; the vote reveals them.
+
+The round logic lives in ``ui.flows.arena`` (shared with the REST router). The browser only ever
+holds the pair id: which version wrote which side is looked up in the Store after the vote.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import gradio as gr
+
+from rlhf.serving.server import Busy
+from storage import Conflict, StoreError
+from ui import views
+from ui.flows.arena import cast_vote, close_round, open_round, stream_round
+from ui.auth import signed_in_annotator
+from ui.permissions import Forbidden
+from ui.services import Services, bind
+
+VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
+HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
+
+
+# ---- handlers --------------------------------------------------------------------------------------
+def empty_state() -> dict:
+    return {"pair_id": None}
+
+
+def _vote_buttons(enabled: bool) -> list:
+    return [gr.Button(interactive=enabled) for _ in VOTES]
+
+
+def _sides(shared: list[dict], text_a: str, text_b: str) -> tuple[list[dict], list[dict]]:
+    """Both chat views: the shared context, then each side's reply (HTML shown as typed)."""
+    shared = views.literal_chat(shared)
+    return (shared + [{"role": "assistant", "content": views.literal_html(text_a)}],
+            shared + [{"role": "assistant", "content": views.literal_html(text_b)}])
+
+
+def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,
+               request: gr.Request = None):
+    """Start (or continue) a round: both replies stream side by side, then the vote buttons open."""
+    store = services.store
+    state = dict(state or empty_state())
+    pair_id = state.get("pair_id")
+    try:
+        name = signed_in_annotator(services, request, annotator)
+        if pair_id is not None and store.arena_vote(pair_id) is None:
+            raise Conflict("Vote on the current round first (or Start over).")
+        rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
+    except (StoreError, Busy, Forbidden) as exc:
+        gr.Warning(str(exc))
+        open_vote = pair_id is not None and store.arena_vote(pair_id) is None
+        yield (gr.Chatbot(), gr.Chatbot(), state, text, f"⚠️ {exc}", *_vote_buttons(open_vote))
+        return
+    state["pair_id"] = None  # the new round has no pair until both replies are stored
+    shared = [{"role": m.role, "content": m.content} for m in store.branch(rnd.user.id)]
+    chat_a, chat_b = _sides(shared, "", "")
+    answering = "Both versions are answering…"
+    # The first update also resets the labels a previous reveal set.
+    yield (gr.Chatbot(value=chat_a, label="Model A"), gr.Chatbot(value=chat_b, label="Model B"), state, "",
+           answering, *_vote_buttons(False))
+    try:
+        for text_a, text_b in stream_round(rnd):
+            chat_a, chat_b = _sides(shared, text_a, text_b)
+            yield (chat_a, chat_b, state, "", answering, *_vote_buttons(False))
+        pair = close_round(store, rnd)
+    except Exception as exc:  # a failed generation: say so, keep the app usable
+        gr.Warning(f"generation failed: {exc}")
+        yield (chat_a, chat_b, state, text, f"⚠️ generation failed: {exc}. Start over to try again.",
+               *_vote_buttons(False))
+        return
+    state["pair_id"] = pair.id
+    chat_a, chat_b = _sides(shared, rnd.a.saved.content, rnd.b.saved.content)
+    yield (chat_a, chat_b, state, "", "Which reply is better? Your vote reveals the versions.", *_vote_buttons(True))
+
+
+def submit_vote(services: Services, winner: str, state: dict, annotator: str, request: gr.Request = None):
+    """Store the vote once, then reveal which version wrote each side."""
+    store = services.store
+    pair_id = (state or {}).get("pair_id")
+    if pair_id is None:
+        return (gr.Chatbot(), gr.Chatbot(), "Play a round first: ask something.", *_vote_buttons(False))
+    try:
+        vote = cast_vote(store, pair_id, winner, signed_in_annotator(services, request, annotator))
+    except (StoreError, Forbidden) as exc:
+        gr.Warning(str(exc))
+        return (gr.Chatbot(), gr.Chatbot(), f"⚠️ {exc} Start over for a new round.", *_vote_buttons(False))
+    pol_a = store.get_policy(vote.policy_a_id) if vote.policy_a_id is not None else None
+    pol_b = store.get_policy(vote.policy_b_id) if vote.policy_b_id is not None else None
+    label = lambda side, p: f"Model {side} · {views.status_label(p)}" if p else f"Model {side}"  # noqa: E731
+    text = views.reveal_text(vote.winner, pol_a, pol_b, vote.id)
+    if vote.winner != winner:
+        text = "This round was already voted on; the first vote counts. " + text
+    return (gr.Chatbot(label=label("A", pol_a)), gr.Chatbot(label=label("B", pol_b)), text, *_vote_buttons(False))
+
+
+def start_over():
+    """Forget the current round (everything stays stored)."""
+    return (gr.Chatbot(value=[], label="Model A"), gr.Chatbot(value=[], label="Model B"), empty_state(), HINT,
+            *_vote_buttons(False))
+
+
+def leaderboard_tables(services: Services, agent_name: str):
+    """Leaderboard and win-rate matrix of an agent, from every comparison between two of its versions."""
+    store = services.store
+    policies = store.list_policies(agent_name)
+    comparisons = store.list_comparisons(agent_name)
+    table = views.board(comparisons, policies)
+    return views.leaderboard_view(table), views.win_rate_view(comparisons, policies)
+
+
+# ---- layout ----------------------------------------------------------------------------------------
+def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab: Optional[gr.Tab] = None) -> None:
+    """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
+    store = services.store
+    agents = [a.name for a in store.list_agents()]
+    if annotator is None:
+        annotator = gr.Textbox(label="Your name", max_length=64)
+    state = gr.State(empty_state())
+    agent = gr.Dropdown(agents, value=agents[0], label="Agent")
+    with gr.Row(equal_height=True):
+        chat_a = gr.Chatbot(label="Model A", height=380, allow_tags=False, placeholder="Model A's reply")
+        chat_b = gr.Chatbot(label="Model B", height=380, allow_tags=False, placeholder="Model B's reply")
+    with gr.Row():
+        buttons = [gr.Button(label, interactive=False) for _, label in VOTES]
+    status = gr.Markdown(HINT)
+    with gr.Row():
+        text = gr.Textbox(placeholder="Type a prompt (or a follow-up after voting) and press Enter", show_label=False,
+                          scale=5, max_length=services.config.serving.max_message_chars)
+        send = gr.Button("Send", variant="primary", scale=1)
+    again = gr.Button("Start over")
+    with gr.Accordion("Leaderboard", open=True):
+        board = gr.Dataframe(label="Versions by Bradley–Terry rating (Elo scale, 95% bootstrap CI)",
+                             interactive=False, wrap=True)
+        matrix = gr.Dataframe(label="Win rate of the row version against the column version (ties count half)",
+                              interactive=False)
+
+    chats = [chat_a, chat_b]
+    play = bind(play_round, services)
+    tables = bind(leaderboard_tables, services)
+    for trigger in (text.submit, send.click):
+        trigger(play, [text, state, agent, annotator], chats + [state, text, status] + buttons,
+                api_name="arena" if trigger == send.click else False, concurrency_limit=None,
+                concurrency_id="generate")
+    for (winner, _), button in zip(VOTES, buttons):
+        button.click(bind(submit_vote, services, winner), [state, annotator], chats + [status] + buttons,
+                     api_name=f"arena_vote_{winner}").then(tables, [agent], [board, matrix], api_name=False)
+    again.click(start_over, None, chats + [state, status] + buttons, api_name=False)
+    agent.change(start_over, None, chats + [state, status] + buttons, api_name=False)
+    gr.on(None, tables, [agent], [board, matrix], api_name=False)  # on load and on agent change
+    gr.Timer(10).tick(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
+    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
+        tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")

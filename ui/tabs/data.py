@@ -1,0 +1,220 @@
+"""Data tab: the feedback as a filterable table, annotation quality with plots, and the admin tools
+(exclude annotators, flagged replies, exports, agents, API tokens).
+
+View logic lives in pure functions (tested without Gradio); the maths is in ``rlhf.analysis.quality``.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import gradio as gr
+import pandas as pd
+
+from rlhf.analysis import quality
+from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
+from storage import FLAGS, NotFound, StoreError
+from ui.tabs.agents import build_agents_panel
+from ui.permissions import Forbidden, is_admin, require_admin
+from ui.plots import by_category, keep_fresh
+from ui.services import Services, bind
+
+ALL = "all"
+ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."
+VIEW_ONLY = "You can browse the feedback and the quality stats; excluding annotators, flagged replies and exports " \
+            "need the admin role."
+FEEDBACK_COLUMNS = ["created", "kind", "annotator", "message_id", "other_id", "thumb", "score", "flags", "winner",
+                    "note", "prompt", "reply", "excluded"]
+
+
+# ---- view logic (pure) -----------------------------------------------------------------------------
+def _fmt(value, digits: int = 2, percent: bool = False) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "–"
+    return f"{value * 100:.0f}%" if percent else f"{value:.{digits}f}"
+
+
+def stats_view(stats: pd.DataFrame) -> pd.DataFrame:
+    """The per-annotator table as shown: agreement in percent, seconds rounded, excluded as a mark."""
+    view = pd.DataFrame({
+        "annotator": stats["annotator"], "ratings": stats["ratings"], "votes": stats["votes"],
+        "items": stats["items"], "overlapping items": stats["overlap_items"],
+        "agreement with majority": [_fmt(v, percent=True) for v in stats["agreement"]],
+        "median s / item": [_fmt(v, 1) for v in stats["median_seconds"]],
+        "excluded": ["yes" if v else "" for v in stats["excluded"]]})
+    return view
+
+
+def agreement_plot_frame(stats: pd.DataFrame) -> pd.DataFrame:
+    """(annotator, agreement in %) for annotators with at least one compared judgement."""
+    known = stats[stats["agreement"].notna()]
+    return pd.DataFrame({"annotator": known["annotator"], "agreement": (known["agreement"].astype(float) * 100)})
+
+
+def speed_plot_frame(stats: pd.DataFrame) -> pd.DataFrame:
+    """(annotator, median seconds per item) for annotators with two or more items."""
+    known = stats[stats["median_seconds"].notna()]
+    return pd.DataFrame({"annotator": known["annotator"], "seconds": known["median_seconds"].astype(float)})
+
+
+def alpha_markdown(report: dict) -> str:
+    """Krippendorff's alpha per kind of judgement, with how many overlapping items it rests on."""
+    lines = ["**Inter-annotator agreement** (Krippendorff's alpha on items judged by two or more annotators; "
+             "1 = perfect, 0 = chance, < 0 = systematic disagreement):"]
+    for kind, label in (("thumbs", "thumbs"), ("scores", "1–5 scores"), ("votes", "pairwise votes")):
+        r = report[kind]
+        value = "–" if r["alpha"] is None else f"{r['alpha']:.3f}"
+        note = " (too few overlapping items or no variation)" if r["alpha"] is None else ""
+        lines.append(f"- {label} ({r['metric']}): **{value}** on {r['units']} item(s){note}")
+    return "\n".join(lines)
+
+
+def feedback_view(frame: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
+    """The newest ``limit`` rows of a feedback frame, in display columns."""
+    view = frame[FEEDBACK_COLUMNS].head(limit).copy()
+    view["created"] = view["created"].str.slice(0, 19).str.replace("T", " ")
+    view["excluded"] = view["excluded"].map(lambda v: "yes" if v else "")
+    return view.astype(object).where(view.notna(), "")
+
+
+# ---- handlers --------------------------------------------------------------------------------------
+def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag: str, text: str,
+                 request: gr.Request = None):
+    """Everything the tab shows for an agent, filtered (flagged replies only for admins)."""
+    rows = services.store.feedback_rows(services.store.get_agent(agent).id)
+    frame = quality.feedback_frame(rows)
+    stats = quality.annotator_stats(rows)
+    names = [ALL] + sorted(frame["annotator"].unique().tolist())
+    shown = quality.filter_feedback(frame, annotator, kind, flag, text)
+    flagged = quality.flagged_replies(rows)
+    if not is_admin(services, request):
+        flagged = flagged.iloc[0:0]  # flagged replies are for admins' eyes
+    count = f"{len(shown)} of {len(frame)} feedback events" + (" (newest 500 shown)" if len(shown) > 500 else "")
+    return (feedback_view(shown), count, gr.Dropdown(choices=names, value=annotator if annotator in names else ALL),
+            stats_view(stats), agreement_plot_frame(stats), speed_plot_frame(stats), alpha_markdown(quality.alpha_report(rows)), flagged,
+            gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)]))
+
+
+def set_excluded(services: Services, name: Optional[str], excluded: bool, request: gr.Request = None) -> str:
+    """Exclude an annotator's feedback from training (kept in the Store), or bring it back."""
+    try:
+        require_admin(services, request)
+        if not name:
+            return "Pick an annotator first."
+        a = services.store.set_annotator_excluded(name, excluded)
+    except (Forbidden, StoreError) as exc:
+        gr.Warning(str(exc))
+        return f"⚠️ {exc}"
+    if a.excluded:
+        return f"**{a.name}** is excluded: their feedback stays stored but the next retrain and exports skip it."
+    return f"**{a.name}** is included again in training."
+
+
+def run_export(services: Services, agent: str, fmt: str, request: gr.Request = None):
+    """Write an export of the agent's feedback and offer it as a download (a zip for directory formats)."""
+    try:
+        require_admin(services, request)
+        work = Path(tempfile.mkdtemp(prefix="rlhf-export-"))
+        result = export(services.store, services.config, fmt, work / default_name(fmt, agent), agent)
+        path = archive(result, work)
+    except (Forbidden, StoreError, ExportError) as exc:
+        gr.Warning(str(exc))
+        return gr.DownloadButton(visible=False), f"⚠️ {exc}"
+    counts = ", ".join(f"{v} {k}" for k, v in result.counts.items())
+    return gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True), f"Exported {counts}."
+
+
+def make_token(services: Services, name: str, label: str, request: gr.Request = None) -> str:
+    """Create an API token for a user; it is shown once."""
+    try:
+        require_admin(services, request)
+        name = (name or "").strip()
+        if not name:
+            return "Type the user's name first."
+        auth = services.auth
+        if auth is not None and auth.mode == "users" and auth.role_for(name) is None:
+            raise NotFound(f"{name!r} is not a configured user")
+        token = services.store.create_api_token(name, label or "")
+    except (Forbidden, StoreError) as exc:
+        gr.Warning(str(exc))
+        return f"⚠️ {exc}"
+    return (f"Token for **{name}** (shown only now; send it as `Authorization: Bearer <token>`):\n\n"
+            f"```\n{token}\n```")
+
+
+def admin_gate(services: Services, n_controls: int, request: gr.Request = None):
+    """The access note, and the admin controls enabled for admins only."""
+    allowed = is_admin(services, request)
+    return (ADMIN_NOTE if allowed else VIEW_ONLY, *[gr.Button(interactive=allowed) for _ in range(n_controls)])
+
+
+# ---- layout ----------------------------------------------------------------------------------------
+def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
+    """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
+    agents = [a.name for a in services.store.list_agents()]
+    agent = gr.Dropdown(agents, value=agents[0], label="Agent")
+    with gr.Row():
+        who = gr.Dropdown([ALL], value=ALL, label="Annotator", scale=1)
+        kind = gr.Dropdown([ALL, "rating", "vote"], value=ALL, label="Kind", scale=1)
+        flag = gr.Dropdown([ALL, *FLAGS], value=ALL, label="Flag", scale=1)
+        text = gr.Textbox(label="Search prompt, reply and note", scale=2)
+    count = gr.Markdown()
+    table = gr.Dataframe(label="Feedback (newest first)", interactive=False, wrap=True, max_height=420)
+    with gr.Accordion("Annotation quality", open=True):
+        stats = gr.Dataframe(label="Per annotator", interactive=False)
+        with gr.Row():
+            agreement = gr.BarPlot(x="annotator", y="agreement", title="Agreement with the majority (%)",
+                                   y_lim=[0, 100], height=260)
+            speed = gr.BarPlot(x="annotator", y="seconds", title="Median seconds per item", y_lim=[0, None],
+                               height=260)
+        alpha = gr.Markdown()
+        for plot in (agreement, speed):
+            keep_fresh(plot, by_category("annotator"))
+    admin_only: list = []
+    access = gr.Markdown(ADMIN_NOTE)
+    with gr.Accordion("Exclude an annotator from training (admin)", open=False):
+        with gr.Row():
+            pick = gr.Dropdown([], label="Annotator", scale=2)
+            exclude = gr.Button("Exclude", variant="stop", scale=1)
+            include = gr.Button("Include again", scale=1)
+        exclude_status = gr.Markdown()
+        admin_only += [exclude, include]
+    with gr.Accordion("Flagged replies (admin)", open=False):
+        flagged = gr.Dataframe(label="Replies with flags, most flagged first", interactive=False, wrap=True)
+    with gr.Accordion("Export (admin)", open=False):
+        with gr.Row():
+            fmt = gr.Dropdown(list(FORMATS), value="jsonl", label="Format", scale=2)
+            run = gr.Button("Export", scale=1)
+            download = gr.DownloadButton("Download", visible=False, scale=1)
+        export_status = gr.Markdown("Formats: raw `jsonl`/`parquet`/`hf`; training `trl-preference`, `kto`; "
+                                    "cluster `openrlhf`, `verl` (with LAUNCH.md). The CLI and "
+                                    "`GET /api/v1/export` write the same files.")
+        admin_only.append(run)
+    with gr.Accordion("Agents (admin)", open=False):
+        build_agents_panel(services, admin_only)
+    with gr.Accordion("API tokens (admin)", open=False):
+        with gr.Row():
+            token_user = gr.Textbox(label="User", max_length=64)
+            token_label = gr.Textbox(label="Label (optional)", max_length=200)
+            token_button = gr.Button("Create token")
+        token_out = gr.Markdown()
+        admin_only.append(token_button)
+
+    inputs = [agent, who, kind, flag, text]
+    outputs = [table, count, who, stats, agreement, speed, alpha, flagged, pick]
+    refresh = bind(refresh_data, services)
+    gr.on([agent.change, who.input, kind.change, flag.change, text.submit], refresh, inputs, outputs, api_name=False)
+    gr.on(None, refresh, inputs, outputs, api_name=False)  # on load
+    if tab is not None:  # what arrived since the last refresh, as soon as the tab is shown
+        tab.select(refresh, inputs, outputs, api_name=False, show_progress="hidden")
+    gr.Timer(30).tick(refresh, inputs, outputs, api_name=False, show_progress="hidden")
+    agent.focus(lambda current: gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current),
+                [agent], [agent], api_name=False)
+    gr.on(None, bind(admin_gate, services, len(admin_only)), None, [access, *admin_only], api_name=False)
+    exclude.click(bind(set_excluded, services), [pick, gr.State(True)], [exclude_status], api_name="exclude_annotator") \
+        .then(refresh, inputs, outputs, api_name=False)
+    include.click(bind(set_excluded, services), [pick, gr.State(False)], [exclude_status], api_name="include_annotator") \
+        .then(refresh, inputs, outputs, api_name=False)
+    run.click(bind(run_export, services), [agent, fmt], [download, export_status], api_name="export")
+    token_button.click(bind(make_token, services), [token_user, token_label], [token_out], api_name=False)
