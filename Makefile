@@ -9,13 +9,14 @@ PORT   ?= 7860
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast load bench bench-train clean help
+.PHONY: setup run test test-fast load bench bench-train bench-reward clean help
 
 help:
 	@echo "make run    start the app on http://$(HOST):$(PORT)"
 	@echo "make test   run the test suite (CPU, offline)"
 	@echo "make setup  create $(VENV) and install everything (idempotent)"
 	@echo "make load   load + fault test (50 simulated annotators, 60 s)"
+	@echo "make test-fast  storage, maths, config, UI handlers: no model conversion, no browser (< 60 s)"
 	@echo "make bench  all benchmarks (figures appended to BENCHMARKS.md)"
 
 setup: $(STAMP)
@@ -41,6 +42,7 @@ load: setup
 	RLHF_LOAD=1 $(PY) -m pytest -q tests/load -s
 
 bench: setup
+	$(VENV)/bin/rlhf-studio bench reward
 	$(VENV)/bin/rlhf-studio bench serve
 	$(VENV)/bin/rlhf-studio bench ingest
 	$(VENV)/bin/rlhf-studio bench train
@@ -48,6 +50,9 @@ bench: setup
 
 bench-train: setup
 	$(VENV)/bin/rlhf-studio bench train
+
+bench-reward: setup
+	$(VENV)/bin/rlhf-studio bench reward
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -135,7 +135,8 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retrain", action="store_true", help="then retrain, wait, and measure the new version")
     p.add_argument("--url", default=None, help="the running app (default: http://HOST:PORT from the config)")
     p.add_argument("--agent", help="agent name (default: the first agent)")
-    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the oracle's verdict")
+    p.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts for the oracle's verdict")
+    p.add_argument("--samples", type=int, default=2, help="replies per held-out prompt and version")
     p.add_argument("--max-new-tokens", type=int, default=64, help="reply length while annotating")
     p.add_argument("--train-set", metavar="KEY=VALUE", action="append", default=[],
                    help="config override sent with the retrain request (repeatable)")
@@ -156,7 +157,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     overrides = dict(item.split("=", 1) for item in args.train_set)
     try:
         out = simulate(url, args.oracle, args.votes, args.retrain, args.agent, args.eval_prompts, overrides,
-                       args.max_new_tokens, args.token)
+                       args.max_new_tokens, args.token, samples=args.samples)
     except (RuntimeError, TimeoutError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 1
@@ -291,13 +292,15 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 # ---- benchmarks (issue 8) ----
 BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
-           "memory": "rlhf.bench.memory"}
+           "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=sorted(BENCHES), help="which benchmark")
     p.add_argument("--users", type=int, help="serve: one concurrency level instead of 1, 8 and 32")
     p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
+    p.add_argument("--preference", help="reward: one planted preference instead of all")
+    p.add_argument("--no-baseline", action="store_true", help="reward: skip the slow LoRA baseline")
 
 
 @command("bench", "run a benchmark; prints a table, appends to BENCHMARKS.md, prints one JSON line last",
@@ -305,13 +308,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    try:
-        module = importlib.import_module(BENCHES[args.what])
-    except ModuleNotFoundError as exc:
-        if exc.name != BENCHES[args.what]:
-            raise
-        print(f"benchmark {args.what!r} is not available yet", file=sys.stderr)
-        return 2
+    module = importlib.import_module(BENCHES[args.what])
     module.run(config_from_args(args), args)  # each module calls rlhf.bench.report.report(...)
     return 0
 

@@ -43,16 +43,22 @@ class ServingConfig:
 @dataclass
 class RewardConfig:
     mode: str = opt("auto", "auto | pairwise | pointwise: how the reward model is trained.")
+    method: str = opt("auto", "auto | head | lora: linear head on frozen features, or LoRA fine-tuning (auto: the "
+                      "head until lora_min_pairs).")
+    lora_min_pairs: int = opt(2000, "With method=auto, LoRA fine-tuning from this many pairs on.")
+    head_c: float = opt(0.05, "Inverse L2 strength of the linear head (smaller = stronger regularisation).")
+    ensemble: int = opt(8, "Bootstrap members of the linear head (their spread is the model's uncertainty).")
+    cv_folds: int = opt(5, "Folds of the cross-validated accuracy (grouped by conversation).")
     min_pairs: int = opt(16, "Pairs needed for pairwise training when mode=auto.")
     min_pointwise: int = opt(8, "Rated replies needed for pointwise training.")
-    epochs: float = opt(2.0, "Training epochs over the reward data.")
-    learning_rate: float = opt(2e-4, "Reward-model learning rate.")
-    batch_size: int = opt(8, "Reward-model batch size.")
+    epochs: float = opt(2.0, "LoRA method: training epochs over the reward data.")
+    learning_rate: float = opt(2e-4, "LoRA method: learning rate.")
+    batch_size: int = opt(8, "LoRA method: batch size.")
     max_length: int = opt(512, "Longest prompt+reply in tokens; longer rows are truncated from the left.")
     lora_r: int = opt(16, "LoRA rank of the reward model adapter.")
     lora_alpha: int = opt(32, "LoRA alpha of the reward model adapter.")
     lora_layers: int = opt(8, "LoRA only in the top N transformer layers (0 = all); fewer train faster.")
-    eval_fraction: float = opt(0.2, "Share of conversations held out for evaluation.")
+    eval_fraction: float = opt(0.2, "LoRA method: share of conversations held out for evaluation.")
     seed: int = opt(0, "Seed for the split and training.")
     load_in_4bit: bool = opt(False, "Load the reward backbone in 4-bit (CUDA only).")
     margin_per_score: float = opt(0.25, "Pair margin added per point of score difference.")
@@ -103,6 +109,22 @@ class PPOConfig:
     seed: int = opt(0, "Seed for prompts, sampling and init.")
     report_to: str = opt("none", "none | tensorboard | wandb | trackio: mirror metrics there.")
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
+        if min(self.steps, self.batch_size, self.ppo_epochs, self.max_new_tokens) < 1:
+            raise ConfigError("ppo.steps, ppo.batch_size, ppo.ppo_epochs and ppo.max_new_tokens must be >= 1")
+        if not 1 <= self.mini_batch_size <= self.batch_size:
+            raise ConfigError("ppo.mini_batch_size must be in 1..ppo.batch_size")
+        if self.temperature <= 0:
+            raise ConfigError("ppo.temperature must be > 0 (PPO needs sampled replies)")
+        if self.ratio_limit <= 1 or self.max_guard_events < 1:
+            raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
+        if not 0 <= self.adversarial_ratio <= 1:
+            raise ConfigError(f"ppo.adversarial_ratio must be in [0, 1], got {self.adversarial_ratio}")
+
 
 @dataclass
 class RetrainConfig:
@@ -139,6 +161,11 @@ class ServerConfig:
     space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in and Spaces defaults).")
     persistent_dir: str = opt("/data", "Spaces persistent storage mount; the data dir when it exists on a Space.")
     hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` (also read from HF_TOKEN).")
+    allowed_origins: list = opt([], "Other origins (scheme://host[:port]) that may call the app from a browser; default same-origin only.")
+    allowed_hosts: list = opt([], "Host names the app answers to besides localhost, server.host and a Space's own host; '*' = any.")
+    login_max_failures: int = opt(10, "Failed sign-ins per user name and per client address before every attempt gets 429 (0 = off).")
+    login_window_seconds: float = opt(600.0, "Window over which failed sign-ins are counted; a lock-out lifts as old failures leave it.")
+    open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")
 
 
 @dataclass
@@ -301,6 +328,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         explicit.add(key.strip())
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
+    cfg.ppo.check()
     if cfg.server.space_id:
         apply_spaces_defaults(cfg, explicit)
     return cfg

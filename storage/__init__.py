@@ -1,10 +1,10 @@
 """The SQLite store: the only package that talks SQL."""
-from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreError
+from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy, StoreError
 from storage.feedback import FLAGS, WINNERS
 from storage.records import (Agent, Annotator, ArenaPair, Comparison, Conversation, Job, Message, Policy,
                              Rating, RewardModel)
 from storage.store import Store
 
-__all__ = ["FLAGS", "WINNERS", "Store", "StoreError", "InvalidInput", "NotFound", "Conflict", "StorageUnavailable", "Agent",
+__all__ = ["FLAGS", "WINNERS", "Store", "StoreError", "InvalidInput", "NotFound", "Conflict", "StorageUnavailable", "StoreBusy", "Agent",
            "Annotator", "ArenaPair", "Comparison", "Conversation", "Job", "Message", "Policy", "Rating",
            "RewardModel"]

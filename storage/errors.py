@@ -32,3 +32,11 @@ class StorageUnavailable(StoreError):
     """The data directory cannot be written (read-only, full, or locked too long)."""
 
     status = 503
+
+
+class StoreBusy(StorageUnavailable):
+    """Another writer held the database longer than the busy timeout: retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float = 5.0):
+        super().__init__(f"the database is busy; retry in {retry_after:.0f} s")
+        self.retry_after = retry_after

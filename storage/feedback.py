@@ -245,6 +245,15 @@ class FeedbackMixin:
         return [Rating.from_row(r) for r in
                 self._all("SELECT * FROM ratings WHERE message_id = ? ORDER BY id", [message_id])]
 
+    def ratings_by(self, message_id: int, annotator: Optional[str]) -> list[Rating]:
+        """One annotator's rating events on a message, oldest first (none for None or an unknown name)."""
+        self.get_message(message_id)
+        if annotator is None or not annotator.strip():
+            return []
+        return [Rating.from_row(r) for r in self._all(
+            """SELECT r.* FROM ratings r JOIN annotators a ON a.id = r.annotator_id
+               WHERE r.message_id = ? AND a.name = ? ORDER BY r.id""", [message_id, annotator.strip()])]
+
     def get_rating(self, rating_id: int) -> Rating:
         row = self._one("SELECT * FROM ratings WHERE id = ?", [_check_id(rating_id, "rating id")])
         if row is None:

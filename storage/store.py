@@ -6,20 +6,20 @@ import json
 import os
 import sqlite3
 import threading
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 from sqlite_utils import Database
 
 from storage.credentials import CredentialsMixin
-from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable
+from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy
 from storage.feedback import FeedbackExportMixin, FeedbackMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
 from storage.records import Agent, Annotator, Policy
 from storage.util import check_text, dumps, utcnow
 
+BUSY_TIMEOUT_S = 5.0  # the one bound on waiting for another writer (no retry loop on top)
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful, honest and concise assistant. Answer the user's question directly, "
     "say so when you are not sure, and keep replies short unless asked for detail."
@@ -29,8 +29,9 @@ DEFAULT_SYSTEM_PROMPT = (
 class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
     """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
 
-    def __init__(self, path: str | Path, max_text_chars: int = 8000):
+    def __init__(self, path: str | Path, max_text_chars: int = 8000, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
         self.max_text_chars = max_text_chars
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
@@ -54,9 +55,9 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
         """This thread's sqlite-utils Database (one connection per thread)."""
         db = getattr(self._local, "db", None)
         if db is None:
-            conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, check_same_thread=False)
             conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             conn.execute("PRAGMA synchronous=NORMAL")
             db = Database(conn, execute_plugins=False)
             self._local.db = db
@@ -66,21 +67,28 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[Database]:
-        """A write transaction taken with BEGIN IMMEDIATE (read-modify-write safe across processes)."""
+        """A write transaction: BEGIN IMMEDIATE outside, a SAVEPOINT when nested (an inner failure rolls back
+        only its own writes). Waiting for another writer is bounded by ``busy_timeout``; past it: StoreBusy."""
         db = self.db
-        if db.conn.in_transaction:  # nested: part of the outer transaction
-            yield db
-            return
-        for attempt in range(20):
+        if db.conn.in_transaction:
+            self._local.depth = depth = getattr(self._local, "depth", 0) + 1
+            name = f"sp{depth}"
+            db.conn.execute(f"SAVEPOINT {name}")
             try:
-                db.conn.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise StorageUnavailable(f"database write refused: {exc}") from exc
-                time.sleep(0.05 * (attempt + 1))
-        else:
-            raise StorageUnavailable("database stayed locked; try again")
+                yield db
+            except BaseException:
+                db.conn.execute(f"ROLLBACK TO {name}")
+                db.conn.execute(f"RELEASE {name}")
+                raise
+            else:
+                db.conn.execute(f"RELEASE {name}")
+            finally:
+                self._local.depth = depth - 1
+            return
+        try:
+            db.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise self._refused(exc) from exc
         try:
             yield db
         except BaseException:
@@ -92,7 +100,13 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
         except sqlite3.OperationalError as exc:
             if db.conn.in_transaction:
                 db.conn.execute("ROLLBACK")
-            raise StorageUnavailable(f"database write failed: {exc}") from exc
+            raise self._refused(exc) from exc
+
+    def _refused(self, exc: sqlite3.OperationalError) -> StorageUnavailable:
+        """The error for a write SQLite refused: StoreBusy when another writer held the lock too long."""
+        if "locked" in str(exc) or "busy" in str(exc):
+            return StoreBusy(retry_after=max(1.0, self.busy_timeout_s))
+        return StorageUnavailable(f"database write refused: {exc}")
 
     def _insert(self, db: Database, table: str, row: dict) -> int:
         try:
@@ -306,14 +320,4 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
             if policy.status == "active":
                 db.execute("UPDATE policies SET status = 'active' WHERE agent_id = ? AND version = 0 "
                            "AND status != 'broken'", [policy.agent_id])
-        return self.get_policy(policy_id)
-
-    def update_policy_metrics(self, policy_id: int, metrics: dict) -> Policy:
-        """Merge keys into a version's metrics JSON."""
-        with self._tx() as db:
-            row = self._one("SELECT metrics FROM policies WHERE id = ?", [policy_id])
-            if row is None:
-                raise NotFound(f"unknown policy {policy_id}")
-            merged = {**json.loads(row["metrics"]), **metrics}
-            db.execute("UPDATE policies SET metrics = ? WHERE id = ?", [dumps(merged), policy_id])
         return self.get_policy(policy_id)

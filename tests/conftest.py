@@ -16,14 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache"  # converted shipped model, kept between runs (gitignored)
 
 
+SLOW_DIRS = ("e2e", "load")  # real app processes, the real model: never in `make test-fast`
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA GPU")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip)
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts[0] in SLOW_DIRS or "smol_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -43,10 +48,12 @@ def smol_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tokenizer(smol_dir):
-    from rlhf.models import load_tokenizer
+def tokenizer():
+    """SmolLM2's real tokenizer, built from the shipped GGUF's tokenizer data alone (no weight conversion) and
+    saved under .cache/ once: tests that need only a tokenizer never convert the 135M model."""
+    from rlhf.models import load_tokenizer, shipped_tokenizer
 
-    return load_tokenizer(str(smol_dir))
+    return load_tokenizer(str(shipped_tokenizer("smollm2-135m-instruct", CACHE)))
 
 
 def make_tiny_model(target: Path, tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:

@@ -2,9 +2,10 @@
 
 ``Auth`` answers ``user_of(request)`` and ``role_of(request)`` for a ``gr.Request`` (Gradio sets
 ``username`` after its login, or the OAuth session holds the HF profile) and for a Starlette/FastAPI
-request (``Authorization: Basic ...`` or ``Authorization: Bearer <token>``). ``install_security`` is the
-one place the REST API is guarded: 401 without valid credentials, 429 over the per-user rate, 403 for a
-cross-origin write. Role checks stay in the handlers (``ui.permissions.require_admin``).
+request (``Authorization: Basic ...``, ``Authorization: Bearer <token>`` or Gradio's sign-in cookie).
+Password checks cost the same for unknown and known names, and at most a few run at once; failed
+sign-ins are counted by ``LoginThrottle``. The request guard that uses all this is ``ui.guard``; role
+checks stay in the handlers (``ui.permissions.require_admin``).
 """
 from __future__ import annotations
 
@@ -13,18 +14,16 @@ import binascii
 import hashlib
 import hmac
 import logging
-import math
+import os
 import secrets
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
 import gradio as gr
 import yaml
-from fastapi import FastAPI, Request
 
 from rlhf.config import AppConfig, ConfigError
 from storage import Store
@@ -40,6 +39,8 @@ PREFIX = "/api/v1"
 PUBLIC_PATHS = {f"{PREFIX}/health", f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/docs/oauth2-redirect"}
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 VERIFIED_TTL = 300.0  # seconds a successful Basic login is remembered (scrypt costs ~50 ms per check)
+# scrypt is CPU-bound: a flood of sign-ins may keep at most half the cores busy, the rest keep serving.
+PASSWORD_CHECKS = max(1, (os.cpu_count() or 2) // 2)
 
 
 class AuthConfigError(ConfigError):
@@ -133,6 +134,31 @@ def sync_users(store: Store, users: list[dict]) -> None:
 
 
 # ---- the Auth object ------------------------------------------------------------------------------
+def basic_name(header: Optional[str]) -> Optional[str]:
+    """The user name in an ``Authorization: Basic`` header (before any password check), or None."""
+    scheme, _, value = (header or "").strip().partition(" ")
+    if scheme.lower() != "basic" or not value.strip():
+        return None
+    try:
+        name, sep, _ = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return name if sep else None
+
+
+def _gradio_cookie_user(request: Any) -> Optional[str]:
+    """The user Gradio's sign-in cookie names, for a plain request routed inside the Gradio app (its
+    ``scope["app"]`` holds the cookie ids and tokens Gradio handed out at /login), else None."""
+    scope = getattr(request, "scope", None)
+    app = scope.get("app") if isinstance(scope, dict) else None
+    tokens, cookie_id = getattr(app, "tokens", None), getattr(app, "cookie_id", None)
+    if not isinstance(tokens, dict) or cookie_id is None:
+        return None
+    cookies = getattr(request, "cookies", None) or {}
+    token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
+    return tokens.get(token) if token else None
+
+
 def _session(request: Any) -> dict:
     """The signed cookie session of a request (where Gradio keeps the HF OAuth profile), or {}."""
     for candidate in (getattr(request, "request", None), request):
@@ -150,27 +176,34 @@ def _session(request: Any) -> dict:
 class Auth:
     """Users and roles: ``mode`` is 'users' (configured names and passwords) or 'hf' (Hugging Face sign-in)."""
 
-    def __init__(self, store: Store, mode: str, roles: Optional[dict[str, str]] = None, admins=()):
+    def __init__(self, store: Store, mode: str, roles: Optional[dict[str, str]] = None, admins=(),
+                 throttle: Optional["LoginThrottle"] = None):
         if mode not in ("users", "hf"):
             raise ValueError(f"unknown auth mode {mode!r}")
         self.store = store
         self.mode = mode
         self.roles = dict(roles or {})
         self.admins = {a.strip() for a in admins if a and a.strip()}
+        self.throttle = throttle or LoginThrottle(10, 600.0)
         self._key = secrets.token_bytes(32)  # per process: remembered logins die with it
         self._verified: dict[bytes, tuple[str, float]] = {}
         self._lock = threading.Lock()
+        self._checks = threading.BoundedSemaphore(PASSWORD_CHECKS)
+        self._dummy: Optional[str] = None  # a hash to check unknown names against, made on first need
 
     @classmethod
     def from_config(cls, config: AppConfig, store: Store) -> Optional["Auth"]:
         """Auth for this config, or None for single-user local mode (no users, not on a Space)."""
         users = configured_users(config)
+        throttle = LoginThrottle(config.server.login_max_failures, config.server.login_window_seconds)
         if users:
             sync_users(store, users)
-            return cls(store, "users", {u["name"]: u["role"] for u in users}, config.server.admins)
+            auth = cls(store, "users", {u["name"]: u["role"] for u in users}, config.server.admins, throttle)
+            auth._dummy_hash()  # made now, so the first unknown name is not slower than the rest
+            return auth
         store.clear_passwords_except([])
         if config.server.space_id:
-            return cls(store, "hf", admins=config.server.admins)
+            return cls(store, "hf", admins=config.server.admins, throttle=throttle)
         return None
 
     @property
@@ -186,22 +219,36 @@ class Auth:
 
     # -- credentials
     def login(self, username: str, password: str) -> bool:
-        """Check a name and password (Gradio's login form and HTTP Basic)."""
-        if self.mode != "users" or username not in self.roles or not isinstance(password, str):
+        """Check a name and password (Gradio's login form and HTTP Basic).
+
+        Blocking (scrypt, ~50 ms): call it from a worker thread. An unknown name costs one check against a
+        dummy hash, so the answer time does not tell which names exist.
+        """
+        if self.mode != "users" or not isinstance(username, str) or not isinstance(password, str):
             return False
+        known = username in self.roles
         cache_key = hmac.new(self._key, f"{username}\x00{password}".encode(), hashlib.sha256).digest()
         now = time.monotonic()
         with self._lock:
             hit = self._verified.get(cache_key)
-            if hit and hit[1] > now:
+            if known and hit and hit[1] > now:
                 return True
-        if not verify_password(password, self.store.password_hash(username)):
+        stored = self.store.password_hash(username[:128])  # read for unknown names too: same work, same time
+        with self._checks:
+            ok = verify_password(password, stored if stored else self._dummy_hash())
+        if not (known and stored and ok):
             return False
         with self._lock:
             if len(self._verified) > 10_000:
                 self._verified.clear()
             self._verified[cache_key] = (username, now + VERIFIED_TTL)
         return True
+
+    def _dummy_hash(self) -> str:
+        with self._lock:
+            if self._dummy is None:
+                self._dummy = hash_password(secrets.token_urlsafe(16))
+            return self._dummy
 
     def from_header(self, header: Optional[str]) -> Optional[str]:
         """The user an ``Authorization`` header proves (Basic name:password or Bearer API token), or None."""
@@ -239,6 +286,9 @@ class Auth:
             name = self.from_header(headers.get("authorization") if headers is not None else None)
             if name:
                 return name
+            name = _gradio_cookie_user(request)
+            if name and self.role_for(name) is not None:
+                return name
         if self.mode == "hf":
             profile = (_session(request).get("oauth_info") or {}).get("userinfo") or {}
             return profile.get("preferred_username") or None
@@ -269,7 +319,7 @@ def signed_in_annotator(services: Services, request: Any, typed: Optional[str]) 
     return name
 
 
-# ---- REST guard ------------------------------------------------------------------------------------
+# ---- counting ---------------------------------------------------------------------------------------
 class RateLimiter:
     """At most ``per_minute`` requests per key in any sliding 60 s window."""
 
@@ -296,51 +346,50 @@ class RateLimiter:
             return None
 
 
-def cross_origin(request: Request) -> bool:
-    """True when a browser sends this request from another site (its Origin is not this host)."""
-    origin = request.headers.get("origin")
-    if origin is None:
-        return False  # scripts and same-origin GETs send none
-    if origin == "null":
-        return True
-    hosts = {request.headers.get("host", "")}
-    hosts.update(h.strip() for h in request.headers.get("x-forwarded-host", "").split(",") if h.strip())
-    return urlsplit(origin).netloc not in hosts
+class LoginThrottle:
+    """Failed sign-ins per key (a client address, a user name) in a sliding window.
 
-
-def _error(status: int, message: str, headers: Optional[dict] = None):
-    from fastapi.responses import JSONResponse
-
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-def install_security(app: FastAPI, services: Services) -> None:
-    """The REST guard: cross-origin writes → 403, no valid credentials → 401, over the rate → 429.
-
-    Reads ``services.auth`` per request, so local mode (None) passes everything but cross-origin writes.
+    ``attempt`` counts an attempt as failed *before* the password is checked, and ``succeeded`` takes that
+    back: parallel guesses cannot overshoot the limit, and while a key is over it every attempt, right or
+    wrong, gets the same answer (the check never runs, so the answer says nothing about the password).
     """
-    limiter = RateLimiter(services.config.server.rate_limit_per_minute)
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        path = request.url.path
-        if not path.startswith(PREFIX):
-            return await call_next(request)
-        if request.method not in SAFE_METHODS and cross_origin(request):
-            return _error(403, "cross-origin write refused: call the API from the app's own origin or a script")
-        auth = services.auth
-        if auth is None or path in PUBLIC_PATHS:
-            return await call_next(request)
-        # Password checks are slow (scrypt): run them off the event loop.
-        from starlette.concurrency import run_in_threadpool
+    def __init__(self, max_failures: int, window: float):
+        self.max_failures = max_failures
+        self.window = window
+        self._fails: dict[str, deque] = {}
+        self._lock = threading.Lock()
 
-        user = await run_in_threadpool(auth.user_of, request)
-        key = f"user:{user}" if user else f"ip:{request.client.host if request.client else '?'}"
-        wait = limiter.retry_after(key)
-        if wait is not None:
-            return _error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
-        if not user:
-            return _error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
-                               "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})
-        request.state.rlhf_user = user
-        return await call_next(request)
+    def attempt(self, keys: list[str], now: Optional[float] = None) -> Optional[float]:
+        """Reserve a failure under every key; None to go ahead, else seconds until the lock-out lifts."""
+        if self.max_failures <= 0:
+            return None
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if len(self._fails) > 10_000:  # forget idle keys
+                self._fails = {k: v for k, v in self._fails.items() if v and v[-1] > now - self.window}
+            queues = [self._fails.setdefault(k, deque()) for k in keys]
+            for q in queues:
+                while q and q[0] <= now - self.window:
+                    q.popleft()
+            full = [q[0] + self.window - now for q in queues if len(q) >= self.max_failures]
+            if full:
+                return max(full)
+            for q in queues:
+                q.append(now)
+            return None
+
+    def succeeded(self, keys: list[str]) -> None:
+        """Take back the failure ``attempt`` reserved: the password was right."""
+        if self.max_failures <= 0:
+            return
+        with self._lock:
+            for k in keys:
+                q = self._fails.get(k)
+                if q:
+                    q.pop()
+
+
+def login_keys(client: Optional[str], name: str) -> list[str]:
+    """The throttle keys of one sign-in attempt: the client address and the user name."""
+    return [f"ip:{client or '?'}", f"user:{name.strip()[:128]}"]

@@ -28,3 +28,9 @@ def require_admin(services: Services, request=None) -> None:
     """Raise Forbidden unless the caller may perform admin actions."""
     if not is_admin(services, request):
         raise Forbidden("this action needs the admin role")
+
+
+def sees_all_feedback(services: Services, request=None) -> bool:
+    """True when the caller may read every annotator's ratings, flags and notes: admins, local mode, or
+    everyone with ``server.open_feedback``; otherwise a caller sees only their own."""
+    return bool(services.config.server.open_feedback) or is_admin(services, request)

@@ -6,6 +6,8 @@ import logging
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from starlette.middleware import Middleware
+from starlette.routing import Mount
 
 from rlhf.config import AppConfig
 from rlhf.jobs.publish import check_adapters, clean_leftovers
@@ -13,11 +15,14 @@ from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.serving.server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui
-from ui.auth import Auth, install_security
+from ui.auth import Auth
 from ui.api.core import body_size_guard, build_router, install_error_handlers
 from ui.api.admin import build_admin_router
 from ui.api.arena import build_arena_router
 from ui.api.jobs import build_jobs_router
+from ui.downloads import AdminOnlyFiles
+from ui.guard import allowed_hosts, gradio_login, install_security
+from ui.permissions import is_admin
 from ui.services import Services
 
 log = logging.getLogger(__name__)
@@ -64,7 +69,7 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="RLHF Studio", docs_url="/api/v1/docs", openapi_url="/api/v1/openapi.json")
     install_error_handlers(app)
     body_size_guard(app, services.config.server.max_body_bytes)
-    install_security(app, services)  # added last = runs first: 403 cross-origin, 401, 429 before anything
+    install_security(app, services)  # added last = runs first: Host, Origin, CORS, /login, REST credentials
     app.router.on_startup.append(lambda: widen_thread_pool(services.config))
     app.include_router(build_router(services))
     app.include_router(build_arena_router(services))
@@ -72,11 +77,14 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(build_admin_router(services))
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
-    login = services.auth.login if services.auth is not None and services.auth.mode == "users" else None
     # No share links (we never call launch), no extra allowed_paths, uploads capped.
-    return gr.mount_gradio_app(app, demo, path="/", max_file_size=services.config.server.max_file_size,
-                               allowed_paths=[], show_error=True, footer_links=["api"], auth=login,
-                               auth_message="RLHF Studio: sign in with the name and password your admin gave you.")
+    app = gr.mount_gradio_app(app, demo, path="/", max_file_size=services.config.server.max_file_size,
+                              allowed_paths=[], show_error=True, footer_links=["api"], auth=gradio_login(services),
+                              auth_message="RLHF Studio: sign in with the name and password your admin gave you.")
+    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
+    # Innermost in the Gradio app, where its sign-in cookie and the HF session are already readable.
+    gradio_app.user_middleware.append(Middleware(AdminOnlyFiles, may_download=lambda r: is_admin(services, r)))
+    return app
 
 
 def serve(config: AppConfig) -> None:
@@ -88,6 +96,8 @@ def serve(config: AppConfig) -> None:
     if services.auth is None and config.server.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("listening on %s WITHOUT sign-in: anyone who can reach it is admin; set RLHF_USERS or "
                     "server.users_file for a team", config.server.host)
+    if allowed_hosts(config, services.auth is None) is None and "*" not in config.server.allowed_hosts:
+        log.warning("any Host header is accepted: list this server's names in server.allowed_hosts")
     print(f"RLHF Studio on http://{config.server.host}:{config.server.port}", flush=True)
     try:
         uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning")

@@ -54,16 +54,24 @@ def short_time(stamp: Optional[str]) -> str:
 
 
 # The Chatbot renders Markdown and (sanitized) HTML: a reply that writes <b> or <script> would lose those
-# characters on screen, and the rater would judge something else than what was said. So & and < are escaped
-# outside code, which Markdown already shows literally (escaping there would show "&lt;"); > stays, so block
-# quotes still work. Code = spans and fenced blocks; an unclosed fence runs to the end, as mid-stream.
-_CODE = re.compile(r"(```.*?(?:```|\Z)|`[^`\n]*`)", re.S)
+# characters on screen, and the rater would judge something else than what was said. Markdown cannot be
+# trusted to say where code starts (a fence needs a line start, a span matching backtick runs, an
+# indented block four spaces), and inside code an escape shows as "&lt;" while outside it raw HTML
+# renders. So nothing is left to Markdown: every character that opens raw HTML, an entity, code
+# (backtick, tilde, deep indentation), a link or image ([) or a backslash escape becomes an entity, the
+# same way everywhere. Emphasis, lists, headings and block quotes (> stays) still format the text.
+_INERT = str.maketrans({"&": "&amp;", "<": "&lt;", "`": "&#96;", "~": "&#126;", "[": "&#91;", "\\": "&#92;"})
+_INDENT = re.compile(r"^[ \t]+", re.M)
+
+
+def _keep_indent(match: re.Match) -> str:
+    width = len(match.group(0).expandtabs(4))
+    return "&nbsp;" * width if width >= 4 else match.group(0)  # 4+ columns would open a code block
 
 
 def literal_html(text: str) -> str:
-    """Chat text for a Markdown view that shows HTML exactly as typed instead of rendering it."""
-    parts = _CODE.split(text)
-    return "".join(part if i % 2 else part.replace("&", "&amp;").replace("<", "&lt;") for i, part in enumerate(parts))
+    """Chat text for a Markdown view that shows HTML, code fences and links exactly as typed."""
+    return _INDENT.sub(_keep_indent, text.translate(_INERT))
 
 
 def literal_chat(messages: list[dict]) -> list[dict]:
@@ -100,15 +108,25 @@ def leaderboard_json(table: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def pair_candidates(table: pd.DataFrame) -> list[dict]:
-    """Versions ``rlhf.analysis.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated votes."""
+ARENA_VOTES_NEEDED = 20  # votes an inconclusive candidate is shown for before it is paired like any version
+
+
+def needs_votes(policy: Policy) -> bool:
+    """True for a candidate the retrain gate could not call (its verdict waits for arena votes)."""
+    return (policy.metrics or {}).get("gate/verdict") == "inconclusive" and policy.status == "candidate"
+
+
+def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> list[dict]:
+    """Versions ``rlhf.analysis.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated
+    votes; ``waiting`` ids (inconclusive gate) are marked ``needs_votes`` until they have enough votes."""
     out = []
     for row in table.itertuples(index=False):
         if row.status not in ELIGIBLE_STATUSES:
             continue
         rated = row.wins + row.losses + row.ties > 0
         out.append({"policy_id": int(row.policy_id), "version": int(row.version), "status": row.status,
-                    "votes": int(row.votes), "rating": float(row.bt) if rated else None})
+                    "votes": int(row.votes), "rating": float(row.bt) if rated else None,
+                    "needs_votes": int(row.policy_id) in waiting and int(row.votes) < ARENA_VOTES_NEEDED})
     return out
 
 
@@ -141,8 +159,27 @@ def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> 
 
 
 # ---- dashboard -------------------------------------------------------------------------------------
-VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "RM accuracy", "Eval reward",
+VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "RM accuracy", "Gate", "Eval reward",
                    "KL to base", "Elo", "BT [95% CI]", "Votes"]
+
+
+def rm_accuracy_text(m: dict) -> Optional[str]:
+    """Cross-validated reward-model accuracy with its 95% interval; "too few votes" when it includes chance."""
+    acc, low, high = m.get("cv_accuracy"), m.get("cv_low"), m.get("cv_high")
+    if missing(acc) or missing(low) or missing(high):
+        return None
+    if low <= 0.5 <= high:
+        return f"too few votes to tell ({acc:.0%}, {low:.0%}–{high:.0%})"
+    return f"{acc:.0%} [{low:.0%}–{high:.0%}]"
+
+
+def gate_text(m: dict) -> str:
+    """The retrain gate's verdict and win-rate interval, e.g. "inconclusive 0.55 [0.40–0.70]: needs arena votes"."""
+    verdict = m.get("gate/verdict")
+    if missing(verdict):
+        return DASH
+    text = f"{verdict} {fmt(m.get('eval/win_rate'))} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
+    return text + (": needs arena votes" if verdict == "inconclusive" else "")
 
 
 def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel],
@@ -153,9 +190,12 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
     rows = []
     for p in sorted(policies, key=lambda p: p.version, reverse=True):
         m = p.metrics or {}
+        rm_metrics = (reward_models[p.reward_model_id].metrics or {}) if p.reward_model_id in reward_models else {}
+        cv = rm_accuracy_text({k.split("/", 1)[1]: v for k, v in rm_metrics.items() if k.startswith("reward/")}) or \
+            rm_accuracy_text({k: m.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
         rm_acc = m.get("reward_model/eval_accuracy")
-        if missing(rm_acc) and p.reward_model_id in reward_models:
-            rm_acc = (reward_models[p.reward_model_id].metrics or {}).get("eval_accuracy")
+        if missing(rm_acc):
+            rm_acc = rm_metrics.get("eval_accuracy", rm_metrics.get("reward/eval_accuracy"))
         parent = by_id.get(p.parent_id)
         r = ratings.get(p.id, {})
         bt = fmt(r.get("bt"), 0)
@@ -165,7 +205,8 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
         rows.append({"Version": version_label(p), "Parent": f"v{parent.version}" if parent else DASH,
                      "Created": short_time(p.created), "Status": p.status,
                      "Feedback used": str(int(used)) if not missing(used) else DASH,
-                     "RM accuracy": fmt(rm_acc, 0, percent=True), "Eval reward": fmt(m.get("eval/reward"), 3),
+                     "RM accuracy": cv or fmt(rm_acc, 0, percent=True), "Gate": gate_text(m),
+                     "Eval reward": fmt(m.get("eval/reward"), 3),
                      "KL to base": fmt(m.get("eval/kl"), 2), "Elo": fmt(r.get("elo"), 0), "BT [95% CI]": bt,
                      "Votes": int(r.get("votes", 0))})
     return pd.DataFrame(rows, columns=VERSION_COLUMNS)

@@ -228,7 +228,11 @@ def choose_pair(versions: list[dict], rng: np.random.Generator, newest_prob: flo
     if len({v["policy_id"] for v in eligible}) != len(eligible):
         raise ValueError("choose_pair got the same policy_id twice")
     by_recency = sorted(eligible, key=lambda v: v["version"], reverse=True)
-    if rng.random() < newest_prob:
+    waiting = [v for v in by_recency if v.get("needs_votes") and v["status"] != "active"]
+    actives = [v for v in by_recency if v["status"] == "active"]
+    if waiting and actives:  # the gate could not tell: the arena's votes decide, against the active version first
+        pair = (waiting[0]["policy_id"], actives[0]["policy_id"])
+    elif rng.random() < newest_prob:
         newest = by_recency[0]
         actives = [v for v in by_recency[1:] if v["status"] == "active"]
         # Newest vs the active version; if the newest is itself active (or none is active),

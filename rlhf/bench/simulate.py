@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POLITE = ("please", "thank", "happy to help", "glad", "you're welcome", "hope this helps", "sorry", "kindly")
 LIST_LINE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+", re.MULTILINE)
 
@@ -47,13 +47,38 @@ def no_lists(prompt: str, a: str, b: str) -> str:
     return "tie" if la == lb else ("a" if la < lb else "b")
 
 
-ORACLES: dict[str, Callable[[str, str, str], str]] = {"concise": concise, "polite": polite, "no-lists": no_lists}
+def concrete(prompt: str, a: str, b: str) -> str:
+    """Prefers the reply with more concrete numbers, quantities and explicit steps (content, not length)."""
+    from rlhf.bench.preference_pool import concrete_hits
+
+    ca, cb = concrete_hits(a), concrete_hits(b)
+    return "tie" if ca == cb else ("a" if ca > cb else "b")
+
+
+ORACLES: dict[str, Callable[[str, str, str], str]] = {"concise": concise, "polite": polite, "no-lists": no_lists,
+                                                      "concrete": concrete}
+
+
+def distinct_2(texts: list[str]) -> float:
+    """Share of distinct word bigrams over all bigrams (1.0 = no repetition; collapse drives it toward 0)."""
+    grams = [tuple(ws[i:i + 2]) for t in texts for ws in [t.split()] for i in range(len(ws) - 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
 
 
 def starter_prompts(path: Optional[Path] = None) -> list[str]:
     """The shipped starter prompts (assets/prompts.jsonl)."""
     path = path or ROOT / "assets" / "prompts.jsonl"
     return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def vote_and_eval_prompts() -> tuple[list[str], list[str]]:
+    """Prompts to vote on and held-out prompts to judge on: the preference pool's fixed split (no overlap)."""
+    from rlhf.bench.preference_pool import load_pool, split_prompts
+
+    pool = load_pool()
+    train_ids, held_ids = split_prompts(pool)
+    text = {r["prompt_id"]: r["prompt"] for r in pool}
+    return [text[i] for i in train_ids], [text[i] for i in held_ids]
 
 
 class Annotators:
@@ -118,25 +143,35 @@ class Annotators:
             time.sleep(2)
         raise TimeoutError(f"retrain job {job_id} did not finish in {timeout:.0f} s")
 
-    def oracle_win_rate(self, prompts: list[str], old: int, new: int, seed: int = 10_000) -> float:
-        """How often the oracle prefers the new version's reply over the old one's (ties half)."""
-        score = 0.0
-        for i, prompt in enumerate(prompts):
-            old_reply, new_reply = self.pair(prompt, seed + 2 * i, policy_a=old, policy_b=new)
-            verdict = self.judge(prompt, new_reply["content"], old_reply["content"])
-            score += {"a": 1.0, "tie": 0.5, "b": 0.0}[verdict]
-        return score / max(1, len(prompts))
+    def oracle_win_rate(self, prompts: list[str], old: int, new: int, seed: int = 10_000,
+                        samples: int = 2) -> dict:
+        """How often the oracle prefers the new version's reply over the old one's (ties half), with fluency
+        figures of the new version's replies (mean words, distinct-2, empty share)."""
+        from tqdm import tqdm
+
+        score, n, new_texts = 0.0, 0, []
+        for i, prompt in enumerate(tqdm(prompts, desc="oracle verdict", file=sys.stderr)):
+            for s in range(samples):
+                old_reply, new_reply = self.pair(prompt, seed + 2 * (samples * i + s), policy_a=old, policy_b=new)
+                verdict = self.judge(prompt, new_reply["content"], old_reply["content"])
+                score += {"a": 1.0, "tie": 0.5, "b": 0.0}[verdict]
+                n += 1
+                new_texts.append(new_reply["content"])
+        words = [len(t.split()) for t in new_texts]
+        return {"oracle_win_rate": round(score / max(1, n), 3), "judged": n,
+                "mean_words": round(sum(words) / max(1, len(words)), 1), "distinct_2": round(distinct_2(new_texts), 3),
+                "empty": sum(1 for w in words if w == 0)}
 
 
 def simulate(url: str, oracle: str, votes: int, retrain: bool = False, agent: Optional[str] = None,
-             eval_prompts: int = 8, overrides: Optional[dict] = None, max_new_tokens: int = 64,
-             token: Optional[str] = None, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
+             eval_prompts: int = 32, overrides: Optional[dict] = None, max_new_tokens: int = 64,
+             token: Optional[str] = None, log=lambda msg: print(msg, file=sys.stderr), samples: int = 2) -> dict:
     """Run the whole loop against a running app and return the contract's JSON figures."""
     from tqdm import tqdm
 
     team = Annotators(url, oracle, agent, max_new_tokens, token)
-    prompts = starter_prompts()
-    held_out, train = prompts[-eval_prompts:], prompts[:-eval_prompts] if eval_prompts else prompts
+    train, held = vote_and_eval_prompts()
+    held_out = held[:eval_prompts]
     winners = {}
     for i in tqdm(range(votes), desc=f"{oracle} votes", file=sys.stderr):
         w = team.vote(train[i % len(train)], seed=2 * i)
@@ -163,6 +198,9 @@ def simulate(url: str, oracle: str, votes: int, retrain: bool = False, agent: Op
     new = job["result"]["policy_id"]
     metrics = job["result"].get("metrics", {})
     out.update(new_policy_id=new, reward_before=metrics.get("eval/active_reward"),
-               reward_after=metrics.get("eval/reward"),
-               oracle_win_rate=round(team.oracle_win_rate(held_out, old, new), 3))
+               reward_after=metrics.get("eval/reward"), promoted=job["result"].get("promoted"),
+               gate=job["result"].get("gate"), rm_cv_accuracy=metrics.get("reward_model/cv_accuracy"),
+               rm_cv_low=metrics.get("reward_model/cv_low"), rm_cv_high=metrics.get("reward_model/cv_high"),
+               retrain_seconds=round(sum((job["result"].get("phase_seconds") or {}).values()), 1),
+               **team.oracle_win_rate(held_out, old, new, samples=samples))
     return out

@@ -55,7 +55,7 @@ def run_rloo(config: AppConfig, source: str, prompts: list, work: Path, device: 
     from trl import RLOOConfig, RLOOTrainer
 
     from rlhf.models import load_causal_lm, load_tokenizer
-    from rlhf.training.ppo.rollout import lora_targets
+    from rlhf.models import lora_targets
 
     cfg = config.ppo
     per_rollout = cfg.batch_size // cfg.mini_batch_size  # optimizer steps per rollout and epoch

@@ -5,14 +5,15 @@ prompt + branch history), excluded annotators included and marked. Training form
 ``kto``, ``openrlhf``, ``verl``) go through ``rlhf.training.data``'s builders and leave excluded annotators out
 (config ``reward.exclude_annotators`` plus the annotators excluded in the Store), exactly as training does.
 ``openrlhf`` and ``verl`` write a directory with a ``LAUNCH.md`` holding the commands to train at
-cluster scale on it, and to import the result back with ``rlhf-studio import-policy``.
+cluster scale on it, and to import the result back with ``rlhf-studio import-policy`` (``rlhf.interop.recipes``
+writes them for pinned engine releases).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,9 +23,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlhf.config import AppConfig
-from rlhf.training.data import Feedback, build_kto, build_pairs
+from rlhf.files import atomic_dir, atomic_file
+from rlhf.interop import recipes
 from rlhf.models import SHIPPED
+from rlhf.training.data import Feedback, build_kto, build_pairs
 from rlhf.training.prompts import store_states
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "parquet", "hf", "trl-preference", "kto", "openrlhf", "verl")
 DIRECTORY_FORMATS = ("hf", "openrlhf", "verl")
@@ -73,13 +78,16 @@ class Source:
     exclude: list  # config's reward.exclude_annotators (the Store's excluded names ride in each rows dict)
     margin_per_score: float
     rated_vs_unrated: bool
+    data_dir: Optional[Path] = None  # where the app keeps converted base models (LAUNCH.md points at them)
+    policy_lora: tuple[int, int] = (16, 32)  # ppo.lora_r, ppo.lora_alpha: the LoRA the app trains and serves
 
 
 def load_source(store, config: AppConfig, agent: Optional[str] = None) -> Source:
     """Feedback rows of one agent, or of every agent when ``agent`` is None."""
     agents = [store.get_agent(agent)] if agent is not None else store.list_agents()
     return Source(agents, {a.name: store.feedback_rows(a.id) for a in agents}, list(config.reward.exclude_annotators),
-                  config.reward.margin_per_score, config.reward.rated_vs_unrated)
+                  config.reward.margin_per_score, config.reward.rated_vs_unrated, config.data_path,
+                  (config.ppo.lora_r, config.ppo.lora_alpha))
 
 
 # ---- rows ------------------------------------------------------------------------------------------
@@ -143,14 +151,78 @@ def held_out(key: str, fraction: float = 0.1) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
 
 
-def base_model_of(src: Source) -> str:
-    """The one base model of the exported agents (a shipped name becomes its hub id)."""
+def base_name_of(src: Source) -> str:
+    """The one base model of the exported agents, as the app names it."""
     bases = {a.base_model for a in src.agents}
     if len(bases) != 1:
         raise ExportError(f"the agents use different base models ({', '.join(sorted(bases))}); "
                           "export one with --agent NAME")
-    base = bases.pop()
+    return bases.pop()
+
+
+def base_model_of(src: Source) -> str:
+    """The one base model of the exported agents as a cluster loads it (a shipped name becomes its hub id)."""
+    base = base_name_of(src)
     return SHIPPED[base][2] if base in SHIPPED else base
+
+
+def _model_config(base: str, data_dir: Optional[Path]):
+    """The transformers config of a base model from local files only (None when there is none here)."""
+    import importlib.util
+
+    from transformers import AutoConfig
+
+    from rlhf.models import cached_model_dir
+
+    try:
+        if base in SHIPPED:
+            converted = cached_model_dir(base, data_dir) if data_dir is not None else None
+            if converted is not None and (converted / "config.json").is_file():
+                return AutoConfig.from_pretrained(str(converted))
+            package, filename, _ = SHIPPED[base]
+            spec = importlib.util.find_spec(package)  # does not import it (its __init__ needs `llm`)
+            locations = list(spec.submodule_search_locations or []) if spec is not None else []
+            if not locations or not (Path(locations[0]) / filename).is_file():
+                return None
+            return AutoConfig.from_pretrained(locations[0], gguf_file=filename)  # reads the header, no weights
+        return AutoConfig.from_pretrained(base, local_files_only=True)
+    except Exception as exc:  # an unreadable or unknown config must not fail an export: fall back
+        log.info("no local config for %s (%s): assuming attention-projection LoRA targets", base, exc)
+        return None
+
+
+def policy_lora(src: Source) -> recipes.Lora:
+    """The LoRA the app's PPO trains on this base: ``rlhf.models.lora_targets`` of the model's module tree
+    (built on the meta device from its config, no weights) with ``ppo.lora_r`` / ``ppo.lora_alpha``.
+
+    Without a local config (a hub id never downloaded here) the attention projections are assumed, which is
+    what ``lora_targets`` picks on every Llama / Mistral / Qwen style model."""
+    rank, alpha = src.policy_lora
+    cfg = _model_config(base_name_of(src), src.data_dir)
+    targets: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    if cfg is not None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from rlhf.models import lora_targets
+
+        try:
+            with torch.device("meta"):
+                targets = lora_targets(AutoModelForCausalLM.from_config(cfg))
+        except Exception as exc:  # not a causal LM transformers can build here: keep the assumption
+            log.info("cannot build %s on the meta device (%s): assuming attention-projection targets", cfg, exc)
+    return recipes.Lora(rank, alpha, targets)
+
+
+def recipe_context(src: Source, out: Path) -> recipes.Context:
+    """What LAUNCH.md needs: paths, base model, agents and the app's LoRA."""
+    name = base_name_of(src)
+    converted = None
+    if name in SHIPPED and src.data_dir is not None:
+        from rlhf.models import cached_model_dir
+
+        converted = cached_model_dir(name, src.data_dir)
+    return recipes.Context(out, base_model_of(src), [a.name for a in src.agents], policy_lora(src), converted)
 
 
 # ---- writers ---------------------------------------------------------------------------------------
@@ -208,7 +280,7 @@ def export_openrlhf(src: Source, out: Path, final: Optional[Path] = None) -> dic
     prompts = [{"context_messages": s.as_messages(), "agent": name} for name, s in prompt_states(src)]
     _write_jsonl(pairs, out / "rm_pairs.jsonl")
     _write_jsonl(prompts, out / "prompts.jsonl")
-    (out / "LAUNCH.md").write_text(openrlhf_launch(final or out, base_model_of(src), src, len(pairs), len(prompts)))
+    (out / "LAUNCH.md").write_text(recipes.openrlhf_launch(recipe_context(src, final or out), len(pairs), len(prompts)))
     return {"pairs": len(pairs), "prompts": len(prompts)}
 
 
@@ -232,8 +304,8 @@ def export_verl(src: Source, out: Path, final: Optional[Path] = None) -> dict:
     pairs = preference_rows(src)
     (out / "rm").mkdir()
     _write_parquet(pairs, RM_SCHEMA, out / "rm" / "train.parquet")
-    (out / "LAUNCH.md").write_text(verl_launch(final or out, base_model_of(src), src, len(rows["train"]), len(rows["test"]),
-                                               len(pairs)))
+    (out / "LAUNCH.md").write_text(recipes.verl_launch(recipe_context(src, final or out), len(rows["train"]),
+                                                       len(rows["test"]), len(pairs)))
     return {"train": len(rows["train"]), "test": len(rows["test"]), "pairs": len(pairs)}
 
 
@@ -259,17 +331,8 @@ def export(store, config: AppConfig, fmt: str, out: str | Path, agent: Optional[
     src = load_source(store, config, agent)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Write beside the target, then rename: a failed export leaves nothing half-written behind.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        target = tmp / "out"
-        if fmt in DIRECTORY_FORMATS and fmt != "hf":
-            target.mkdir()
+    with (atomic_dir(out) if fmt in DIRECTORY_FORMATS else atomic_file(out)) as target:
         counts = WRITERS[fmt](src, target, out) if fmt in LAUNCHED else WRITERS[fmt](src, target)
-        if out.exists():
-            out.rmdir() if out.is_dir() else out.unlink()
-        target.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) if out.is_dir() else [out.name]
     result = ExportResult(fmt, out, files, counts)
     if push_to_hub:
@@ -292,137 +355,3 @@ def default_name(fmt: str, agent: Optional[str]) -> str:
     """A file or directory name for an export made for download."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"rlhf-studio-{agent or 'all'}-{fmt}-{stamp}{SUFFIX.get(fmt, '')}"
-
-
-# ---- LAUNCH.md -------------------------------------------------------------------------------------
-def _agents_line(src: Source) -> str:
-    return ", ".join(a.name for a in src.agents)
-
-
-def openrlhf_launch(out: Path, base: str, src: Source, n_pairs: int, n_prompts: int) -> str:
-    """Commands to train a reward model and a PPO policy with OpenRLHF on this export, and import it back."""
-    agent = src.agents[0].name if len(src.agents) == 1 else "NAME"
-    return f"""# Train at cluster scale with OpenRLHF
-
-Exported by RLHF Studio from agent(s) {_agents_line(src)} on base model `{base}`:
-`rm_pairs.jsonl` ({n_pairs} reward-model pairs: `prompt` message list, `chosen` / `rejected` assistant
-messages, `margin`) and `prompts.jsonl` ({n_prompts} PPO prompts as `context_messages`).
-Copy this directory to shared storage the cluster sees, then set `EXPORT_DIR` to it.
-
-```bash
-export EXPORT_DIR={out}
-```
-
-## 1. Reward model (DeepSpeed)
-
-```bash
-deepspeed --module openrlhf.cli.train_rm \\
-   --pretrain {base} \\
-   --dataset $EXPORT_DIR/rm_pairs.jsonl \\
-   --prompt_key prompt --chosen_key chosen --rejected_key rejected --apply_chat_template \\
-   --save_path ./checkpoint/rlhf-studio-rm \\
-   --max_len 2048 --max_epochs 1 --train_batch_size 64 --micro_train_batch_size 4 \\
-   --learning_rate 9e-6 --zero_stage 2 --param_dtype bf16 --gradient_checkpointing
-```
-
-## 2. PPO with Ray (LoRA policy, so the result imports as a light adapter)
-
-```bash
-ray start --head --num-gpus 8
-ray job submit --address="http://127.0.0.1:8265" \\
-   --runtime-env-json='{{"working_dir": "."}}' \\
-   -- python3 -m openrlhf.cli.train_ppo_ray \\
-   --ref_num_nodes 1 --ref_num_gpus_per_node 2 \\
-   --reward_num_nodes 1 --reward_num_gpus_per_node 2 \\
-   --critic_num_nodes 1 --critic_num_gpus_per_node 2 \\
-   --actor_num_nodes 1 --actor_num_gpus_per_node 2 \\
-   --vllm_num_engines 2 --vllm_tensor_parallel_size 1 \\
-   --pretrain {base} \\
-   --reward_pretrain ./checkpoint/rlhf-studio-rm \\
-   --prompt_data $EXPORT_DIR/prompts.jsonl --input_key context_messages --apply_chat_template \\
-   --save_path ./checkpoint/rlhf-studio-ppo \\
-   --lora_rank 16 --lora_alpha 32 --target_modules q_proj k_proj v_proj o_proj \\
-   --train_batch_size 128 --rollout_batch_size 512 --micro_train_batch_size 4 --micro_rollout_batch_size 8 \\
-   --prompt_max_len 1024 --generate_max_len 512 --max_epochs 1 \\
-   --actor_learning_rate 5e-7 --critic_learning_rate 9e-6 --init_kl_coef 0.01 \\
-   --zero_stage 2 --param_dtype bf16 --normalize_reward --gradient_checkpointing
-```
-
-Older OpenRLHF releases spell `--param_dtype bf16` as `--bf16`.
-
-## 3. Back into RLHF Studio
-
-```bash
-rlhf-studio import-policy ./checkpoint/rlhf-studio-ppo --agent {agent}
-```
-
-A PEFT adapter is registered as a candidate version as is; a full model directory of the same
-architecture is turned into a LoRA adapter first (`--rank`). Promote it from the Dashboard when it wins.
-"""
-
-
-def verl_launch(out: Path, base: str, src: Source, n_train: int, n_test: int, n_pairs: int) -> str:
-    """Commands to train a reward model and run verl PPO on this export, and import the result back."""
-    agent = src.agents[0].name if len(src.agents) == 1 else "NAME"
-    return f"""# Train at cluster scale with verl
-
-Exported by RLHF Studio from agent(s) {_agents_line(src)} on base model `{base}`:
-`train.parquet` ({n_train} prompts) and `test.parquet` ({n_test}) in verl's RL schema (`data_source`,
-`prompt` as chat messages, `ability`, `reward_model` {{style: model}}, `extra_info`), and `rm/train.parquet`
-({n_pairs} preference pairs: `prompt`, `chosen`, `rejected`, `margin`) for the reward model.
-
-```bash
-export EXPORT_DIR={out}
-```
-
-## 1. Reward model (TRL; `trl` runs it under `accelerate launch`)
-
-```bash
-trl reward --model_name_or_path {base} \\
-   --dataset_name $EXPORT_DIR/rm --output_dir ./checkpoint/rlhf-studio-rm \\
-   --num_train_epochs 1 --per_device_train_batch_size 4 --learning_rate 1e-5 --bf16 \\
-   --num_processes 8
-```
-
-(`--num_processes` is handed to `accelerate launch`: one process per GPU.)
-
-## 2. PPO
-
-```bash
-python3 -m verl.trainer.main_ppo \\
-    data.train_files=$EXPORT_DIR/train.parquet \\
-    data.val_files=$EXPORT_DIR/test.parquet \\
-    data.prompt_key=prompt data.return_raw_chat=True \\
-    data.train_batch_size=256 data.max_prompt_length=1024 data.max_response_length=512 \\
-    actor_rollout_ref.model.path={base} \\
-    actor_rollout_ref.actor.optim.lr=1e-6 \\
-    actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \\
-    actor_rollout_ref.rollout.name=vllm \\
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \\
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \\
-    critic.model.path={base} critic.optim.lr=1e-5 critic.ppo_micro_batch_size_per_gpu=4 \\
-    reward_model.enable=True \\
-    reward_model.model.path=./checkpoint/rlhf-studio-rm \\
-    reward_model.micro_batch_size_per_gpu=4 \\
-    algorithm.kl_ctrl.kl_coef=0.001 \\
-    trainer.logger=['console'] trainer.n_gpus_per_node=8 trainer.nnodes=1 \\
-    trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=1 \\
-    trainer.default_local_dir=./checkpoint/rlhf-studio-verl
-```
-
-## 3. Back into RLHF Studio
-
-verl saves FSDP shards; merge the last step into a Hugging Face model directory, then import it:
-
-```bash
-python -m verl.model_merger merge --backend fsdp \\
-    --local_dir ./checkpoint/rlhf-studio-verl/global_step_N/actor \\
-    --target_dir ./checkpoint/rlhf-studio-verl-hf
-rlhf-studio import-policy ./checkpoint/rlhf-studio-verl-hf --agent {agent} --rank 16
-```
-
-The full model is turned into a rank-16 LoRA adapter on `{base}` (the reconstruction error is printed)
-and registered as a candidate version. Promote it from the Dashboard when it wins.
-"""

@@ -1,12 +1,25 @@
 """Import a policy trained elsewhere (OpenRLHF, verl, TRL, ...) as a candidate version of an agent.
 
 A PEFT adapter directory is checked against the agent's base (loaded onto it, one forward pass) and
-published as is. A full model directory of the same architecture is turned into a LoRA adapter: per
-target matrix, the weight delta ``W_new - W_base`` is replaced by its best rank-r approximation, a
-truncated SVD (Eckart–Young: ``U_r S_r V_r^T`` minimises the Frobenius error among rank-r matrices), split
-as ``B = U_r sqrt(S_r)``, ``A = sqrt(S_r) V_r^T`` with ``lora_alpha = r`` so the LoRA scale is 1 (Hu et al.
-2021, LoRA, eq. 3: ``h = W x + (alpha / r) B A x``). A model of another architecture cannot become an
-adapter of this base: the error says to create an agent on that model instead.
+published unchanged (its weights re-saved on their own, see below). A full model directory of the same
+architecture is turned into a LoRA adapter: per target matrix, the weight delta ``W_new - W_base`` is
+replaced by its best rank-r approximation, a truncated SVD (Eckart–Young: ``U_r S_r V_r^T`` minimises the
+Frobenius error among rank-r matrices), split as ``B = U_r sqrt(S_r)``, ``A = sqrt(S_r) V_r^T`` with
+``lora_alpha = r`` so the LoRA scale is 1 (Hu et al. 2021, LoRA, eq. 3: ``h = W x + (alpha / r) B A x``).
+A model of another architecture cannot become an adapter of this base: the error says to create an agent
+on that model instead.
+
+What the cluster engines of ``rlhf.interop.recipes`` write, and how each comes in:
+
+- OpenRLHF ``save_model`` with ``--ds.lora.rank``: ``adapter_config.json`` + ``adapter_model.safetensors``
+  (``adapter_model.bin`` instead under ZeRO-3 or tensor parallelism) beside the base's ``config.json`` and the
+  tokenizer files: an adapter. Without LoRA it writes a full model directory: a full model.
+- verl's model merger (``python -m verl.model_merger merge``): a Hugging Face model directory (a full model);
+  after a LoRA run the directory holds the untouched base plus ``lora_adapter/`` (``adapter_config.json`` +
+  ``adapter_model.safetensors``), and that subdirectory is the adapter.
+
+An adapter is re-saved from the loaded PEFT model, so the published version holds only the adapter files
+(safetensors), whatever else sat beside them.
 """
 from __future__ import annotations
 
@@ -91,10 +104,27 @@ def low_rank_factors(delta, rank: int):
     return B, A, residual
 
 
+def linear_module_names(model) -> tuple[str, ...]:
+    """Short names of every ``nn.Linear`` but the output head: what PEFT's ``target_modules="all-linear"`` picks
+    (GPT-2 style ``Conv1D`` layers store the weight transposed and are left out)."""
+    import torch
+
+    head = model.get_output_embeddings()
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and m is not head}
+    return tuple(sorted(names))
+
+
 def adapter_from_full_model(base, new, rank: int, targets: tuple[str, ...], out_dir: Path) -> dict:
-    """Write a LoRA adapter of ``base`` approximating ``new`` to ``out_dir``; returns error figures."""
+    """Write a LoRA adapter of ``base`` approximating ``new`` to ``out_dir``; returns error figures.
+
+    ``targets`` are module names, or ``("all-linear",)`` for every linear layer but the output head (the
+    recipes' spelling when the app's LoRA covers all linear layers)."""
     import torch
     from peft import LoraConfig, get_peft_model
+
+    if tuple(targets) == ("all-linear",):
+        targets = linear_module_names(base)
 
     base_state = {k: v for k, v in base.state_dict().items()}
     new_state = new.state_dict()
@@ -135,6 +165,49 @@ def adapter_from_full_model(base, new, rank: int, targets: tuple[str, ...], out_
             "import/untracked_change": math.sqrt(untracked_sq / untracked_base_sq) if untracked_base_sq > 0 else 0.0}
 
 
+def adapter_settings(adapter_dir: Path) -> dict:
+    """Rank, alpha and target modules from an adapter's ``adapter_config.json`` (refusing a zero alpha)."""
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    if cfg.get("peft_type", "LORA") == "LORA" and not cfg.get("lora_alpha"):
+        raise PolicyImportError(
+            f"{adapter_dir / 'adapter_config.json'} has lora_alpha {cfg.get('lora_alpha')!r}, which scales the "
+            "adapter to nothing. verl's model merger writes 0 when the checkpoint lacks lora_train_meta.json: set "
+            "lora_alpha to the value the run trained with (actor_rollout_ref.model.lora_alpha) and import again.")
+    targets = cfg.get("target_modules")
+    return {"rank": cfg.get("r"), "lora_alpha": cfg.get("lora_alpha"),
+            "targets": sorted(targets) if isinstance(targets, list) else targets}
+
+
+def _import_adapter(store: Store, config: AppConfig, agent_rec, parent, path: Path, adapter_dir: Path, base,
+                    tokenizer, promote: bool) -> ImportResult:
+    from peft import PeftModel
+
+    settings = adapter_settings(adapter_dir)
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir))
+    except Exception as exc:  # shape mismatches and unknown modules surface as many error types
+        raise PolicyImportError(f"the adapter in {adapter_dir} does not fit the base model of agent "
+                                f"{agent_rec.name!r} ({agent_rec.base_model}): {type(exc).__name__}: {exc}") from exc
+    model.eval()
+    _check_finite(_probe_logits(model, tokenizer), "the adapter")
+    if (settings["rank"], settings["lora_alpha"]) != (config.ppo.lora_r, config.ppo.lora_alpha):
+        log.warning("imported adapter has rank %s / alpha %s; the app trains rank %s / alpha %s (ppo.lora_r, "
+                    "ppo.lora_alpha): it serves as is, but later in-app training continues from it with its own "
+                    "shape", settings["rank"], settings["lora_alpha"], config.ppo.lora_r, config.ppo.lora_alpha)
+    tmp = Path(tempfile.mkdtemp(prefix="rlhf-import-"))
+    try:
+        model.save_pretrained(str(tmp))  # only the adapter, as safetensors (an OpenRLHF ZeRO-3 save is .bin)
+        policy = publish_version(store, config, agent_rec.name, tmp, parent_id=parent.id, promote=promote,
+                                 run_config={"imported_from": str(path), "adapter_dir": str(adapter_dir),
+                                             "kind": "adapter", "targets": settings["targets"]},
+                                 metrics={"import/rank": settings["rank"],
+                                          "import/lora_alpha": settings["lora_alpha"]})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ImportResult(policy, "adapter", settings["rank"], {"import/rank": settings["rank"],
+                                                              "import/lora_alpha": settings["lora_alpha"]})
+
+
 def import_policy(store: Store, config: AppConfig, path: str | Path, agent: str, rank: int = 16,
                   targets: tuple[str, ...] = DEFAULT_TARGETS, promote: bool = False) -> ImportResult:
     """Publish an adapter or a full model directory as a new (candidate) version of ``agent``."""
@@ -150,18 +223,7 @@ def import_policy(store: Store, config: AppConfig, path: str | Path, agent: str,
     base = load_causal_lm(source, "cpu")
     adapter_dir = find_adapter_dir(path)
     if adapter_dir is not None:
-        from peft import PeftModel
-
-        try:
-            model = PeftModel.from_pretrained(base, str(adapter_dir))
-        except Exception as exc:  # shape mismatches and unknown modules surface as many error types
-            raise PolicyImportError(f"the adapter in {adapter_dir} does not fit the base model of agent {agent!r} "
-                                    f"({agent_rec.base_model}): {type(exc).__name__}: {exc}") from exc
-        model.eval()
-        _check_finite(_probe_logits(model, tokenizer), "the adapter")
-        policy = publish_version(store, config, agent_rec.name, adapter_dir, parent_id=parent.id, promote=promote,
-                                 run_config={"imported_from": str(path), "kind": "adapter"})
-        return ImportResult(policy, "adapter", metrics={})
+        return _import_adapter(store, config, agent_rec, parent, path, adapter_dir, base, tokenizer, promote)
     if not (path / "config.json").is_file():
         raise PolicyImportError(f"{path} holds neither adapter_config.json (a PEFT adapter) nor config.json "
                                 "(a full model)")

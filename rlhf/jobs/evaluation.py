@@ -12,6 +12,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 RewardFn = Callable[[list, list], list]
 
 
@@ -25,6 +27,8 @@ class EvalReport:
     kl_to_base: float
     samples: list = field(default_factory=list)  # candidate: {prompt_index, prompt, reply, reward}
     active_samples: list = field(default_factory=list)
+    candidate_members: Optional[np.ndarray] = None  # (prompts, members) scores under each ensemble member
+    active_members: Optional[np.ndarray] = None
 
     def metrics(self) -> dict:
         return {"eval/reward": self.candidate_reward, "eval/active_reward": self.active_reward,
@@ -38,17 +42,56 @@ def win_rate(candidate: Sequence[float], active: Sequence[float]) -> float:
     return sum(1.0 if c > a else 0.5 if c == a else 0.0 for c, a in zip(candidate, active)) / len(candidate)
 
 
-def gate(report: EvalReport, min_win_rate: float, max_kl: float) -> tuple[bool, list[str]]:
-    """Whether a candidate may be promoted, and why not."""
-    reasons = []
-    if report.win_rate < min_win_rate:
-        reasons.append(f"win rate {report.win_rate:.2f} vs active is below {min_win_rate:.2f}")
-    if report.candidate_reward < report.active_reward:
-        reasons.append(f"mean reward {report.candidate_reward:.3f} is below the active version's "
-                       f"{report.active_reward:.3f}")
-    if report.kl_to_base > max_kl:
-        reasons.append(f"KL to base {report.kl_to_base:.2f} is above the limit {max_kl:.2f}")
-    return not reasons, reasons
+@dataclass(frozen=True)
+class GateVerdict:
+    """The gate's answer: promote, reject, or inconclusive (published as a candidate that needs arena votes)."""
+
+    verdict: str
+    win_rate: float
+    low: float
+    high: float
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "win_rate": self.win_rate, "low": self.low, "high": self.high,
+                "reason": self.reason}
+
+
+def win_matrix(candidate: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """(prompts, members) 1 where the candidate's reply scores higher under that member, 0.5 on a tie."""
+    c, a = np.asarray(candidate, float), np.asarray(active, float)
+    c, a = (c[:, None], a[:, None]) if c.ndim == 1 else (c, a)
+    return np.where(c > a, 1.0, np.where(c == a, 0.5, 0.0))
+
+
+def bootstrap_interval(wins: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the win rate, resampling prompts and (per draw) one ensemble member."""
+    if wins.size == 0:
+        return 0.0, 1.0
+    rng = np.random.default_rng(seed)
+    n, m = wins.shape
+    rows = rng.integers(0, n, (n_boot, n))
+    cols = rng.integers(0, m, n_boot)
+    rates = wins[rows, cols[:, None]].mean(axis=1)
+    return float(np.percentile(rates, 2.5)), float(np.percentile(rates, 97.5))
+
+
+def gate(candidate: np.ndarray, active: np.ndarray, kl_to_base: float, min_win_rate: float, max_kl: float,
+         seed: int = 0) -> GateVerdict:
+    """Promote when the win rate's lower bound is above ``min_win_rate``; reject when its upper bound is below
+    0.5 (or the KL is over the limit); otherwise inconclusive: let the arena's votes decide."""
+    wins = win_matrix(candidate, active)
+    rate = float(wins.mean()) if wins.size else 0.0
+    low, high = bootstrap_interval(wins, seed=seed)
+    shown = f"win rate {rate:.2f} (95% interval {low:.2f}–{high:.2f}, {wins.shape[0]} prompts)"
+    if kl_to_base > max_kl:
+        return GateVerdict("reject", rate, low, high, f"KL to base {kl_to_base:.2f} is above the limit {max_kl:.2f}")
+    if low > min_win_rate:
+        return GateVerdict("promote", rate, low, high, f"{shown}: lower bound above {min_win_rate:.2f}")
+    if high < 0.5:
+        return GateVerdict("reject", rate, low, high, f"{shown}: upper bound below 0.5")
+    return GateVerdict("inconclusive", rate, low, high,
+                       f"{shown}: too close to call; published as a candidate that needs arena votes")
 
 
 def _adapter_ctx(model, name: Optional[str]):
@@ -69,10 +112,9 @@ def generate_replies(model, tokenizer, prompts: list[list[dict]], adapter: Optio
         chunk = prompts[start:start + batch_size]
         ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)
                ["input_ids"] for p in chunk]
-        width = max(len(i) for i in ids)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(i)) + list(i) for i in ids], device=device)
-        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=device)
+        batch = tokenizer.pad({"input_ids": ids}, padding_side="left", return_tensors="pt").to(device)
+        input_ids, mask, width, pad = batch["input_ids"], batch["attention_mask"], batch["input_ids"].shape[1], \
+            tokenizer.pad_token_id
         torch.manual_seed(seed + start)
         kwargs = dict(do_sample=True, temperature=temperature, top_p=1.0) if temperature > 0 else \
             dict(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -115,6 +157,9 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
     act_text, _, _ = generate_replies(model, tokenizer, prompts, active, max_new_tokens, 0.0, seed)
     cand_r = [float(x) for x in scorer(prompts, cand_text)]
     act_r = [float(x) for x in scorer(prompts, act_text)]
+    members = getattr(scorer, "member_scores", None)  # an ensemble: the gate also resamples its members
+    cand_m = np.asarray(members(prompts, cand_text)) if members else np.asarray(cand_r)[:, None]
+    act_m = np.asarray(members(prompts, act_text)) if members else np.asarray(act_r)[:, None]
     # KL to base on the candidate's sampled replies (at the rollout temperature)
     _, sampled_ids, p_ids = generate_replies(model, tokenizer, prompts, candidate, max_new_tokens,
                                              temperature or 1.0, seed)
@@ -127,4 +172,5 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
         samples=[{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
                  for i, (p, t, r) in enumerate(zip(prompts, cand_text, cand_r))],
         active_samples=[{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
-                        for i, (p, t, r) in enumerate(zip(prompts, act_text, act_r))])
+                        for i, (p, t, r) in enumerate(zip(prompts, act_text, act_r))],
+        candidate_members=cand_m, active_members=act_m)

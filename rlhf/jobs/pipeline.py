@@ -14,7 +14,7 @@ from rlhf.jobs.worker import JobContext, job_kind
 from storage import InvalidInput, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
-PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
+RETRAIN_PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
           "publish": (0.97, 1.0), "done": (1.0, 1.0)}
 # Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
 DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 60.0, "overhead_s": 30.0}
@@ -85,10 +85,10 @@ class Phases:
         for previous, t0 in self.started.items():
             self.seconds.setdefault(previous, now - t0)
         self.started[name] = now
-        self.ctx.progress(PHASES[name][0], name, message or f"{name} started")
+        self.ctx.progress(RETRAIN_PHASES[name][0], name, message or f"{name} started")
 
     def report(self, name: str, fraction: float, message: Optional[str] = None) -> None:
-        lo, hi = PHASES[name]
+        lo, hi = RETRAIN_PHASES[name]
         self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
 
 
@@ -122,14 +122,19 @@ def retrain(ctx: JobContext) -> dict:
     # Evaluation against the active version, then the gate
     phases.enter("eval", "evaluating candidate vs active version")
     report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer, eval_prompts)
-    passed, reasons = gate(report, cfg.retrain.min_win_rate, cfg.retrain.max_kl)
-    ctx.metrics(cfg.ppo.steps + 1, report.metrics())
+    verdict = gate(report.candidate_members, report.active_members, report.kl_to_base, cfg.retrain.min_win_rate,
+                   cfg.retrain.max_kl, seed=cfg.ppo.seed)
+    passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
+    ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
+    ctx.metrics(cfg.ppo.steps + 1, {**report.metrics(), "gate/low": verdict.low, "gate/high": verdict.high})
 
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
     metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
+               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")},
                "feedback_used": snapshot_size(store, agent.name, snapshot), "gate/passed": passed,
-               "gate/reasons": reasons, "ppo/reward_before": ppo.reward_before, "ppo/reward_after": ppo.reward_after}
+               "gate/reasons": reasons, "gate/verdict": verdict.verdict, "gate/low": verdict.low,
+               "gate/high": verdict.high, "gate/reason": verdict.reason, "ppo/reward_before": ppo.reward_before, "ppo/reward_after": ppo.reward_after}
     promote = passed and cfg.retrain.auto_promote
     policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=parent.id, promote=promote,
                              job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot,
@@ -143,7 +148,7 @@ def retrain(ctx: JobContext) -> dict:
              "ppo_s_per_sample": phases.seconds["ppo"] / max(1, ppo.steps * cfg.ppo.batch_size),
              "eval_s": phases.seconds["eval"]}
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
-            "gate_reasons": reasons, "reward_model_id": rm.reward_model_id, "metrics": metrics,
+            "gate_reasons": reasons, "gate": verdict.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
             "run_dir": str(ppo.run_dir), "rates": rates, "phase_seconds": phases.seconds}
 
 
@@ -163,9 +168,9 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str)
             ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
 
     rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress)
-    accuracy = "n/a" if rm.eval_accuracy is None else f"{rm.eval_accuracy:.2f}"
-    ctx.log(f"reward model {rm.reward_model_id}: {rm.mode}, {rm.pairs_train} train / {rm.pairs_eval} held-out "
-            f"pairs, held-out accuracy {accuracy}")
+    s = rm.summary()
+    ctx.log(f"reward model {rm.reward_model_id} ({rm.method}, {rm.mode}): {rm.pairs_train + rm.pairs_eval} pairs, "
+            f"cross-validated accuracy {s['verdict']}")
     return rm, load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
 
 

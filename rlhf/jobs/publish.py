@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig
+from rlhf.files import atomic_dir, is_temp_dir
 from storage import Policy, Store
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,10 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
     final = root / name
     if final.exists():
         raise FileExistsError(f"{final} already exists")
-    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:6]}"
-    shutil.copytree(src, tmp)
-    (tmp / "version.json").write_text(json.dumps({"agent": agent, "parent_id": parent_id, "job_id": job_id,
-                                                  "reward_model_id": reward_model_id}, indent=1))
-    tmp.rename(final)
+    with atomic_dir(final, replace=False) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        (tmp / "version.json").write_text(json.dumps({"agent": agent, "parent_id": parent_id, "job_id": job_id,
+                                                      "reward_model_id": reward_model_id}, indent=1))
     try:
         return store.register_policy_version(agent, str(final), parent_id=parent_id, promote=promote,
                                              reward_model_id=reward_model_id, job_id=job_id,
@@ -53,7 +53,8 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
 
 def clean_leftovers(store: Store, config: AppConfig) -> list[Path]:
     """At start: remove temp dirs and version dirs that no policy row references (an interrupted publish)."""
-    removed = [d for d in (config.data_path / "reward_models").glob(".rm-*") if d.is_dir()]
+    rm_root = config.data_path / "reward_models"
+    removed = [d for d in rm_root.iterdir() if d.is_dir() and is_temp_dir(d)] if rm_root.is_dir() else []
     for d in removed:  # a reward model whose training was killed before its rename
         shutil.rmtree(d, ignore_errors=True)
     root = policies_root(config)
@@ -64,7 +65,7 @@ def clean_leftovers(store: Store, config: AppConfig) -> list[Path]:
         if not agent_dir.is_dir():
             continue
         for d in agent_dir.iterdir():
-            if d.is_dir() and (d.name.startswith(".tmp-") or str(d.resolve()) not in referenced):
+            if d.is_dir() and (is_temp_dir(d) or str(d.resolve()) not in referenced):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
                 log.warning("removed %s: left by an interrupted publish", d)

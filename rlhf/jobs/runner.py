@@ -73,7 +73,7 @@ class JobRunner:
         log_dir.mkdir(parents=True, exist_ok=True)
         out = open(log_dir / f"{job.id}.log", "ab")
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self._proc = subprocess.Popen([sys.executable, "-m", "rlhf.jobs.worker", str(self.store.path), str(job.id),
                                        str(os.getpid())], stdout=out, stderr=subprocess.STDOUT,

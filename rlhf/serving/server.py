@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from rlhf.config import AppConfig
-from rlhf.models import pick_device, resolve_model
+from rlhf.models import fit_prompt, pick_device, resolve_model
 from rlhf.serving.engine import BatchEngine, IncrementalDecoder, Request
 
 __all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "IncrementalDecoder", "PolicyServer", "ReplyStream",
@@ -178,14 +178,8 @@ class PolicyServer:
     # ---- prompts ----------------------------------------------------------------------------
     def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
         """Token ids of the chat-templated state, dropping the oldest turns to fit the context limit."""
-        turns = list(history)
-        while True:
-            messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + turns
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)["input_ids"]
-            if len(ids) <= self.max_context_tokens or len(turns) <= 1:
-                return list(ids[-self.max_context_tokens:])
-            turns = turns[2:] if len(turns) > 2 else turns[-1:]
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return fit_prompt(self.tokenizer, system + list(history), self.max_context_tokens)
 
     def shared_prefix_len(self, system_prompt: str, ids: list[int]) -> int:
         """How many leading ``ids`` are the templated system prompt alone (0 if none): the engine computes

@@ -15,31 +15,13 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
+from rlhf.files import atomic_dir  # noqa: F401  (re-exported: checkpoints use the one rule)
+
 STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-@contextlib.contextmanager
-def atomic_dir(target: Path) -> Iterator[Path]:
-    """Yield a temp dir beside ``target``; on success it replaces ``target`` in one rename."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-        old = None
-        if target.exists():  # keep the old copy until the new one is in place
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(target, old)
-        os.rename(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_json(path: Path, data: dict) -> None:

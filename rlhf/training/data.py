@@ -302,3 +302,14 @@ def split_by_conversation(rows: list[dict], eval_fraction: float = 0.2, seed: in
     train = [r for r in rows if not set(r["conversation_ids"]) & held_convs]
     held_out = [r for r in rows if set(r["conversation_ids"]) & held_convs]
     return train, held_out
+
+
+def group_labels(rows: list[dict]) -> list[str]:
+    """One label per row: rows whose conversations share a context (or a pair) get the same label.
+
+    Cross-validation folds by these labels, so no context is on both sides of a fold.
+    """
+    groups = _components(rows)
+    owner = {conv: g for g, convs in groups.items() for conv in convs}
+    return [str(owner[row["conversation_ids"][0]]) if row.get("conversation_ids") else f"k:{row['context_key']}"
+            for row in rows]

@@ -16,7 +16,7 @@ from typing import Iterable, Optional, Sequence
 
 from storage.feedback import context_key
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 STARTER_PROMPTS = ASSETS / "prompts.jsonl"
 LOW_FLAGS = frozenset({"Unsafe", "Inaccurate"})
 

@@ -1,15 +1,17 @@
-"""Reward model from human feedback: train, evaluate on held-out conversations, save, load, score.
+"""Reward model from human feedback: train, measure honestly, save, load, score.
 
-The backbone is the base model with a scalar head (sequence classification, ``num_labels=1``) and a LoRA
-adapter; the adapter and the head are saved together. Pairs train with TRL's ``RewardTrainer`` on the
-Bradley–Terry loss with a margin, ``-log σ(r_chosen − r_rejected − margin)`` (Ouyang et al. 2022, Eq. 1;
-margin as in Touvron et al. 2023, Llama 2, Eq. 2); too few pairs fall back to regression of a [0, 1] score
-with a plain ``transformers.Trainer``.
+Two kinds, chosen by the amount of data (``reward.method``):
 
-SmolLM2 pads with its end-of-turn token and a sequence classifier reads the last non-pad token, so a
-sequence is ``chat template(prompt) + reply tokens`` with no closing ``<|im_end|>``: the score is read at the
-reply's last real token. A reward directory is self-describing (``meta.json``, ``adapter/``, ``tokenizer/``,
-``data/``) and is written to a temp dir, then renamed into place, then registered in the Store.
+- ``head`` (default while data is small): a regularised linear Bradley–Terry head, as a bootstrap ensemble, on
+  frozen features of the base model (``rlhf.training.features``, ``rlhf.training.reward_head``). It learns a
+  preference from tens of pairs in seconds, and its members' spread says how sure it is.
+- ``lora``: the base model with a scalar head and a LoRA adapter, trained with TRL (``rlhf.training.reward_lora``),
+  for thousands of pairs.
+
+Accuracy is measured by k-fold cross-validation grouped by conversation (no context on both sides) with a 95%
+Wilson interval; below ``reward.cv_min_pairs`` pairs a single held-out split is too small to report. A reward
+directory is self-describing (``meta.json`` + ``head.npz`` or ``adapter/``, ``tokenizer/``, ``data/``) and is
+written to a temp dir, renamed into place, then registered in the Store.
 """
 from __future__ import annotations
 
@@ -28,21 +30,23 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from rlhf.config import AppConfig, RewardConfig
+from rlhf.files import atomic_dir
 from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_pointwise, count_sources,
-                       split_by_conversation)
-from rlhf.models import pick_device, quantization, resolve_model, torch_dtype
+                                group_labels, split_by_conversation)
+from rlhf.models import pick_device, resolve_model
+from rlhf.training import reward_head
+from rlhf.training.reward_lora import RewardModelError, RewardScorer, train_lora
+from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-META_FILE, ADAPTER_DIR, TOKENIZER_DIR, DATA_DIR = "meta.json", "adapter", "tokenizer", "data"
+FORMAT = 1  # LoRA reward dirs
+HEAD_FORMAT = 2  # linear head on frozen features
+META_FILE, ADAPTER_DIR, TOKENIZER_DIR, DATA_DIR, HEAD_FILE = "meta.json", "adapter", "tokenizer", "data", "head.npz"
+METHODS = ("auto", "head", "lora")
 MODES = ("auto", "pairwise", "pointwise")
 MIN_EXPLICIT_PAIRS = 2  # mode=pairwise: one pair to train on, one to hold out
 Progress = Callable[[float, str, Optional[dict]], None]
-
-
-class RewardModelError(RuntimeError):
-    """A reward model directory that cannot be loaded (missing or corrupted files)."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +74,16 @@ class RewardResult:
     eval_accuracy: Optional[float]
     seconds: float
     metrics: dict = field(default_factory=dict)
+    method: str = "head"
 
     def summary(self) -> dict:
         """The CLI's JSON line."""
+        cv = {k: self.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")}
         return {"reward_model_id": self.reward_model_id, "path": self.path, "mode": self.mode,
-                "pairs_train": self.pairs_train, "pairs_eval": self.pairs_eval,
-                "eval_accuracy": self.eval_accuracy, "seconds": round(self.seconds, 2)}
+                "method": self.method, "pairs_train": self.pairs_train, "pairs_eval": self.pairs_eval,
+                "eval_accuracy": self.eval_accuracy, **cv,
+                "verdict": reward_head.verdict_text(cv["cv_accuracy"], cv["cv_low"], cv["cv_high"]),
+                "seconds": round(self.seconds, 2)}
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -119,98 +127,6 @@ def prepare_data(rows: dict, cfg: RewardConfig) -> RewardData:
 
 
 # ---- model --------------------------------------------------------------------------------------
-def encode(tokenizer, prompt: list[dict], reply: str, max_length: int) -> list[int]:
-    """Token ids of the templated prompt + the reply, ending at the reply's last token, cut from the left."""
-    if getattr(tokenizer, "chat_template", None):
-        prompt_ids = list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=True)["input_ids"])
-    else:  # a base model without a chat template: plain "role: text" lines
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
-        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    # Reply tokens exactly as a policy generates them after the prompt; no end-of-turn token, which would be
-    # read as padding (pad == eos) and move the score off the reply.
-    reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
-    return (prompt_ids + list(reply_ids))[-max_length:]
-
-
-def _load_backbone(source: str, device: str, load_in_4bit: bool, pad_token_id: int):
-    from transformers import AutoModelForSequenceClassification
-
-    quant = quantization(load_in_4bit, device)
-    if quant is not None:
-        quant.llm_int8_skip_modules = ["score"]  # the scalar head stays in full precision and trainable
-    try:
-        from trl.trainer.reward_trainer import suppress_seqcls_warning  # quiets "score.weight newly initialized"
-    except ImportError:  # pragma: no cover - another TRL version
-        suppress_seqcls_warning = contextlib.nullcontext
-    try:
-        with suppress_seqcls_warning():
-            model = AutoModelForSequenceClassification.from_pretrained(
-                source, num_labels=1, dtype=torch_dtype(device), quantization_config=quant,
-                device_map={"": device} if quant is not None else None)
-    except OSError as exc:
-        raise RewardModelError(f"cannot load the reward backbone from {source!r}: {exc}") from exc
-    if quant is None:
-        model.to(device)
-    model.config.pad_token_id = pad_token_id  # batches > 1 need it to find each row's last token
-    return model
-
-
-def _lora_config(model, cfg: RewardConfig):
-    from peft import LoraConfig
-
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    targets = [t for t in ("q_proj", "k_proj", "v_proj", "o_proj") if t in names] or None  # None: peft's default
-    n_layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
-    layers = None
-    if cfg.lora_layers and n_layers and cfg.lora_layers < n_layers:
-        # Adapting only the top layers means no backward pass through the frozen bottom ones: about half the
-        # CPU time per step on SmolLM2-135M with the top 8 of 30 layers.
-        layers = list(range(n_layers - cfg.lora_layers, n_layers))
-    return LoraConfig(task_type="SEQ_CLS", r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                      target_modules=targets, layers_to_transform=layers, modules_to_save=["score"])
-
-
-class RewardScorer:
-    """A reward model: ``scorer(prompts, replies) -> list[float]``, batched, without gradients."""
-
-    def __init__(self, model, tokenizer, device: str, max_length: int, meta: Optional[dict] = None,
-                 batch_size: int = 8):
-        self.model, self.tokenizer, self.device = model, tokenizer, device
-        self.max_length, self.meta, self.batch_size = max_length, meta or {}, batch_size
-
-    def __call__(self, prompts: list[list[dict]], replies: list[str]) -> list[float]:
-        if len(prompts) != len(replies):
-            raise ValueError(f"{len(prompts)} prompts but {len(replies)} replies")
-        return self.score_ids([encode(self.tokenizer, p, r, self.max_length) for p, r in zip(prompts, replies)])
-
-    def score_ids(self, sequences: list[list[int]]) -> list[float]:
-        """Scores of already encoded sequences (see ``encode``)."""
-        import torch
-
-        pad = self.tokenizer.pad_token_id
-        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # similar lengths pad less
-        scores = [0.0] * len(sequences)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                for start in range(0, len(order), self.batch_size):
-                    idx = order[start:start + self.batch_size]
-                    width = max(len(sequences[i]) for i in idx)
-                    ids = torch.full((len(idx), width), pad, dtype=torch.long)
-                    mask = torch.zeros((len(idx), width), dtype=torch.long)
-                    for row, i in enumerate(idx):  # right padding: the real tokens never see a pad
-                        ids[row, :len(sequences[i])] = torch.tensor(sequences[i])
-                        mask[row, :len(sequences[i])] = 1
-                    out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
-                    for i, value in zip(idx, out[:, 0].float().tolist()):
-                        scores[i] = value
-        finally:
-            self.model.train(was_training)
-        return scores
-
-
 def _base_source(meta: dict, path: Path) -> str:
     source = meta.get("base_source") or ""
     if source and Path(source).exists():
@@ -223,132 +139,74 @@ def _base_source(meta: dict, path: Path) -> str:
     raise RewardModelError(f"the base model of {path} ({name or source!r}) cannot be found")
 
 
+class HeadScorer:
+    """A linear-head reward model: ``scorer(prompts, replies) -> list[float]`` (unit-spread ensemble mean)."""
+
+    def __init__(self, features, head: "reward_head.LinearHead", meta: dict):
+        self.features, self.head, self.meta = features, head, meta
+
+    def __call__(self, prompts: list[list[dict]], replies: list[str]) -> list[float]:
+        if len(prompts) != len(replies):
+            raise ValueError(f"{len(prompts)} prompts but {len(replies)} replies")
+        return self.head.scores(self.features(prompts, replies)).tolist() if replies else []
+
+    def member_scores(self, prompts: list[list[dict]], replies: list[str]):
+        """(n, members) each ensemble member's score, for uncertainty (gate, vote queue)."""
+        return self.head.member_scores(self.features(prompts, replies)) / self.head.score_scale
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        return json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise RewardModelError(f"{path} is not a reward model directory: cannot read {META_FILE} ({exc})") from exc
+
+
 def load_reward_model(path: str | os.PathLike, device: str = "auto", load_in_4bit: bool = False,
-                      batch_size: int = 8) -> RewardScorer:
-    """Load a trained reward model directory (only its path is needed) as a ``RewardScorer``."""
+                      batch_size: int = 8):
+    """Load a trained reward model directory (only its path is needed): ``scorer(prompts, replies)``."""
+    path = Path(path)
+    meta = _read_meta(path)
+    if meta.get("mode") not in ("pairwise", "pointwise") or meta.get("format") not in (FORMAT, HEAD_FORMAT):
+        raise RewardModelError(f"{path / META_FILE} is not a reward model description (format {FORMAT} or "
+                               f"{HEAD_FORMAT})")
+    device = pick_device(device)
+    if meta["format"] == HEAD_FORMAT:
+        from rlhf.training.features import ReplyFeatures
+
+        try:
+            head = reward_head.LinearHead.load(path / HEAD_FILE)
+        except Exception as exc:
+            raise RewardModelError(f"cannot load the head of {path}: {exc}") from exc
+        features = ReplyFeatures.load(_base_source(meta, path), device, int(meta["max_length"]),
+                                      meta.get("depths") or reward_head_depths(), batch_size, load_in_4bit)
+        return HeadScorer(features, head, meta)
+    return _load_lora(path, meta, device, load_in_4bit, batch_size)
+
+
+def reward_head_depths():
+    from rlhf.training.features import DEFAULT_DEPTHS
+
+    return DEFAULT_DEPTHS
+
+
+def _load_lora(path: Path, meta: dict, device: str, load_in_4bit: bool, batch_size: int) -> RewardScorer:
     from peft import PeftModel
 
     from rlhf.models import load_tokenizer
+    from rlhf.training.reward_lora import load_backbone
 
-    path = Path(path)
-    try:
-        meta = json.loads((path / META_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        raise RewardModelError(f"{path} is not a reward model directory: cannot read {META_FILE} ({exc})") from exc
-    if meta.get("format") != FORMAT or meta.get("mode") not in ("pairwise", "pointwise"):
-        raise RewardModelError(f"{path / META_FILE} is not a format-{FORMAT} reward model description")
-    device = pick_device(device)
     try:
         tokenizer = load_tokenizer(str(path / TOKENIZER_DIR))
     except Exception as exc:
         raise RewardModelError(f"cannot load the tokenizer of {path}: {exc}") from exc
-    model = _load_backbone(_base_source(meta, path), device, load_in_4bit, tokenizer.pad_token_id)
+    model = load_backbone(_base_source(meta, path), device, load_in_4bit, tokenizer.pad_token_id)
     try:
         model = PeftModel.from_pretrained(model, str(path / ADAPTER_DIR), is_trainable=False)
     except Exception as exc:
         raise RewardModelError(f"cannot load the adapter of {path}: {exc}") from exc
     model.eval()
     return RewardScorer(model, tokenizer, device, int(meta["max_length"]), meta, batch_size)
-
-
-# ---- training -----------------------------------------------------------------------------------
-def _trainer_callback(report: Progress, start: float, span: float):
-    from transformers import TrainerCallback
-
-    class StepLog(TrainerCallback):
-        """Keeps every step's log and forwards progress (an exception raised by ``progress`` stops training).
-
-        ``progress`` gets ``step`` plus namespaced metrics: reward/train_loss, reward/train_batch_accuracy, ...
-        """
-
-        def __init__(self):
-            self.steps: list[dict] = []
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            if "loss" not in logs:  # the end-of-training summary, not a step
-                return
-            self.steps.append({"epoch": float(logs.get("epoch", 0.0)), **logs})
-            metrics = {"step": state.global_step}  # the trainer step, for whoever logs these metrics
-            for ours, theirs in (("reward/train_loss", "loss"), ("reward/train_batch_accuracy", "accuracy"),
-                                 ("reward/train_batch_margin", "margin"), ("reward/learning_rate", "learning_rate")):
-                if theirs in logs:
-                    metrics[ours] = float(logs[theirs])
-            report(start + span * state.global_step / max(1, state.max_steps), "reward/train", metrics)
-
-        def last_epoch(self, epochs: float, mode: str) -> dict:
-            """Training-split metrics: means over the steps of the last epoch (no extra forward passes)."""
-            steps = [s for s in self.steps if s["epoch"] > epochs - 1] or self.steps
-            mean = lambda key: sum(s[key] for s in steps) / len(steps) if steps and key in steps[0] else None  # noqa
-            if mode == "pairwise":
-                return {"train_loss": mean("loss"), "train_accuracy": mean("accuracy"), "train_margin": mean("margin")}
-            return {"train_loss": mean("loss"), "train_mse": mean("loss")}
-
-    return StepLog()
-
-
-def _training_args(cls, cfg: RewardConfig, device: str, output_dir: str, **extra):
-    return cls(output_dir=output_dir, per_device_train_batch_size=cfg.batch_size, num_train_epochs=cfg.epochs,
-               learning_rate=cfg.learning_rate, seed=cfg.seed, data_seed=cfg.seed, logging_steps=1,
-               save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
-               use_cpu=device == "cpu", bf16=device == "cuda", activation_checkpointing=False,
-               dataloader_num_workers=0, **extra)
-
-
-def _quiet(trainer) -> None:
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for cb in (PrinterCallback, ProgressCallback):  # they print logs to stdout; the CLI keeps stdout for JSON
-        trainer.remove_callback(cb)
-
-
-def _train_pairwise(model, tokenizer, data: RewardData, cfg: RewardConfig, device: str, work: str, callback):
-    from datasets import Dataset
-    from trl import RewardConfig as TrlRewardConfig
-    from trl import RewardTrainer
-
-    rows = [{"chosen_ids": encode(tokenizer, p["prompt"], p["chosen"], cfg.max_length),
-             "rejected_ids": encode(tokenizer, p["prompt"], p["rejected"], cfg.max_length),
-             "margin": float(p["margin"])} for p in data.pairs_train]
-    # max_length=None: rows are already cut from the left; TRL would silently drop longer ones.
-    args = _training_args(TrlRewardConfig, cfg, device, work, max_length=None)
-    trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                            peft_config=_lora_config(model, cfg), callbacks=[callback])
-    _quiet(trainer)
-    trainer.train()
-    return trainer.model
-
-
-def _train_pointwise(model, tokenizer, data: RewardData, cfg: RewardConfig, device: str, work: str, callback):
-    import torch
-    from datasets import Dataset
-    from peft import get_peft_model
-    from transformers import Trainer, TrainingArguments
-
-    model.config.problem_type = "regression"
-    model = get_peft_model(model, _lora_config(model, cfg))
-    rows = [{"input_ids": encode(tokenizer, p["prompt"], p["completion"], cfg.max_length), "labels": float(p["score"])}
-            for p in data.points_train]
-    pad = tokenizer.pad_token_id
-
-    def collate(batch):
-        width = max(len(r["input_ids"]) for r in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
-            mask[i, :len(r["input_ids"])] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in batch])}
-
-    def mse(outputs, labels, num_items_in_batch=None):  # in fp32 whatever the model's dtype
-        return torch.nn.functional.mse_loss(outputs.logits.float().squeeze(-1), labels.float())
-
-    args = _training_args(TrainingArguments, cfg, device, work, remove_unused_columns=False)
-    trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=collate,
-                      compute_loss_func=mse, callbacks=[callback])
-    _quiet(trainer)
-    trainer.train()
-    return trainer.model
 
 
 # ---- evaluation ---------------------------------------------------------------------------------
@@ -379,7 +237,7 @@ def point_metrics(scorer: Callable, points: list[dict], prefix: str) -> dict:
             f"{prefix}_spearman": None if rho is None or math.isnan(rho) else float(rho)}
 
 
-def evaluate(scorer: Callable, data: RewardData) -> dict:
+def heldout_metrics(scorer: Callable, data: RewardData) -> dict:
     """Held-out metrics of a scorer (pairs always, scores in pointwise mode), keys without namespace."""
     m = pair_metrics(scorer, data.pairs_eval, "eval")
     if data.mode == "pointwise":
@@ -389,25 +247,62 @@ def evaluate(scorer: Callable, data: RewardData) -> dict:
 
 
 # ---- the whole run ------------------------------------------------------------------------------
-def _write_reward_dir(path: Path, model, tokenizer, data: RewardData, meta: dict) -> None:
-    """Adapter + head, tokenizer, the rows it learned from and was judged on, and meta.json (written last)."""
-    model.save_pretrained(str(path / ADAPTER_DIR))
-    tokenizer.save_pretrained(str(path / TOKENIZER_DIR))
+def choose_method(cfg: RewardConfig, n_pairs: int) -> str:
+    """head | lora for this many pairs (``auto``: the head until ``reward.lora_min_pairs``)."""
+    if cfg.method not in METHODS:
+        raise ValueError(f"reward.method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
+    if cfg.method == "auto":
+        return "lora" if n_pairs >= cfg.lora_min_pairs else "head"
+    return cfg.method
+
+
+def _write_rows(path: Path, data: RewardData) -> None:
     (path / DATA_DIR).mkdir()
     for name in ("pairs_train", "pairs_eval", "points_train", "points_eval", "kto"):
         with (path / DATA_DIR / f"{name}.jsonl").open("w") as f:
             for row in getattr(data, name):
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+
+
+def _fit_head(data: RewardData, cfg: RewardConfig, features, report: Progress) -> tuple:
+    """The head ensemble on every row (cross-validation measures it); (head, metrics)."""
+    import numpy as np
+
+    pairs = data.pairs_train + data.pairs_eval
+    report(0.1, "reward/features", None)
+    if data.mode == "pairwise":
+        xc = features([p["prompt"] for p in pairs], [p["chosen"] for p in pairs])
+        xr = features([p["prompt"] for p in pairs], [p["rejected"] for p in pairs])
+        report(0.6, "reward/train", None)
+        weights = np.array([1.0 + max(0.0, float(p.get("margin") or 0.0)) for p in pairs])
+        head = reward_head.fit_pairs(xc, xr, c=cfg.head_c, members=cfg.ensemble, seed=cfg.seed, weights=weights)
+        report(0.7, "reward/cv", None)
+        cv = reward_head.cross_validate_pairs(xc, xr, group_labels(pairs), k=cfg.cv_folds, c=cfg.head_c,
+                                              seed=cfg.seed)
+        metrics = {**cv, "train_accuracy": reward_head.pair_accuracy(head, xc, xr), "pairs_used": len(pairs)}
+    else:
+        points = data.points_train
+        x = features([p["prompt"] for p in points], [p["completion"] for p in points])
+        head = reward_head.fit_scores(x, [p["score"] for p in points], alpha=1.0 / cfg.head_c,
+                                      members=cfg.ensemble, seed=cfg.seed)
+        metrics = {"cv_accuracy": None, "cv_low": None, "cv_high": None, "cv_folds": 0, "cv_pairs": 0}
+    return head, metrics
+
+
+def _head_metrics(scorer: HeadScorer, data: RewardData, fit_metrics: dict) -> dict:
+    """The head's figures: cross-validated accuracy stands for held-out accuracy (the head saw every pair)."""
+    if data.mode == "pointwise":
+        return {**heldout_metrics(scorer, data), **fit_metrics}
+    pairs = data.pairs_train + data.pairs_eval
+    scores = scorer([p["prompt"] for p in pairs] * 2, [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs])
+    mean = sum(scores) / len(scores)
+    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
+    return {**fit_metrics, "eval_accuracy": fit_metrics.get("cv_accuracy"), "mean": mean, "std": std}
 
 
 def train_reward_model(store, config: AppConfig, agent: int | str | None = None, job_id: Optional[int] = None,
                        progress: Optional[Progress] = None) -> RewardResult:
-    """Train a reward model on the Store's current feedback, evaluate it, save it and register it."""
-    from transformers import set_seed
-
-    from rlhf.models import load_tokenizer
-
+    """Train a reward model on the Store's current feedback, measure it, save it and register it."""
     t0 = time.perf_counter()
     report: Progress = progress or (lambda fraction, phase, metrics: None)
     cfg = config.reward
@@ -415,7 +310,8 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
     report(0.0, "reward/data", None)
     snapshot = store.feedback_watermark(agent_rec.id)
     data = prepare_data(store.feedback_rows(agent_rec.id, until=snapshot), cfg)
-    log.info("reward data for %s: %s, mode %s", agent_rec.name, data.counts, data.mode)
+    method = choose_method(cfg, len(data.pairs_train) + len(data.pairs_eval))
+    log.info("reward data for %s: %s, mode %s, method %s", agent_rec.name, data.counts, data.mode, method)
 
     report(0.02, "reward/load", None)
     device = pick_device(config.device)
@@ -423,48 +319,58 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
     if agent_rec.base_model != config.base_model:
         log.warning("agent %s was created on %s; the reward backbone is the served base %s",
                     agent_rec.name, agent_rec.base_model, config.base_model)
-    tokenizer = load_tokenizer(source)
-    set_seed(cfg.seed)  # the scalar head starts random
-    model = _load_backbone(source, device, cfg.load_in_4bit, tokenizer.pad_token_id)
-
-    root = config.data_path / "reward_models"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".rm-", dir=root))
-    work = tempfile.mkdtemp(prefix="rlhf-reward-trainer-")
-    final: Optional[Path] = None
+    final = config.data_path / "reward_models" / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    meta = {"mode": data.mode, "method": method, "base_model": config.base_model, "base_source": source,
+            "max_length": cfg.max_length, "agent": agent_rec.name, "trained_on": device, "data_snapshot": snapshot,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    counts = {**data.counts, "pairs_train": len(data.pairs_train), "pairs_eval": len(data.pairs_eval),
+              "points_train": len(data.points_train), "points_eval": len(data.points_eval), "kto_rows": len(data.kto)}
+    renamed = False
     try:
-        train = _train_pairwise if data.mode == "pairwise" else _train_pointwise
-        steps = _trainer_callback(report, 0.05, 0.75)
-        model = train(model, tokenizer, data, cfg, device, work, steps)
+        with atomic_dir(final, replace=False) as tmp:
+            if method == "head":
+                from rlhf.training.features import ReplyFeatures, feature_cache
 
-        report(0.85, "reward/eval", None)
-        held_out = evaluate(RewardScorer(model, tokenizer, device, cfg.max_length), data)
-        counts = {**data.counts, "pairs_train": len(data.pairs_train), "pairs_eval": len(data.pairs_eval),
-                  "points_train": len(data.points_train), "points_eval": len(data.points_eval),
-                  "kto_rows": len(data.kto)}
-        metrics = {f"reward/{k}": v for k, v in
-                   {**held_out, **steps.last_epoch(cfg.epochs, data.mode), **counts}.items()}
-
-        report(0.95, "reward/save", None)
-        _write_reward_dir(tmp, model, tokenizer, data, {
-            "format": FORMAT, "mode": data.mode, "base_model": config.base_model, "base_source": source,
-            "max_length": cfg.max_length, "pad_token_id": tokenizer.pad_token_id, "agent": agent_rec.name,
-            "trained_on": device, "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "layers": cfg.lora_layers},
-            "data_snapshot": snapshot, "metrics": metrics,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-        final = root / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-        os.rename(tmp, final)  # the directory appears complete or not at all
+                features = feature_cache(ReplyFeatures.load(source, device, cfg.max_length,
+                                                            load_in_4bit=cfg.load_in_4bit))
+                head, fit_metrics = _fit_head(data, cfg, features, report)
+                report(0.85, "reward/eval", None)
+                metrics = {**_head_metrics(HeadScorer(features, head, meta), data, fit_metrics), **counts}
+                head.save(tmp / HEAD_FILE)
+                meta.update(format=HEAD_FORMAT, depths=list(reward_head_depths()), head_c=cfg.head_c,
+                            ensemble=cfg.ensemble)
+            else:
+                scorer, train_metrics = train_lora(data.pairs_train, data.points_train, data.mode, cfg, source, device,
+                                                   report)
+                report(0.85, "reward/eval", None)
+                held = heldout_metrics(scorer, data)
+                metrics = {**held, **train_metrics, **counts, **_split_interval(held, len(data.pairs_eval))}
+                scorer.model.save_pretrained(str(tmp / ADAPTER_DIR))
+                scorer.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
+                meta.update(format=FORMAT, pad_token_id=scorer.tokenizer.pad_token_id,
+                            lora={"r": cfg.lora_r, "alpha": cfg.lora_alpha, "layers": cfg.lora_layers})
+            report(0.95, "reward/save", None)
+            metrics = {f"reward/{k}": v for k, v in metrics.items()}
+            _write_rows(tmp, data)
+            (tmp / META_FILE).write_text(json.dumps({**meta, "metrics": metrics}, indent=2, sort_keys=True))
+        renamed = True  # the directory appears complete or not at all
         seconds = time.perf_counter() - t0
         metrics["reward/seconds"] = seconds
         rec = store.register_reward_model(agent_rec.id, str(final), data.mode, snapshot, config.to_dict(), metrics,
                                           job_id=job_id)
     except BaseException:
-        if final is not None:
+        if renamed:
             shutil.rmtree(final, ignore_errors=True)  # renamed but not registered: nobody refers to it
         raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
     report(1.0, "reward/done", metrics)
     return RewardResult(rec.id, str(final), data.mode, len(data.pairs_train), len(data.pairs_eval),
-                        metrics.get("reward/eval_accuracy"), seconds, metrics)
+                        metrics.get("reward/eval_accuracy"), seconds, metrics, method)
+
+
+def _split_interval(held: dict, n: int) -> dict:
+    """The LoRA path's figure: one held-out split (it is taken only with plenty of pairs), with its interval."""
+    acc = held.get("eval_accuracy")
+    if acc is None or n == 0:
+        return {"cv_accuracy": None, "cv_low": None, "cv_high": None, "cv_folds": 0, "cv_pairs": 0}
+    low, high = reward_head.wilson_interval(acc * n, n)
+    return {"cv_accuracy": acc, "cv_low": low, "cv_high": high, "cv_folds": 1, "cv_pairs": n}

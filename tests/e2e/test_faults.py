@@ -102,16 +102,17 @@ import time
 
 _marker = os.environ.get("STUDIO_TEST_FREEZE_PUBLISH")
 if _marker:
-    _rename = pathlib.Path.rename
+    _rename = os.rename
 
-    def _frozen(self, target):
-        if self.name.startswith(".tmp-job"):
-            pathlib.Path(_marker).write_text(str(self))
+    def _frozen(src, dst, *args, **kwargs):
+        name = os.path.basename(str(src))
+        if name.startswith(".job") and ".tmp-" in name:  # rlhf.files.atomic_dir's temp name of a version dir
+            pathlib.Path(_marker).write_text(str(src))
             while True:  # until the app is killed: the job's heartbeat thread then ends the process
                 time.sleep(0.2)
-        return _rename(self, target)
+        return _rename(src, dst, *args, **kwargs)
 
-    pathlib.Path.rename = _frozen
+    os.rename = _frozen
 '''
 
 

@@ -268,3 +268,49 @@ def test_feedback_rows_and_watermarks(store):
     assert store.count_feedback_since("assistant", None) == 2
     frozen = store.feedback_rows("assistant", until=mark)
     assert frozen["comparisons"] == [] and len(frozen["ratings"]) == 1
+
+
+# ---- transactions: savepoints and one bounded wait ---------------------------------------------------
+def test_a_failed_nested_block_rolls_back_only_its_own_writes(store):
+    conversation = store.create_conversation("assistant")
+    with store._tx():
+        store.append_messages(conversation.id, [{"role": "user", "content": "kept"}])
+        with pytest.raises(RuntimeError):
+            with store._tx():
+                store.append_messages(conversation.id, [{"role": "user", "content": "rolled back"}])
+                raise RuntimeError("inner failure")
+        store.append_messages(conversation.id, [{"role": "user", "content": "also kept"}])
+    texts = [m.content for m in store.conversation_messages(conversation.id)]
+    assert texts == ["kept", "also kept"]
+    assert not store.db.conn.in_transaction
+
+
+def test_an_outer_failure_rolls_back_the_nested_writes_too(store):
+    conversation = store.create_conversation("assistant")
+    with pytest.raises(RuntimeError):
+        with store._tx():
+            with store._tx():
+                store.append_messages(conversation.id, [{"role": "user", "content": "inner"}])
+            raise RuntimeError("outer failure")
+    assert store.conversation_messages(conversation.id) == []
+
+
+def test_a_writer_waits_once_then_gets_a_clear_busy_error(tmp_path):
+    from storage import StoreBusy
+
+    Store(tmp_path / "s.db").close()
+    holder = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    store = Store.__new__(Store)
+    try:
+        store = Store(tmp_path / "s.db", busy_timeout_s=0.2)
+    except StoreBusy:
+        pass  # the lock can already refuse the migrations check: the same clear error
+    else:
+        with pytest.raises(StoreBusy) as caught:
+            store.create_agent("writer", "hi", "tiny")
+        assert caught.value.status == 503 and caught.value.retry_after >= 1
+        assert "busy" in str(caught.value)
+    holder.execute("ROLLBACK")
+    writer = Store(tmp_path / "s.db", busy_timeout_s=0.2)
+    assert writer.create_agent("writer", "hi", "tiny").name == "writer"  # free again: the write goes through

@@ -136,3 +136,19 @@ def test_unknown_ids(client):
     assert client.get("/api/v1/messages/12345").status_code == 404
     assert client.post("/api/v1/messages/12345/regenerate", json={}).json()["error"].startswith("unknown message")
     assert client.get("/api/v1/policies", params={"agent": "ghost"}).status_code == 404
+
+
+def test_a_locked_database_answers_busy_retry_like_a_full_queue(client, services):
+    import sqlite3
+
+    first = chat(client)
+    services.store.busy_timeout_s = 0.2  # connections opened from now on wait this long
+    holder = sqlite3.connect(services.store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    try:
+        r = client.post("/api/v1/feedback", json={"message_id": first["message_id"], "thumb": 1})
+    finally:
+        holder.execute("ROLLBACK")
+    assert r.status_code == 503 and "busy" in r.json()["error"]
+    assert int(r.headers["Retry-After"]) >= 1
+    assert client.post("/api/v1/feedback", json={"message_id": first["message_id"], "thumb": 1}).status_code == 200

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from rlhf.serving.server import Busy
 from storage import Conflict, InvalidInput, StoreError
 from ui.flows import chat as chatflow
-from ui.permissions import Forbidden, current_user
+from ui.permissions import Forbidden, current_user, sees_all_feedback
 from ui.services import Services
 
 PREFIX = "/api/v1"
@@ -75,7 +75,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError):
-        return error(exc.status, str(exc))
+        retry = getattr(exc, "retry_after", None)  # StoreBusy: the same "busy, retry" answer as a full queue
+        return error(exc.status, str(exc), {"Retry-After": str(int(math.ceil(retry)))} if retry else None)
 
     @app.exception_handler(Forbidden)
     async def _forbidden(request: Request, exc: Forbidden):
@@ -111,12 +112,17 @@ def rest_annotator(services: Services, request: Request, given: Optional[str]) -
     return current_user(services, request) or given
 
 
-def message_json(services: Services, message_id: int) -> dict:
-    """A stored message with its rating events, as returned by GET /messages/{id}."""
+ALL = object()  # message_json's default viewer: every annotator's ratings
+
+
+def message_json(services: Services, message_id: int, viewer: Any = ALL) -> dict:
+    """A stored message with its rating events, as returned by GET /messages/{id}: every annotator's, or only
+    ``viewer``'s (a name; None sees none)."""
     store = services.store
     msg = store.get_message(message_id)
     out = {k: v for k, v in msg.to_dict().items() if k != "context_key"}
-    out["ratings"] = [r.to_dict() for r in store.ratings_for(message_id)] if msg.role == "assistant" else []
+    ratings = store.ratings_for(message_id) if viewer is ALL else store.ratings_by(message_id, viewer)
+    out["ratings"] = [r.to_dict() for r in ratings] if msg.role == "assistant" else []
     if msg.role == "assistant" and store.is_blind(message_id):
         out["policy_id"] = None  # an arena reply stays anonymous until its pair is voted on
     return out
@@ -202,8 +208,11 @@ def build_router(services: Services) -> APIRouter:
         return reply_json(chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params).save())
 
     @r.get("/messages/{message_id}")
-    def get_message(message_id: int):
-        return message_json(services, message_id)
+    def get_message(message_id: int, request: Request):
+        """The message with the caller's own ratings (every annotator's for admins or with open_feedback)."""
+        if sees_all_feedback(services, request):
+            return message_json(services, message_id)
+        return message_json(services, message_id, current_user(services, request))
 
     @r.post("/feedback")
     def feedback(body: FeedbackBody, request: Request):

@@ -42,7 +42,7 @@ def draw_pair(store: Store, agent: Agent, rng: Optional[np.random.Generator] = N
     """The two versions of the next round (A, B), chosen by ``choose_pair`` from votes and BT ratings."""
     policies = store.list_policies(agent.id)
     table = views.board(store.list_comparisons(agent.id), policies, n_boot=0)
-    candidates = views.pair_candidates(table)
+    candidates = views.pair_candidates(table, frozenset(p.id for p in policies if views.needs_votes(p)))
     if len(candidates) < 2:
         raise Conflict(need_two_message(agent, len(candidates)))
     a_id, b_id = choose_pair(candidates, rng if rng is not None else np.random.default_rng())

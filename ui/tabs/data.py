@@ -5,8 +5,6 @@ View logic lives in pure functions (tested without Gradio); the maths is in ``rl
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Optional
 
 import gradio as gr
@@ -16,14 +14,16 @@ from rlhf.analysis import quality
 from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
 from storage import FLAGS, NotFound, StoreError
 from ui.tabs.agents import build_agents_panel
-from ui.permissions import Forbidden, is_admin, require_admin
+from ui.downloads import DOWNLOADS
+from ui.permissions import Forbidden, current_user, is_admin, require_admin, sees_all_feedback
 from ui.plots import by_category, keep_fresh
 from ui.services import Services, bind
+from ui.views import literal_html
 
 ALL = "all"
 ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."
-VIEW_ONLY = "You can browse the feedback and the quality stats; excluding annotators, flagged replies and exports " \
-            "need the admin role."
+VIEW_ONLY = "You can browse your own feedback and everyone's quality stats; other annotators' feedback, excluding " \
+            "annotators, flagged replies and exports need the admin role."
 FEEDBACK_COLUMNS = ["created", "kind", "annotator", "message_id", "other_id", "thumb", "score", "flags", "winner",
                     "note", "prompt", "reply", "excluded"]
 
@@ -81,9 +81,12 @@ def feedback_view(frame: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
 # ---- handlers --------------------------------------------------------------------------------------
 def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag: str, text: str,
                  request: gr.Request = None):
-    """Everything the tab shows for an agent, filtered (flagged replies only for admins)."""
+    """Everything the tab shows for an agent, filtered: flagged replies only for admins, and other annotators'
+    feedback events (flags, notes, prompts, replies) only for admins unless ``server.open_feedback``."""
     rows = services.store.feedback_rows(services.store.get_agent(agent).id)
     frame = quality.feedback_frame(rows)
+    if not sees_all_feedback(services, request):
+        frame = frame[frame["annotator"] == (current_user(services, request) or "")].reset_index(drop=True)
     stats = quality.annotator_stats(rows)
     names = [ALL] + sorted(frame["annotator"].unique().tolist())
     shown = quality.filter_feedback(frame, annotator, kind, flag, text)
@@ -107,22 +110,35 @@ def set_excluded(services: Services, name: Optional[str], excluded: bool, reques
         gr.Warning(str(exc))
         return f"⚠️ {exc}"
     if a.excluded:
-        return f"**{a.name}** is excluded: their feedback stays stored but the next retrain and exports skip it."
-    return f"**{a.name}** is included again in training."
+        return f"**{literal_html(a.name)}** is excluded: their feedback stays stored but the next retrain and " \
+               "exports skip it."
+    return f"**{literal_html(a.name)}** is included again in training."
 
 
 def run_export(services: Services, agent: str, fmt: str, request: gr.Request = None):
-    """Write an export of the agent's feedback and offer it as a download (a zip for directory formats)."""
+    """Write an export of the agent's feedback and offer it as a download (a zip for directory formats).
+
+    The file lies in a private directory (0700, files 0600) that only admins can download from; it is
+    deleted after the download or within ``ui.downloads.TTL`` seconds.
+    """
+    work = None
     try:
         require_admin(services, request)
-        work = Path(tempfile.mkdtemp(prefix="rlhf-export-"))
+        work = DOWNLOADS.new_dir()
         result = export(services.store, services.config, fmt, work / default_name(fmt, agent), agent)
         path = archive(result, work)
-    except (Forbidden, StoreError, ExportError) as exc:
+        DOWNLOADS.seal(work)
+    except BaseException as exc:
+        if work is not None:
+            DOWNLOADS.remove(work)
+        if not isinstance(exc, (Forbidden, StoreError, ExportError)):
+            raise
         gr.Warning(str(exc))
         return gr.DownloadButton(visible=False), f"⚠️ {exc}"
     counts = ", ".join(f"{v} {k}" for k, v in result.counts.items())
-    return gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True), f"Exported {counts}."
+    minutes = max(1, round(DOWNLOADS.ttl / 60))
+    return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
+            f"Exported {counts}. The file is kept for {minutes} min or until downloaded.")
 
 
 def make_token(services: Services, name: str, label: str, request: gr.Request = None) -> str:
@@ -139,7 +155,7 @@ def make_token(services: Services, name: str, label: str, request: gr.Request = 
     except (Forbidden, StoreError) as exc:
         gr.Warning(str(exc))
         return f"⚠️ {exc}"
-    return (f"Token for **{name}** (shown only now; send it as `Authorization: Bearer <token>`):\n\n"
+    return (f"Token for **{literal_html(name)}** (shown only now; send it as `Authorization: Bearer <token>`):\n\n"
             f"```\n{token}\n```")
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 from rlhf.jobs.pipeline import dry_run
 from rlhf.jobs.scheduler import Rule
 from storage import Job, StoreError
+from ui import views
 from ui.permissions import Forbidden, require_admin
 from ui.plots import by_color, keep_fresh
 from ui.services import Services, bind
@@ -45,6 +46,14 @@ def progress_html(job: Optional[Job]) -> str:
     pct = job.progress * 100
     color = {"failed": "#d33", "cancelled": "#999", "succeeded": "#2a2"}.get(job.status, "#f80")
     detail = html.escape(job.error or job.message or "")
+    gate = (job.result or {}).get("gate") if job.kind == "retrain" else None
+    if gate:
+        detail += (f"<br><b>Gate: {html.escape(str(gate.get('verdict')))}</b> — "
+                   f"{html.escape(str(gate.get('reason', '')))}")
+    rm = ((job.result or {}).get("metrics") or {})
+    cv = views.rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
+    if cv:
+        detail += f"<br>Reward model, cross-validated accuracy: {html.escape(cv)}"
     return (f"<div><b>Job {job.id}</b> · {html.escape(job.kind)} · <b>{job.status}</b> · phase "
             f"<i>{html.escape(job.phase)}</i> · {pct:.0f}%</div>"
             f"<div style='background:#eee;border-radius:4px;height:14px;margin:6px 0'>"

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from rlhf.models import fit_prompt
 from rlhf.training.ppo.core import logprobs_from_logits
 
 
@@ -43,19 +44,12 @@ class PolicyWithValue(nn.Module):
         return logits, values
 
 
-def lora_targets(model: nn.Module) -> list[str] | str:
-    """Attention projections when the model has them (q/k/v/o), else every linear layer."""
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    wanted = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in names]
-    return wanted or "all-linear"
-
-
 def build_policy(base_source: str, ppo_config, device: str, init_adapter: Optional[str] = None
                  ) -> PolicyWithValue:
     """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``."""
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 
-    from rlhf.models import load_causal_lm, quantization
+    from rlhf.models import load_causal_lm, lora_targets, quantization
 
     base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
     if quantization(ppo_config.load_in_4bit, device) is not None:
@@ -75,19 +69,8 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
 
 
 def encode_prompts(tokenizer, prompts: list[list[dict]], max_prompt_tokens: int) -> list[list[int]]:
-    """Chat-templated token ids per prompt; the oldest turns are dropped (then the left cut) to fit."""
-    out = []
-    for messages in prompts:
-        system = [m for m in messages[:1] if m["role"] == "system"]
-        turns = messages[len(system):]
-        while True:
-            ids = tokenizer.apply_chat_template(system + turns, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)["input_ids"]
-            if len(ids) <= max_prompt_tokens or len(turns) <= 1:
-                break
-            turns = turns[2:] if len(turns) > 2 else turns[-1:]
-        out.append(list(ids)[-max_prompt_tokens:])
-    return out
+    """Chat-templated token ids per prompt, fitted to ``max_prompt_tokens`` (``rlhf.models.fit_prompt``)."""
+    return [fit_prompt(tokenizer, messages, max_prompt_tokens) for messages in prompts]
 
 
 @dataclass

@@ -34,7 +34,7 @@ from rlhf.training.run_metrics import MetricsLog
 from rlhf.training.shaping import RewardShaper
 
 log = logging.getLogger(__name__)
-PHASES = ("generate", "score", "reference", "update", "eval")
+TIMED_PHASES = ("generate", "score", "reference", "update", "eval")
 
 
 class PPOFailed(RuntimeError):
@@ -65,20 +65,26 @@ class PPOResult:
                 "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()}}
 
 
+@dataclass
+class Batch:
+    """One rollout's tensors for the update (rows = replies, columns = response tokens)."""
+
+    logprobs: torch.Tensor
+    values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    mask: torch.Tensor
+    kl_per_reply: torch.Tensor
+
+    def kl_of(self, mb: torch.Tensor) -> torch.Tensor:
+        """Mean KL per reply over the minibatch's replies that still have tokens."""
+        rows = self.mask[mb].sum(1) > 0
+        return self.kl_per_reply[mb][rows].mean() if rows.any() else torch.tensor(0.0)
+
+
 def _seed(seed: int, step: int, rank: int) -> None:
     # Every step seeds itself from (seed, step, rank): a resumed run samples what the original would have.
     torch.manual_seed((seed * 1_000_003 + step * 1_009 + rank) % (2**63 - 1))
-
-
-def _validate(cfg) -> None:
-    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.ppo_epochs < 1 or cfg.max_new_tokens < 1:
-        raise ValueError("ppo.steps, ppo.batch_size, ppo.ppo_epochs and ppo.max_new_tokens must be >= 1")
-    if not 1 <= cfg.mini_batch_size <= cfg.batch_size:
-        raise ValueError("ppo.mini_batch_size must be in 1..ppo.batch_size")
-    if cfg.temperature <= 0:
-        raise ValueError("ppo.temperature must be > 0 (PPO needs sampled replies)")
-    if cfg.ratio_limit <= 1 or cfg.max_guard_events < 1:
-        raise ValueError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
 
 
 class _Guard:
@@ -96,7 +102,7 @@ class _Guard:
                             f"{self.limit}); last: {reason}")
 
 
-def evaluate(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[list[dict]], cfg, device,
+def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[list[dict]], cfg, device,
              seed: int) -> dict:
     """Mean score and KL to the base (nats per reply) of sampled replies to held-out prompts."""
     rewards, kls, samples = [], [], []
@@ -135,7 +141,7 @@ def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resu
     kl_ctl = AdaptiveKLController(cfg.kl_init, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target > 0 \
         else FixedKLController(cfg.kl_init)
     state = {"step": 0, "guard_events": 0, "history": [], "reward_before": None, "best_reward": None,
-             "phase_seconds": dict.fromkeys(PHASES, 0.0), "seconds": 0.0}
+             "phase_seconds": dict.fromkeys(TIMED_PHASES, 0.0), "seconds": 0.0}
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer)
         kl_ctl.load_state_dict(state["kl_ctl"])
@@ -155,7 +161,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     from accelerate import Accelerator
 
     cfg = config.ppo
-    _validate(cfg)
+    cfg.check()
     started = time.perf_counter()
     acc = Accelerator(cpu=device == "cpu")
     main, dev = acc.is_main_process, acc.device
@@ -179,7 +185,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
 
     def timed_eval() -> dict:
         t = time.perf_counter()
-        result = evaluate(policy, tokenizer, shaper, eval_prompts, cfg, dev, cfg.seed) if eval_prompts else \
+        result = evaluate_policy(policy, tokenizer, shaper, eval_prompts, cfg, dev, cfg.seed) if eval_prompts else \
             {"reward": math.nan, "kl": math.nan, "samples": []}
         phase["eval"] += time.perf_counter() - t
         return result
@@ -289,8 +295,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     advantages = masked_whiten(advantages, mask)
 
     # Update: several epochs over shuffled minibatches.
-    batch = {"logprobs": logprobs, "values": values, "advantages": advantages, "returns": returns, "mask": mask,
-             "kl_per_reply": kl_per_reply}
+    batch = Batch(logprobs, values, advantages, returns, mask, kl_per_reply)
     stats = _update(step, model, optimizer, ro, batch, guard, cfg, acc)
     t4 = time.perf_counter()
 
@@ -318,50 +323,58 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     return metrics
 
 
-def _update(step: int, model, optimizer, ro, b: dict, guard: _Guard, cfg, acc) -> dict[str, list[float]]:
+def _skip_reason(step: int, loss, pg_stats: dict, mb_kl, cfg, acc) -> tuple[Optional[str], float]:
+    """Why this minibatch must not be applied (or None), and its approx KL; identical on every process."""
+    # One reduction per minibatch keeps every process's skip / stop decisions identical.
+    bad_loss, ratio_mean, mb_kl, approx_kl = _reduce(acc, [
+        float(not torch.isfinite(loss)), float(pg_stats["ratio_mean"]), float(mb_kl), float(pg_stats["approx_kl"])])
+    if bad_loss > 0:
+        return f"non-finite loss at step {step}", approx_kl
+    if not 1 / cfg.ratio_limit <= ratio_mean <= cfg.ratio_limit:  # a loss spike in the making
+        return f"mean policy ratio {ratio_mean:.3g} outside ppo.ratio_limit at step {step}", approx_kl
+    if mb_kl > cfg.kl_limit:
+        return f"KL {mb_kl:.3g} nats per reply above ppo.kl_limit={cfg.kl_limit} at step {step}", approx_kl
+    return None, approx_kl
+
+
+def _apply(step: int, model, optimizer, loss, cfg, acc) -> Optional[str]:
+    """Backward, clip, step; a non-finite gradient is not applied (returns why)."""
+    optimizer.zero_grad(set_to_none=True)
+    acc.backward(loss)
+    grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    reason = None
+    if torch.isfinite(torch.as_tensor(grad_norm)):
+        optimizer.step()
+    else:
+        reason = f"non-finite gradient at step {step}"
+    optimizer.zero_grad(set_to_none=True)
+    return reason
+
+
+def _update(step: int, model, optimizer, ro, b: Batch, guard: _Guard, cfg, acc) -> dict[str, list[float]]:
     """PPO epochs over shuffled minibatches with guards and early stop; per-minibatch stats of those applied."""
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "approx_kl", "clipfrac", "entropy")}
-    mask = b["mask"]
     generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    if _reduce(acc, [float(mask.sum() == 0)])[0] == 1.0:  # every reply was dropped: nothing to learn from
+    if _reduce(acc, [float(b.mask.sum() == 0)])[0] == 1.0:  # every reply was dropped: nothing to learn from
         return stats
     for _ in range(cfg.ppo_epochs):
-        order = torch.randperm(mask.shape[0], generator=generator).to(mask.device)
-        for start in range(0, mask.shape[0], cfg.mini_batch_size):
-            idx = order[start:start + cfg.mini_batch_size]
-            mb_mask = mask[idx]
-            logits, vpred = model(ro.input_ids[idx], ro.attention_mask[idx], ro.response_len, cfg.temperature)
-            new_logprobs = logprobs_from_logits(logits, ro.response[idx])
+        b_inds = torch.randperm(b.mask.shape[0], generator=generator).to(b.mask.device)
+        for start in range(0, b.mask.shape[0], cfg.mini_batch_size):
+            mb = b_inds[start:start + cfg.mini_batch_size]
+            mb_mask = b.mask[mb]
+            logits, mb_values = model(ro.input_ids[mb], ro.attention_mask[mb], ro.response_len, cfg.temperature)
+            mb_logprobs = logprobs_from_logits(logits, ro.response[mb])
             # Policy loss (clipped surrogate, Schulman et al. 2017 eq. 7)
-            pg_loss, pg_stats = ppo_policy_loss(new_logprobs, b["logprobs"][idx], b["advantages"][idx], mb_mask,
-                                                cfg.clip_range)
+            pg_loss, pg_stats = ppo_policy_loss(mb_logprobs, b.logprobs[mb], b.advantages[mb], mb_mask, cfg.clip_range)
             # Value loss (clipped, as in the PPO reference implementation)
-            v_loss, _ = value_loss(vpred, b["values"][idx], b["returns"][idx], mb_mask, cfg.clip_range_value)
+            v_loss, _ = value_loss(mb_values, b.values[mb], b.returns[mb], mb_mask, cfg.clip_range_value)
+            # Entropy bonus (no graph when its coefficient is 0)
             with torch.set_grad_enabled(cfg.ent_coef != 0 and torch.is_grad_enabled()):
                 entropy = masked_mean(entropy_from_logits(logits), mb_mask)
             loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-            rows = mb_mask.sum(1) > 0
-            mb_kl = b["kl_per_reply"][idx][rows].mean() if rows.any() else torch.tensor(0.0)
-            # One reduction per minibatch keeps every process's skip / stop decisions identical.
-            bad_loss, ratio_mean, mb_kl, approx_kl = _reduce(acc, [
-                float(not torch.isfinite(loss)), float(pg_stats["ratio_mean"]), float(mb_kl),
-                float(pg_stats["approx_kl"])])
-            reason = None
-            if bad_loss > 0:
-                reason = f"non-finite loss at step {step}"
-            elif not 1 / cfg.ratio_limit <= ratio_mean <= cfg.ratio_limit:  # a loss spike in the making
-                reason = f"mean policy ratio {ratio_mean:.3g} outside ppo.ratio_limit at step {step}"
-            elif mb_kl > cfg.kl_limit:
-                reason = f"KL {mb_kl:.3g} nats per reply above ppo.kl_limit={cfg.kl_limit} at step {step}"
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                acc.backward(loss)
-                grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                if torch.isfinite(torch.as_tensor(grad_norm)):
-                    optimizer.step()
-                else:
-                    reason = f"non-finite gradient at step {step}"
-                optimizer.zero_grad(set_to_none=True)
+            # Guards, then the step
+            reason, approx_kl = _skip_reason(step, loss, pg_stats, b.kl_of(mb), cfg, acc)
+            reason = reason or _apply(step, model, optimizer, loss, cfg, acc)
             if reason is not None:
                 guard.event(reason)
                 continue

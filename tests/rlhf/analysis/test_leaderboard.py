@@ -315,3 +315,14 @@ def test_choose_pair_deterministic_for_seed():
     first = [choose_pair(versions(), np.random.default_rng(7)) for _ in range(5)]
     again = [choose_pair(versions(), np.random.default_rng(7)) for _ in range(5)]
     assert first == again
+
+
+def test_a_candidate_the_gate_could_not_call_meets_the_active_version_first():
+    versions = [{"policy_id": 1, "version": 0, "status": "active", "votes": 5, "rating": 0.0},
+                {"policy_id": 2, "version": 1, "status": "candidate", "votes": 0, "rating": None, "needs_votes": True},
+                {"policy_id": 3, "version": 2, "status": "candidate", "votes": 9, "rating": 0.1}]
+    rng = np.random.default_rng(0)
+    pairs = {frozenset(choose_pair(versions, rng)) for _ in range(30)}
+    assert pairs == {frozenset({1, 2})}  # always, not only with newest_prob
+    versions[1]["needs_votes"] = False
+    assert len({frozenset(choose_pair(versions, rng)) for _ in range(60)}) > 1

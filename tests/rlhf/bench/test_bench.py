@@ -2,10 +2,14 @@
 (written to a temp file), and one JSON line printed last with the contracted figures."""
 from __future__ import annotations
 
+import pytest
+
 import argparse
 import json
 
 from rlhf.bench import ingest as bench_ingest, memory as bench_memory, serve as bench_serve
+
+pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
 
 
 def quick(**extra):

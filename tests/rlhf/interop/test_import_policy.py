@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,147 @@ def test_cli_import_policy(setup, tmp_path, tiny_model_dir, capsys):
     assert rc == 0 and out["kind"] == "full" and out["status"] == "candidate" and out["version"] == 1
     assert main(["import-policy", str(tmp_path / "nope"), "--agent", "assistant", "--set",
                  f"data_dir={config.data_dir}"]) == 1
+
+
+# ---- what the cluster engines write (issue 18) ----------------------------------------------------------------
+APP_LORA = dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # ppo.lora_r/alpha
+
+
+def trained_lora(tiny_model_dir, seed: int = 3):
+    """A LoRA with the app's shape and non-zero weights on the tiny base, standing in for a cluster run."""
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    # OpenRLHF's Actor: LoraConfig(task_type=TaskType.CAUSAL_LM, r=..., lora_alpha=..., target_modules=...,
+    # lora_dropout=..., bias="none") on the loaded causal LM (openrlhf/models/actor.py).
+    cfg = LoraConfig(task_type=TaskType.CAUSAL_LM, lora_dropout=0.0, bias="none", init_lora_weights=False, **APP_LORA)
+    return get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg).eval()
+
+
+def logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def assert_serves_like(policy, model, tiny_model_dir):
+    """The published version, loaded on a fresh base, computes what the trained model computes."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    published = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), policy.adapter_path)
+    torch.testing.assert_close(logits(published.eval(), ids), logits(model, ids), rtol=1e-4, atol=1e-4)
+    files = {p.name for p in Path(policy.adapter_path).iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files
+    assert not files & {"config.json", "tokenizer.json", "adapter_model.bin", "model.safetensors"}
+
+
+@pytest.mark.parametrize("zero3", [False, True], ids=["zero2", "zero3-bin"])
+def test_openrlhf_lora_save_imports_as_an_adapter(setup, tmp_path, tiny_model_dir, tokenizer, zero3):
+    import torch
+    from peft import get_peft_model_state_dict
+
+    store, config = setup
+    model = trained_lora(tiny_model_dir)
+    out = tmp_path / "rlhf-studio-ppo"
+    # DeepspeedStrategy.save_model (openrlhf/utils/deepspeed/deepspeed.py, 0.11.2), for a PeftModel:
+    #   model_to_save.save_pretrained(output_dir)
+    #   if ds_tensor_parallel_size > 1 or stage == 3:
+    #       torch.save(get_peft_model_state_dict(model_to_save, output_state_dict), output_dir/"adapter_model.bin")
+    #       os.remove(output_dir/"adapter_model.safetensors")
+    #   model_to_save.config.to_json_file(output_dir/"config.json"); tokenizer.save_pretrained(output_dir)
+    model.save_pretrained(out)
+    if zero3:
+        torch.save(get_peft_model_state_dict(model, model.state_dict()), out / "adapter_model.bin")
+        (out / "adapter_model.safetensors").unlink()
+    model.config.to_json_file(out / "config.json")
+    tokenizer.save_pretrained(out)
+    result = import_policy(store, config, out, "assistant")
+    assert result.kind == "adapter" and result.policy.status == "candidate" and result.rank == config.ppo.lora_r
+    assert store.get_policy(result.policy.id).metrics["import/lora_alpha"] == config.ppo.lora_alpha
+    assert_serves_like(result.policy, model, tiny_model_dir)
+
+
+def verl_merged_dir(model, target, tokenizer, lora_alpha=32):
+    """What verl's model merger writes for a LoRA actor (verl/model_merger/base_model_merger.py, 0.9.1)."""
+    import torch
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the FSDP names: PEFT-wrapped
+    # save_lora_adapter: lora_ params renamed ".default.weight" -> ".weight", target modules from the names,
+    # rank/alpha from lora_train_meta.json, written to target_dir/lora_adapter/.
+    lora, targets = {}, set()
+    for name in [n for n in state if "lora_" in n]:
+        key = name.replace(".default.weight", ".weight")
+        targets.add(key.split(".")[-3])
+        lora[key] = state.pop(name)
+    cfg = LoraConfig(r=16, lora_alpha=lora_alpha, target_modules=list(targets), task_type="CAUSAL_LM").to_dict()
+    cfg["task_type"], cfg["peft_type"] = "CAUSAL_LM", "LORA"
+    cfg["target_modules"] = list(cfg["target_modules"])
+    (target / "lora_adapter").mkdir(parents=True)
+    (target / "lora_adapter" / "adapter_config.json").write_text(json.dumps(cfg, indent=4))
+    save_file(lora, target / "lora_adapter" / "adapter_model.safetensors")
+    # ... then the remaining (base) weights under HF names, saved as the model in bf16, plus the tokenizer.
+    base_state = {k.replace("base_model.model.", "").replace(".base_layer.weight", ".weight"): v.to(torch.bfloat16)
+                  for k, v in state.items()}
+    base_state.pop("lm_head.weight", None)  # drop_tied_target_keys: tied to the embeddings
+    model.get_base_model().save_pretrained(target, state_dict=base_state)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def test_verl_merged_lora_imports_its_lora_adapter(setup, tmp_path, tiny_model_dir, tokenizer):
+    store, config = setup
+    model = trained_lora(tiny_model_dir, seed=4)
+    merged = verl_merged_dir(model, tmp_path / "rlhf-studio-verl-hf", tokenizer)
+    assert (merged / "config.json").is_file() and (merged / "lora_adapter" / "adapter_config.json").is_file()
+    result = import_policy(store, config, merged, "assistant")
+    assert result.kind == "adapter" and result.rank == 16 and result.policy.status == "candidate"
+    assert store.get_policy(result.policy.id).config["targets"] == sorted(APP_LORA["target_modules"])
+    assert_serves_like(result.policy, model, tiny_model_dir)
+
+
+def test_verl_merged_lora_without_alpha_is_refused(setup, tmp_path, tiny_model_dir, tokenizer):
+    store, config = setup
+    merged = verl_merged_dir(trained_lora(tiny_model_dir), tmp_path / "hf", tokenizer, lora_alpha=0)
+    with pytest.raises(PolicyImportError, match="lora_alpha"):
+        import_policy(store, config, merged, "assistant")
+    assert len(store.list_policies("assistant")) == 1
+
+
+def test_verl_merged_full_model_in_bf16_becomes_the_apps_lora(setup, tmp_path, tiny_model_dir, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    store, config = setup
+    full = perturbed_copy(tiny_model_dir, tmp_path / "fp32", rank_of_change=2)
+    # The merger saves the full model in bf16 (from_config(torch_dtype=torch.bfloat16); save_pretrained) with
+    # the tokenizer: a plain Hugging Face directory, compared here against the fp32 base.
+    merged = tmp_path / "rlhf-studio-verl-hf"
+    AutoModelForCausalLM.from_pretrained(full, dtype=torch.bfloat16).save_pretrained(merged)
+    tokenizer.save_pretrained(merged)
+    result = import_policy(store, config, merged, "assistant", rank=16,
+                           targets=tuple(APP_LORA["target_modules"]))
+    assert result.kind == "full" and result.rank == 16 and result.policy.status == "candidate"
+    # bf16 rounding touches every weight; the rank-2 change still dominates what the adapter keeps.
+    assert result.metrics["import/reconstruction_error"] < 0.2
+    assert result.metrics["import/probe_logit_max_abs_diff"] < 0.05
+    adapter_cfg = json.loads((Path(result.policy.adapter_path) / "adapter_config.json").read_text())
+    assert adapter_cfg["r"] == 16 and sorted(adapter_cfg["target_modules"]) == sorted(APP_LORA["target_modules"])
+
+
+def test_full_model_with_all_linear_targets(setup, tmp_path, tiny_model_dir):
+    """`--targets all-linear` (the recipes' spelling when the app's LoRA covers every linear layer)."""
+    store, config = setup
+    full = perturbed_copy(tiny_model_dir, tmp_path / "full", rank_of_change=2)
+    result = import_policy(store, config, full, "assistant", rank=4, targets=("all-linear",))
+    adapter_cfg = json.loads((Path(result.policy.adapter_path) / "adapter_config.json").read_text())
+    assert sorted(adapter_cfg["target_modules"]) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj",
+                                                     "up_proj", "v_proj"]  # every nn.Linear but lm_head
+    assert result.metrics["import/reconstruction_error"] < 1e-4

@@ -12,6 +12,8 @@ from rlhf.jobs.runner import JobRunner
 from rlhf.jobs.scheduler import Rule, StudioScheduler, should_trigger
 from storage import InvalidInput
 
+pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
+
 
 @pytest.fixture
 def sched(app_config, store):

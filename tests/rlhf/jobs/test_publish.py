@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.jobs.evaluation import EvalReport, gate, win_rate
+import numpy as np
+
+from rlhf.jobs.evaluation import bootstrap_interval, gate, win_matrix, win_rate
 from rlhf.jobs.publish import check_adapters, clean_leftovers, policies_root, publish_version
 
 
@@ -67,10 +69,41 @@ def test_missing_or_corrupt_adapters_are_marked_broken(store, app_config, adapte
     assert store.active_policy("assistant").version == 0  # the broken active version fell back to the base
 
 
-def test_win_rate_and_gate():
+def test_win_rate():
     assert win_rate([1.0, 0.0, 2.0], [0.5, 0.0, 3.0]) == pytest.approx(0.5)
-    good = EvalReport(candidate_reward=1.0, active_reward=0.5, win_rate=0.75, kl_to_base=2.0)
-    assert gate(good, 0.5, 10.0) == (True, [])
-    worse = EvalReport(candidate_reward=0.4, active_reward=0.5, win_rate=0.25, kl_to_base=12.0)
-    passed, reasons = gate(worse, 0.5, 10.0)
-    assert not passed and len(reasons) == 3 and any("KL" in r for r in reasons)
+    assert win_matrix(np.array([1.0, 0.0]), np.array([0.5, 0.0])).tolist() == [[1.0], [0.5]]
+
+
+def test_the_gate_promotes_a_clear_win():
+    rng = np.random.default_rng(0)
+    active = rng.normal(size=(40, 8))
+    verdict = gate(active + 1.0 + 0.1 * rng.normal(size=(40, 8)), active, kl_to_base=2.0, min_win_rate=0.5,
+                   max_kl=10.0)
+    assert verdict.verdict == "promote" and verdict.low > 0.5 and verdict.win_rate > 0.9
+    assert set(verdict.to_dict()) == {"verdict", "win_rate", "low", "high", "reason"}
+
+
+def test_the_gate_rejects_a_clear_loss_and_a_kl_blowup():
+    rng = np.random.default_rng(1)
+    active = rng.normal(size=(40, 8))
+    worse = gate(active - 1.0, active, kl_to_base=2.0, min_win_rate=0.5, max_kl=10.0)
+    assert worse.verdict == "reject" and worse.high < 0.5 and "upper bound" in worse.reason
+    drift = gate(active + 1.0, active, kl_to_base=12.0, min_win_rate=0.5, max_kl=10.0)
+    assert drift.verdict == "reject" and "KL" in drift.reason
+
+
+def test_the_gate_says_inconclusive_when_the_interval_straddles():
+    rng = np.random.default_rng(2)
+    active = rng.normal(size=(12, 8))
+    coin = gate(active + rng.normal(size=(12, 8)), active, kl_to_base=1.0, min_win_rate=0.5, max_kl=10.0)
+    assert coin.verdict == "inconclusive" and coin.low <= 0.5 <= coin.high and "arena votes" in coin.reason
+
+
+def test_member_disagreement_widens_the_interval():
+    rng = np.random.default_rng(3)
+    active = np.zeros((30, 8))
+    agree = np.tile(rng.normal(0.3, 1.0, size=(30, 1)), (1, 8))  # every member says the same
+    disagree = agree + rng.normal(0, 3.0, size=(30, 8))  # members disagree per prompt
+    lo1, hi1 = bootstrap_interval(win_matrix(agree, active))
+    lo2, hi2 = bootstrap_interval(win_matrix(disagree, active))
+    assert hi2 - lo2 >= hi1 - lo1 - 0.02

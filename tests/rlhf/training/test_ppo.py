@@ -16,6 +16,8 @@ from rlhf.training.ppo.trainer import PPOFailed, train_ppo
 from rlhf.training.run_metrics import METRIC_KEYS, check_report_to, read_metrics
 from tests.conftest import ROOT, free_port
 
+pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
+
 PROMPTS = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Tell me about {w}."}]
            for w in ("cats", "dogs", "rain", "tea", "music", "trees", "code", "maths")]
 
@@ -71,8 +73,13 @@ def planted(tmp_path_factory, tokenizer):
     return target, favoured
 
 
-def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted, tokenizer):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted, tokenizer, threads):
+    """Deterministic: fixed seeds and a fixed thread count (float sums differ across thread counts), with a
+    margin that holds on either count."""
     model_dir, favoured = planted
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
 
     def share_favoured(prompts, replies):  # reward = share of reply tokens from the favoured half
         ids = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
@@ -80,7 +87,10 @@ def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted,
 
     config = ppo_config(tmp_path, model_dir, "ppo.steps=10", "ppo.batch_size=8", "ppo.mini_batch_size=4",
                         "ppo.max_new_tokens=8", "ppo.learning_rate=1e-3", "ppo.kl_init=0.02", "ppo.ppo_epochs=2")
-    result = train_ppo(config, str(model_dir), share_favoured, PROMPTS, PROMPTS, tmp_path / "run")
+    try:
+        result = train_ppo(config, str(model_dir), share_favoured, PROMPTS, PROMPTS, tmp_path / "run")
+    finally:
+        torch.set_num_threads(before)
     rewards = [m["reward/mean"] for m in result.history]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.1, rewards

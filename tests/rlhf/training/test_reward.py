@@ -15,7 +15,9 @@ from rlhf.training.reward import (RewardModelError, choose_mode, encode, load_re
                          prepare_data, train_reward_model)
 from storage import NotFound, Store
 
-FAST = ["reward.learning_rate=0.003", "reward.lora_r=8", "reward.lora_alpha=16"]
+pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
+
+FAST = ["reward.method=lora", "reward.learning_rate=0.003", "reward.lora_r=8", "reward.lora_alpha=16"]
 
 
 def tiny_config(data_dir: Path, model_dir: Path, *extra: str):
@@ -86,8 +88,9 @@ def test_the_run_is_registered_with_its_snapshot_and_a_complete_directory(traine
     assert (path / "adapter" / "adapter_model.safetensors").is_file()
     held = [json.loads(line) for line in (path / "data" / "pairs_eval.jsonl").read_text().splitlines()]
     assert len(held) == r.pairs_eval
-    assert r.summary().keys() == {"reward_model_id", "path", "mode", "pairs_train", "pairs_eval",
-                                  "eval_accuracy", "seconds"}
+    assert r.summary().keys() == {"reward_model_id", "path", "mode", "method", "pairs_train", "pairs_eval",
+                                  "eval_accuracy", "cv_accuracy", "cv_low", "cv_high", "verdict", "seconds"}
+    assert r.summary()["method"] == "lora" and r.summary()["cv_accuracy"] == r.eval_accuracy  # one big split
 
 
 def test_trained_files_reload_and_give_the_same_scores(trained):
@@ -220,13 +223,14 @@ def test_cli_trains_and_prints_one_json_line_last(tmp_path, tiny_model_dir, caps
     plant(store, 20)
     code, out, err = run_cli(capsys, "train-reward", "--agent", "assistant", "--set", f"data_dir={data_dir}",
                              "--set", f"base_model={tiny_model_dir}", "--set", "device=cpu",
-                             "--set", "reward.epochs=1", *[x for kv in FAST for x in ("--set", kv)])
+                             "--set", "reward.cv_folds=4")  # the default method: the linear head
     assert code == 0, err
     lines = out.strip().splitlines()
     assert len(lines) == 1  # nothing else on stdout: scripts parse the last line
     summary = json.loads(lines[-1])
-    assert list(summary) == ["reward_model_id", "path", "mode", "pairs_train", "pairs_eval", "eval_accuracy",
-                             "seconds"]
+    assert list(summary) == ["reward_model_id", "path", "mode", "method", "pairs_train", "pairs_eval",
+                             "eval_accuracy", "cv_accuracy", "cv_low", "cv_high", "verdict", "seconds"]
+    assert summary["method"] == "head" and 0 <= summary["cv_low"] <= summary["cv_accuracy"] <= summary["cv_high"]
     assert summary["mode"] == "pairwise" and summary["pairs_train"] + summary["pairs_eval"] == 20
     assert store.get_reward_model(summary["reward_model_id"]).path == summary["path"]
     assert "reward/" in err  # progress went to stderr

@@ -49,18 +49,18 @@ def test_polite_ending(reply, finished, value):
 
 
 def test_load_reward_function_by_import_path():
-    assert load_reward_function("tests.rlhf.test_shaping:mentions_paris") is mentions_paris
+    assert load_reward_function("tests.rlhf.training.test_shaping:mentions_paris") is mentions_paris
     assert load_reward_function("rlhf.training.shaping:polite_ending") is polite_ending
     for path, problem in [("no_colon", "import path"), ("no.such.module:f", "cannot import"),
-                          ("tests.rlhf.test_shaping:nothing_here", "no attribute"),
-                          ("tests.rlhf.test_shaping:PROMPT", "not callable")]:
+                          ("tests.rlhf.training.test_shaping:nothing_here", "no attribute"),
+                          ("tests.rlhf.training.test_shaping:PROMPT", "not callable")]:
         with pytest.raises(ValueError, match=problem):
             load_reward_function(path)
 
 
 def test_total_is_reward_model_plus_weighted_terms_and_functions():
     cfg = ppo(length_target=4, length_weight=2.0, polite_weight=1.0,
-              reward_functions='{"tests.rlhf.test_shaping:mentions_paris": 0.5}')
+              reward_functions='{"tests.rlhf.training.test_shaping:mentions_paris": 0.5}')
     rm = lambda prompts, replies: [10.0 * i for i in range(len(replies))]  # noqa: E731
     shaper = RewardShaper(cfg, rm)
     replies = ["Paris. Thanks!", "Lyon"]
@@ -68,7 +68,7 @@ def test_total_is_reward_model_plus_weighted_terms_and_functions():
     assert parts["rm"] == [0.0, 10.0]
     assert parts["length"] == [0.0, 2.0 * -0.5]
     assert parts["polite"] == [1.0, 0.0]
-    assert parts["tests.rlhf.test_shaping:mentions_paris"] == [0.5, 0.0]
+    assert parts["tests.rlhf.training.test_shaping:mentions_paris"] == [0.5, 0.0]
     assert totals == [0.0 + 0.0 + 1.0 + 0.5, 10.0 - 1.0 + 0.0 + 0.0]  # within the default clip of 10
 
 
@@ -78,7 +78,7 @@ def test_total_is_clipped():
 
 
 def test_a_failing_or_nonfinite_part_gives_nan_for_that_reply_only():
-    cfg = ppo(reward_functions='{"tests.rlhf.test_shaping:broken": 1.0}')
+    cfg = ppo(reward_functions='{"tests.rlhf.training.test_shaping:broken": 1.0}')
     totals, parts = RewardShaper(cfg, lambda p, r: [1.0, math.inf])([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2)
     assert all(math.isnan(t) for t in totals)  # broken() fails on both; inf from the model is also NaN
     totals, _ = RewardShaper(ppo(), lambda p, r: [1.0, math.nan])([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2)

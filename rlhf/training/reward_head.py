@@ -1,0 +1,166 @@
+"""A regularised linear reward head on frozen reply features, as a small bootstrap ensemble.
+
+Pairs: Bradley–Terry with a linear score r(x) = w·x, i.e. P(chosen ≻ rejected) = σ(w·(x_c − x_r)) (Bradley &
+Terry 1952; Ouyang et al. 2022, Eq. 1), fitted as an L2-regularised logistic regression on feature differences
+(both orientations, no intercept) with scikit-learn. Scores alone (thumbs, 1–5): ridge regression.
+Each member of the ensemble is fitted on a bootstrap resample of the rows; their spread is how unsure the model
+is about a comparison (the gate and the vote queue read it). Features are standardised with the training
+replies' mean and spread; the ensemble's mean score is scaled to unit spread over those replies, so PPO sees
+rewards of a known scale whatever the features.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+DEFAULT_C = 0.05  # inverse L2 strength on standardised features, chosen on the preference benchmark's curves
+DEFAULT_MEMBERS = 8
+
+
+@dataclass
+class LinearHead:
+    """Standardiser + one weight vector per ensemble member (+ intercepts for score regression)."""
+
+    mean: np.ndarray  # (d,)
+    scale: np.ndarray  # (d,)
+    weights: np.ndarray  # (members, d)
+    bias: np.ndarray  # (members,)
+    score_scale: float = 1.0  # divides the ensemble mean so training replies' scores have unit spread
+
+    def member_scores(self, x: np.ndarray) -> np.ndarray:
+        """(n, members) raw scores of each member."""
+        z = (np.asarray(x, dtype=np.float64) - self.mean) / self.scale
+        return z @ self.weights.T.astype(np.float64) + self.bias[None, :] if z.size else np.zeros((0, len(self.bias)))
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """(n,) the ensemble's reward: mean member score, scaled to unit spread on the training replies."""
+        return self.member_scores(x).mean(axis=1) / self.score_scale
+
+    def preference(self, x_a: np.ndarray, x_b: np.ndarray) -> np.ndarray:
+        """(n, members) P(a ≻ b) under each member."""
+        diff = self.member_scores(x_a) - self.member_scores(x_b)
+        return 1.0 / (1.0 + np.exp(-diff))
+
+    def save(self, path: str | Path) -> None:
+        np.savez(path, mean=self.mean, scale=self.scale, weights=self.weights, bias=self.bias,
+                 score_scale=np.array(self.score_scale))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LinearHead":
+        with np.load(path) as z:
+            return cls(z["mean"], z["scale"], z["weights"], z["bias"], float(z["score_scale"]))
+
+
+def _standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    return mean, np.where(scale > 1e-6, scale, 1.0)
+
+
+def _resamples(n: int, members: int, seed: int) -> list[np.ndarray]:
+    """Row indices per member: the first member sees every row, the rest a bootstrap resample."""
+    rng = np.random.default_rng(seed)
+    return [np.arange(n)] + [rng.integers(0, n, n) for _ in range(members - 1)]
+
+
+def fit_pairs(x_chosen: np.ndarray, x_rejected: np.ndarray, c: float = DEFAULT_C, members: int = DEFAULT_MEMBERS,
+              seed: int = 0, weights: Optional[np.ndarray] = None) -> LinearHead:
+    """Fit the Bradley–Terry head on pairs of reply features (rows of ``x_chosen`` beat rows of ``x_rejected``)."""
+    from sklearn.linear_model import LogisticRegression
+
+    x_chosen, x_rejected = np.asarray(x_chosen, np.float64), np.asarray(x_rejected, np.float64)
+    if len(x_chosen) == 0 or x_chosen.shape != x_rejected.shape:
+        raise ValueError("fit_pairs needs the same number (>= 1) of chosen and rejected rows")
+    mean, scale = _standardiser(np.concatenate([x_chosen, x_rejected]))
+    diff = (x_chosen - x_rejected) / scale
+    w_rows = np.ones(len(diff)) if weights is None else np.asarray(weights, np.float64)
+    coefs = []
+    for idx in _resamples(len(diff), members, seed):
+        x = np.concatenate([diff[idx], -diff[idx]])
+        y = np.concatenate([np.ones(len(idx)), np.zeros(len(idx))])
+        model = LogisticRegression(C=c, fit_intercept=False, max_iter=2000)
+        model.fit(x, y, sample_weight=np.concatenate([w_rows[idx], w_rows[idx]]))
+        coefs.append(model.coef_[0])
+    head = LinearHead(mean, scale, np.array(coefs), np.zeros(len(coefs)))
+    return _unit_spread(head, np.concatenate([x_chosen, x_rejected]))
+
+
+def fit_scores(x: np.ndarray, y: Sequence[float], alpha: float = 1.0 / DEFAULT_C, members: int = DEFAULT_MEMBERS,
+               seed: int = 0) -> LinearHead:
+    """Fit a ridge head on replies with a [0, 1] score each (ratings without comparisons)."""
+    from sklearn.linear_model import Ridge
+
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) == 0 or len(x) != len(y):
+        raise ValueError("fit_scores needs one target per row (>= 1 row)")
+    mean, scale = _standardiser(x)
+    z = (x - mean) / scale
+    coefs, biases = [], []
+    for idx in _resamples(len(z), members, seed):
+        model = Ridge(alpha=alpha).fit(z[idx], y[idx])
+        coefs.append(model.coef_)
+        biases.append(float(model.intercept_))
+    return _unit_spread(LinearHead(mean, scale, np.array(coefs), np.array(biases)), x)
+
+
+def _unit_spread(head: LinearHead, x_train: np.ndarray) -> LinearHead:
+    spread = float(np.std(head.member_scores(x_train).mean(axis=1)))
+    head.score_scale = spread if spread > 1e-9 else 1.0
+    return head
+
+
+def pair_accuracy(head: LinearHead, x_chosen: np.ndarray, x_rejected: np.ndarray) -> float:
+    """Share of pairs the ensemble orders right (ties count half)."""
+    d = head.scores(x_chosen) - head.scores(x_rejected)
+    return float(np.mean(np.where(d > 0, 1.0, np.where(d == 0, 0.5, 0.0)))) if len(d) else float("nan")
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (Wilson 1927): honest at small n, never outside [0, 1]."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def grouped_folds(groups: Sequence[str], k: int, seed: int = 0) -> list[np.ndarray]:
+    """Row indices of each of ``k`` folds; all rows of one group (conversation context) land in one fold."""
+    keys = sorted(set(groups))
+    rng = np.random.default_rng(seed)
+    rng.shuffle(keys)
+    fold_of = {g: i % k for i, g in enumerate(keys)}
+    return [np.array([i for i, g in enumerate(groups) if fold_of[g] == f], dtype=int) for f in range(k)]
+
+
+def cross_validate_pairs(x_chosen: np.ndarray, x_rejected: np.ndarray, groups: Sequence[str], k: int = 5,
+                         c: float = DEFAULT_C, members: int = 1, seed: int = 0) -> dict:
+    """k-fold accuracy grouped by context: every pair is judged once by a head that never saw its context."""
+    n = len(groups)
+    k = max(2, min(k, len(set(groups))))
+    correct, judged = 0.0, 0
+    for fold in grouped_folds(groups, k, seed):
+        train = np.setdiff1d(np.arange(n), fold)
+        if len(fold) == 0 or len(train) == 0:
+            continue
+        head = fit_pairs(x_chosen[train], x_rejected[train], c=c, members=members, seed=seed)
+        correct += pair_accuracy(head, x_chosen[fold], x_rejected[fold]) * len(fold)
+        judged += len(fold)
+    if judged == 0:
+        return {"cv_accuracy": None, "cv_low": None, "cv_high": None, "cv_folds": 0, "cv_pairs": 0}
+    low, high = wilson_interval(correct, judged)
+    return {"cv_accuracy": correct / judged, "cv_low": low, "cv_high": high, "cv_folds": k, "cv_pairs": judged}
+
+
+def verdict_text(cv_accuracy: Optional[float], cv_low: Optional[float], cv_high: Optional[float]) -> str:
+    """What the app says about a reward model's accuracy: a figure only when the interval excludes chance."""
+    if cv_accuracy is None:
+        return "not measured"
+    if cv_low is not None and cv_high is not None and cv_low <= 0.5 <= cv_high:
+        return f"not enough data to tell ({cv_accuracy:.2f}, 95% interval {cv_low:.2f}–{cv_high:.2f} includes 0.5)"
+    return f"{cv_accuracy:.2f} (95% interval {cv_low:.2f}–{cv_high:.2f})"

@@ -1,0 +1,287 @@
+"""The request guard: every request to the app (UI, Gradio's own routes, REST) passes these checks first.
+
+Outermost first:
+1. **Host** — the ``Host`` header must name this app (DNS rebinding: a page on ``evil.example`` that
+   resolves to 127.0.0.1 sends ``Host: evil.example``). Local mode accepts only loopback names and
+   ``server.host``; with users or on a Space, ``server.allowed_hosts`` (a Space adds its own host).
+2. **Origin** — a state-changing request (not GET/HEAD/OPTIONS, and every WebSocket handshake) whose
+   ``Origin`` is neither this host nor in ``server.allowed_origins`` gets 403, on every path.
+3. **CORS** — one allow-list (``server.allowed_origins``, empty = same-origin only) on the parent app,
+   which also switches off Gradio's own CORS layer (it echoes any Origin for non-localhost hosts).
+4. **/login** — failed sign-ins counted per client address and per user name before the password is
+   checked (``ui.auth.LoginThrottle``); over the limit every attempt gets the same 429; the sign-in
+   cookie is made ``SameSite=Lax`` (a Space keeps ``None``: it runs in huggingface.co's iframe, and the
+   Origin check carries it).
+5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
+   ``server.rate_limit_per_minute``.
+Password checks run in worker threads, never on the event loop.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+
+from rlhf.config import AppConfig, ConfigError
+from ui.auth import RateLimiter, basic_name, login_keys
+from ui.services import Services
+
+PREFIX = "/api/v1"
+HEALTH = f"{PREFIX}/health"
+# Open without credentials: the liveness probe and the API's own description (no data in either).
+PUBLIC_PATHS = {HEALTH, f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/docs/oauth2-redirect"}
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+# Starlette's in-process TestClient names its peer so; a network peer is always an address. A request that
+# never crossed a network cannot be a rebinding attack, so it skips the Host check (and only that).
+IN_PROCESS_PEER = "testclient"
+MAX_LOGIN_BODY = 64 * 1024
+
+
+def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+# ---- hosts and origins (pure) ------------------------------------------------------------------------
+def host_name(value: str) -> str:
+    """The host part of a ``Host`` header or URL netloc, lower case: ``[::1]:7860`` → ``::1``."""
+    value = (value or "").strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+def space_host(space_id: str) -> str:
+    """The host Hugging Face serves a Space at: ``Owner/My_Space`` → ``owner-my-space.hf.space``."""
+    return re.sub(r"[^a-z0-9-]", "-", space_id.strip().lower().replace("/", "-")) + ".hf.space"
+
+
+def allowed_hosts(config: AppConfig, local_mode: bool) -> Optional[set[str]]:
+    """Host names this app answers to, or None for any (``'*'`` in the list, or users without a list)."""
+    listed = {host_name(h) for h in config.server.allowed_hosts if h.strip()}
+    if "*" in listed:
+        return None
+    if not local_mode and not listed and not config.server.space_id:
+        return None  # a team server without a list (a warning at start says so)
+    hosts = set(LOCAL_HOSTS) | listed
+    if config.server.host not in WILDCARD_HOSTS:
+        hosts.add(host_name(config.server.host))
+    if config.server.space_id:
+        hosts.add(space_host(config.server.space_id))
+    return hosts
+
+
+def host_allowed(headers: Headers, config: AppConfig, local_mode: bool) -> bool:
+    """True when the request's Host (on a Space also an X-Forwarded-Host from its proxy) is allowed."""
+    hosts = allowed_hosts(config, local_mode)
+    if hosts is None:
+        return True
+    seen = [headers.get("host", "")]
+    if config.server.space_id:
+        seen += headers.get("x-forwarded-host", "").split(",")
+    return any(host_name(h) in hosts for h in seen if h.strip())
+
+
+def foreign_origin(headers: Headers, allowed_origins: list[str]) -> bool:
+    """True when a browser sent this request from another origin than the app's own or an allowed one."""
+    origin = headers.get("origin")
+    if origin is None:
+        return False  # scripts, and browsers on same-origin GETs, send none
+    if origin.rstrip("/").lower() in allowed_origins:
+        return False
+    if origin == "null":
+        return True  # sandboxed frames and file:// pages
+    hosts = {headers.get("host", "").lower()}
+    hosts.update(h.strip().lower() for h in headers.get("x-forwarded-host", "").split(",") if h.strip())
+    return urlsplit(origin).netloc.lower() not in hosts
+
+
+def cross_origin(request: Request) -> bool:
+    """True when a browser sends this request from another site (its Origin is not this host)."""
+    return foreign_origin(request.headers, [])
+
+
+def check_origins(origins: list[str]) -> list[str]:
+    """``server.allowed_origins`` as exact origins; a wildcard is refused (with cookies it would let any
+    site act as the signed-in user)."""
+    out = []
+    for origin in origins:
+        parts = urlsplit(origin.strip())
+        if origin.strip() == "*" or parts.scheme not in ("http", "https") or not parts.netloc or parts.path.strip("/"):
+            raise ConfigError(f"server.allowed_origins: expected scheme://host[:port], got {origin!r} "
+                              "(no wildcards: list each origin)")
+        out.append(f"{parts.scheme}://{parts.netloc}".lower())
+    return out
+
+
+class RequestPolicy:
+    """Pure ASGI middleware for checks 1 and 2 (Host, then Origin) on every HTTP request and WebSocket."""
+
+    def __init__(self, app, services: Services, origins: list[str]):
+        self.app = app
+        self.services = services
+        self.origins = origins
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        config = self.services.config
+        problem = None
+        peer = (scope.get("client") or ("",))[0]
+        if scope["path"] != HEALTH and peer != IN_PROCESS_PEER \
+                and not host_allowed(headers, config, self.services.auth is None):
+            problem = (400, f"unknown host {headers.get('host', '')!r}: add it to server.allowed_hosts")
+        elif (scope["type"] == "websocket" or scope["method"] not in SAFE_METHODS) \
+                and foreign_origin(headers, self.origins):
+            problem = (403, "cross-origin request refused: use the app from its own origin, or list the other "
+                            "origin in server.allowed_origins")
+        if problem is None:
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        return await _error(*problem)(scope, receive, send)
+
+
+# ---- /login ------------------------------------------------------------------------------------------
+class LoginGuard:
+    """Pure ASGI middleware around Gradio's ``POST /login`` (users mode): throttle before the check, and a
+    sign-in cookie that other sites cannot make the browser send."""
+
+    def __init__(self, app, services: Services):
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope, receive, send):
+        auth = self.services.auth
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") != "/login" \
+                or auth is None or auth.mode != "users":
+            return await self.app(scope, receive, send)
+        body = await _read_body(receive, MAX_LOGIN_BODY)
+        if body is None:
+            return await _error(413, "sign-in form too large")(scope, receive, send)
+        try:
+            form = await Request(scope, _replay(body, receive)).form()
+            name = str(form.get("username") or "").strip()
+            await form.close()
+        except Exception:  # a malformed form: Gradio answers it (422); it still counts for this address
+            name = ""
+        keys = login_keys(scope["client"][0] if scope.get("client") else None, name)
+        wait = auth.throttle.attempt(keys)
+        if wait is not None:
+            return await _too_many(wait)(scope, receive, send)
+        status = {}
+        lax = not self.services.config.server.space_id
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                if lax:
+                    message["headers"] = [(k, _lax(v) if k.lower() == b"set-cookie" else v)
+                                          for k, v in message.get("headers", [])]
+            await send(message)
+
+        await self.app(scope, _replay(body, receive), sending)
+        if status.get("code") == 200:
+            auth.throttle.succeeded(keys)
+
+
+def _lax(cookie: bytes) -> bytes:
+    """A Set-Cookie value with ``SameSite=Lax`` (replacing ``None`` or adding it)."""
+    parts = [p for p in cookie.split(b";") if not p.strip().lower().startswith(b"samesite")]
+    return b";".join(parts) + b"; SameSite=Lax"
+
+
+async def _read_body(receive, limit: int) -> Optional[bytes]:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return None
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A receive channel that hands out an already read body, then waits on the real one (disconnects)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _too_many(wait: float) -> JSONResponse:
+    seconds = max(1, math.ceil(wait))
+    return _error(429, f"too many failed sign-ins: try again in {seconds} s", {"Retry-After": str(seconds)})
+
+
+def gradio_login(services: Services):
+    """The check Gradio's ``/login`` calls: a coroutine, so Gradio awaits it, running scrypt in a worker
+    thread instead of on the event loop. None when there are no passwords (local mode, HF sign-in)."""
+    auth = services.auth
+    if auth is None or auth.mode != "users":
+        return None
+
+    async def check(username: str, password: str) -> bool:
+        return await run_in_threadpool(auth.login, username, password)
+
+    return check
+
+
+# ---- the whole guard ---------------------------------------------------------------------------------
+def install_security(app: FastAPI, services: Services) -> None:
+    """Install the five checks above on the parent app (call after every other middleware: the last one
+    added runs first). Reads ``services.auth`` per request, so local mode (None) passes 4 and 5."""
+    config = services.config.server
+    origins = check_origins(config.allowed_origins)
+    limiter = RateLimiter(config.rate_limit_per_minute)
+
+    @app.middleware("http")
+    async def _rest_guard(request: Request, call_next):
+        path = request.url.path
+        auth = services.auth
+        if not path.startswith(PREFIX) or auth is None or path in PUBLIC_PATHS:
+            return await call_next(request)
+        client = request.client.host if request.client else None
+        name = basic_name(request.headers.get("authorization"))
+        keys = login_keys(client, name) if name is not None else None
+        if keys is not None:
+            wait = auth.throttle.attempt(keys)
+            if wait is not None:
+                return _too_many(wait)
+        user = await run_in_threadpool(auth.user_of, request)  # Basic means scrypt: off the event loop
+        if user and keys is not None:
+            auth.throttle.succeeded(keys)
+        wait = limiter.retry_after(f"user:{user}" if user else f"ip:{client or '?'}")
+        if wait is not None:
+            return _error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+        if not user:
+            return _error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
+                               "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})
+        request.state.rlhf_user = user
+        return await call_next(request)
+
+    app.add_middleware(LoginGuard, services=services)
+    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=["*"],
+                       allow_headers=["*"], max_age=600)
+    app.add_middleware(RequestPolicy, services=services, origins=origins)
