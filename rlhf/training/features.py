@@ -99,8 +99,3 @@ def feature_cache(features: ReplyFeatures):
 
 def _key(prompt: list[dict]) -> tuple:
     return tuple((m["role"], m["content"]) for m in prompt)
-
-
-def n_reply_tokens(tokenizer, reply: str) -> int:
-    """How many tokens a reply has (for length statistics)."""
-    return len(tokenizer(reply, add_special_tokens=False)["input_ids"])

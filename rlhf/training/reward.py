@@ -35,6 +35,7 @@ from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_poi
                                 group_labels, split_by_conversation)
 from rlhf.models import pick_device, resolve_model
 from rlhf.training import reward_head
+from rlhf.training.features import DEFAULT_DEPTHS
 from rlhf.training.reward_lora import RewardModelError, RewardScorer, train_lora
 from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
 
@@ -179,15 +180,9 @@ def load_reward_model(path: str | os.PathLike, device: str = "auto", load_in_4bi
         except Exception as exc:
             raise RewardModelError(f"cannot load the head of {path}: {exc}") from exc
         features = ReplyFeatures.load(_base_source(meta, path), device, int(meta["max_length"]),
-                                      meta.get("depths") or reward_head_depths(), batch_size, load_in_4bit)
+                                      meta.get("depths") or DEFAULT_DEPTHS, batch_size, load_in_4bit)
         return HeadScorer(features, head, meta)
     return _load_lora(path, meta, device, load_in_4bit, batch_size)
-
-
-def reward_head_depths():
-    from rlhf.training.features import DEFAULT_DEPTHS
-
-    return DEFAULT_DEPTHS
 
 
 def _load_lora(path: Path, meta: dict, device: str, load_in_4bit: bool, batch_size: int) -> RewardScorer:
@@ -337,7 +332,7 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
                 report(0.85, "reward/eval", None)
                 metrics = {**_head_metrics(HeadScorer(features, head, meta), data, fit_metrics), **counts}
                 head.save(tmp / HEAD_FILE)
-                meta.update(format=HEAD_FORMAT, depths=list(reward_head_depths()), head_c=cfg.head_c,
+                meta.update(format=HEAD_FORMAT, depths=list(DEFAULT_DEPTHS), head_c=cfg.head_c,
                             ensemble=cfg.ensemble)
             else:
                 scorer, train_metrics = train_lora(data.pairs_train, data.points_train, data.mode, cfg, source, device,
