@@ -95,7 +95,8 @@ def measure_in_child(source: str, device: str, adapter_dirs: list[str], max_new_
     done = subprocess.run([sys.executable, "-m", "rlhf.bench.memory", spec], capture_output=True, text=True,
                           timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"memory benchmark child failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"memory benchmark child failed ({done.returncode}): stderr {done.stderr[-2000:]!r}, "
+                           f"stdout {done.stdout[-500:]!r}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -125,4 +126,12 @@ def run(config: AppConfig, args, path=None) -> dict:
 
 
 if __name__ == "__main__":  # the child of measure_in_child
+    import faulthandler
+    import os
+
+    faulthandler.enable()  # a native crash prints where it happened instead of a bare signal
     print(json.dumps(measure(**json.loads(sys.argv[1]))), flush=True)
+    sys.stderr.flush()
+    # The figures are out; leave without interpreter teardown, where torch's and the server's threads were seen
+    # to abort the process once in a full test run (SIGABRT, no message) after the work was done.
+    os._exit(0)
