@@ -1,4 +1,5 @@
-"""Per-step training metrics: ``metrics.csv`` in the run dir, mirrored to TensorBoard / W&B / Trackio.
+"""Per-step training metrics: ``metrics.csv`` in the run dir, mirrored through accelerate's trackers
+(TensorBoard / W&B / Trackio) when ``ppo.report_to`` names one.
 
 Keys are namespaced and identical everywhere (CLI, Store, plots, this CSV).
 """
@@ -27,18 +28,47 @@ def check_report_to(report_to: str) -> None:
         raise ConfigError(f"ppo.report_to={report_to} needs the {package!r} package: pip install {package}")
 
 
-class MetricsLog:
-    """Appends one row per step to ``metrics.csv`` and mirrors it to the configured tracker."""
+def tracker_for(report_to: str):
+    """What ``Accelerator(log_with=...)`` gets for ``ppo.report_to``: None for "none", else the tracker's name."""
+    check_report_to(report_to)
+    return REPORTERS[report_to] and report_to
 
-    def __init__(self, run_dir: Path, report_to: str = "none", run_config: Optional[dict] = None,
-                 resume_step: int = 0):
-        check_report_to(report_to)
+
+def start_trackers(acc, report_to: str, run_name: str, run_config: dict) -> None:
+    """Start the Accelerator's trackers (if any) with the run's config flattened to scalars."""
+    if acc.log_with:
+        acc.init_trackers("rlhf-studio", config=flat_scalars(run_config),
+                          init_kwargs={"wandb": {"name": run_name}})
+
+
+def flat_scalars(tree: dict, prefix: str = "") -> dict:
+    """``{"ppo": {"steps": 8}}`` -> ``{"ppo.steps": 8}``; lists and dicts inside become strings (hparams)."""
+    flat: dict = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            flat.update(flat_scalars(value, name + "."))
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def finite_numbers(metrics: dict) -> dict:
+    """The metrics a tracker can plot: finite ints and floats."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class MetricsLog:
+    """Appends one row per step to ``metrics.csv`` (the record the app reads; trackers only mirror it)."""
+
+    def __init__(self, run_dir: Path, resume_step: int = 0):
         self.path = Path(run_dir) / "metrics.csv"
         self.columns: Optional[list[str]] = None
         if self.path.exists():
             self._truncate_after(resume_step)
-        self.report_to = report_to
-        self._tracker = self._open_tracker(report_to, Path(run_dir), run_config or {})
 
     def _truncate_after(self, step: int) -> None:
         # A resumed run repeats the steps after its checkpoint: drop their old rows first.
@@ -52,18 +82,6 @@ class MetricsLog:
             writer.writeheader()
             writer.writerows(r for r in rows if int(r["step"]) <= step)
 
-    @staticmethod
-    def _open_tracker(report_to: str, run_dir: Path, run_config: dict):
-        if report_to == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            return SummaryWriter(str(run_dir / "tensorboard"))
-        if report_to in ("wandb", "trackio"):
-            module = __import__(report_to)
-            module.init(project="rlhf-studio", name=run_dir.name, config=run_config)
-            return module
-        return None
-
     def log(self, step: int, metrics: dict) -> None:
         """Write one step's metrics (missing known keys are left blank)."""
         if self.columns is None:
@@ -74,20 +92,6 @@ class MetricsLog:
         row = {"step": step, **{k: v for k, v in metrics.items() if k in self.columns}}
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, self.columns).writerow(row)
-        finite = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        if self.report_to == "tensorboard":
-            for key, value in finite.items():
-                self._tracker.add_scalar(key, value, step)
-            self._tracker.flush()
-        elif self._tracker is not None:
-            self._tracker.log(finite, step=step)
-
-    def close(self) -> None:
-        """Flush and close the tracker."""
-        if self.report_to == "tensorboard":
-            self._tracker.close()
-        elif self._tracker is not None:
-            self._tracker.finish()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

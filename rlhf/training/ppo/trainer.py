@@ -30,7 +30,7 @@ from rlhf.training.ppo.core import (AdaptiveKLController, FixedKLController, com
                            value_loss)
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, score_tokens
 from rlhf.training.prompts import PromptBuffer
-from rlhf.training.run_metrics import MetricsLog
+from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
 from rlhf.training.shaping import RewardShaper
 
 log = logging.getLogger(__name__)
@@ -159,15 +159,17 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     when the guards stop the run, which then has no ``final/``.
     """
     from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
 
     cfg = config.ppo
     cfg.check()
     started = time.perf_counter()
-    acc = Accelerator(cpu=device == "cpu")
+    run_dir = Path(run_dir)
+    acc = Accelerator(cpu=device == "cpu", log_with=tracker_for(cfg.report_to),
+                      project_config=ProjectConfiguration(str(run_dir), logging_dir=str(run_dir / "tensorboard")))
     main, dev = acc.is_main_process, acc.device
     if dev.type != device:  # Accelerate keeps the first device a process asked for
         raise RuntimeError(f"train_ppo(device={device!r}) but this process's Accelerate state is on {dev}")
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     shaper = RewardShaper(cfg, reward_fn)
     buffer = prompts if isinstance(prompts, PromptBuffer) else PromptBuffer(prompts, 0.0, cfg.seed)
@@ -176,7 +178,8 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     policy = acc.unwrap_model(model)
     guard = _Guard(cfg.max_guard_events, state["guard_events"])
     phase, seconds_before = state["phase_seconds"], state["seconds"]
-    metrics_log = MetricsLog(run_dir, cfg.report_to, config.to_dict(), state["step"]) if main else None
+    metrics_log = MetricsLog(run_dir, state["step"]) if main else None
+    start_trackers(acc, cfg.report_to, run_dir.name, config.to_dict())
     if main:
         (run_dir / "config.json").write_text(config.to_json())
 
@@ -207,6 +210,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
             state["history"].append(metrics)
             if main:
                 metrics_log.log(step, metrics)
+                acc.log(finite_numbers(metrics), step=step)
                 if cfg.save_every and step % cfg.save_every == 0:
                     save_checkpoint(run_dir, step, policy, optimizer,
                                     {**state, "kl_ctl": kl_ctl.state_dict(), "seconds": elapsed()})
@@ -226,8 +230,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
             (run_dir / "failed.json").write_text(json.dumps({"reason": str(exc), "step": len(state["history"])}))
         raise
     finally:
-        if metrics_log is not None:
-            metrics_log.close()
+        acc.end_training()
 
 
 def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, seconds: float,

@@ -207,6 +207,39 @@ def test_a_kl_above_the_hard_limit_skips_minibatches_until_the_run_fails(tmp_pat
     assert not (tmp_path / "run" / "final").exists()
 
 
+def test_metrics_are_mirrored_through_accelerate_trackers(tmp_path, tiny_model_dir, monkeypatch):
+    from accelerate.tracking import GeneralTracker
+
+    class Recorder(GeneralTracker):
+        name, requires_logging_directory = "recorder", False
+
+        def __init__(self):
+            super().__init__()
+            self.config, self.steps, self.finished = None, [], False
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            self.config = values
+
+        def log(self, values, step=None, **kwargs):
+            self.steps.append((step, values))
+
+        def finish(self):
+            self.finished = True
+
+    recorder = Recorder()
+    monkeypatch.setattr("rlhf.training.ppo.trainer.tracker_for", lambda name: [recorder])
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=2")
+    train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "run")
+    assert recorder.config["ppo.steps"] == 2 and recorder.finished
+    assert [step for step, _ in recorder.steps] == [1, 2]
+    csv_rows = read_metrics(tmp_path / "run")
+    assert recorder.steps[1][1]["reward/mean"] == pytest.approx(csv_rows[1]["reward/mean"])
+
+
 def test_report_to_needs_a_known_and_installed_tracker():
     with pytest.raises(ConfigError, match="must be one of"):
         check_report_to("mlflow")
