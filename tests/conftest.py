@@ -17,6 +17,8 @@ CACHE = ROOT / ".cache"  # converted shipped model, kept between runs (gitignore
 
 
 SLOW_DIRS = ("e2e", "load")  # real app processes, the real model: never in `make test-fast`
+# Other engines' trainers and sources (TRL, OpenRLHF, verl): minutes of CPU, so only in the full suite.
+SLOW_PATHS = (("rlhf", "interop"),)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,7 +29,8 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        if parts[0] in SLOW_DIRS or "smol_dir" in getattr(item, "fixturenames", ()):
+        slow_path = parts[0] in SLOW_DIRS or any(parts[:len(p)] == p for p in SLOW_PATHS)
+        if slow_path or "smol_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
 

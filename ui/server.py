@@ -10,6 +10,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from rlhf.config import AppConfig
+from rlhf.cpu import apply_torch_threads
 from rlhf.jobs.publish import check_adapters, clean_leftovers
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.serving.server import PolicyServer, load_server
@@ -46,8 +47,12 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     clean_leftovers(store, config)
     check_adapters(store)
     scheduler = StudioScheduler(store, config)
-    services = Services(config=config, store=store, server=server or load_server(config), scheduler=scheduler,
-                        auth=auth)
+    budget = scheduler.runner.budget  # one CPU budget: the job runner reports jobs, serving engines follow it
+    apply_torch_threads(budget.plan.serving_idle)  # this thread (model loading); the engine applies its own
+    server = server or load_server(config)
+    server.use_budget(budget)
+    log.info("%s", budget.plan.describe())
+    services = Services(config=config, store=store, server=server, scheduler=scheduler, auth=auth)
     if config.scheduler.enabled:
         scheduler.start()
     else:
@@ -64,8 +69,9 @@ def widen_thread_pool(config: AppConfig) -> None:
     limiter.total_tokens = max(limiter.total_tokens, config.serving.max_batch_size + config.serving.queue_size + 16)
 
 
-def create_app(services: Services) -> FastAPI:
-    """FastAPI app with the REST API under /api/v1 and the Gradio UI at /."""
+def create_app(services: Services, ui: bool = True) -> FastAPI:
+    """FastAPI app with the REST API under /api/v1 and the Gradio UI at / (``ui=False``: the REST API alone,
+    the same routes and guards without the ~1.5 s Gradio build, for headless use and REST tests)."""
     app = FastAPI(title="RLHF Studio", docs_url="/api/v1/docs", openapi_url="/api/v1/openapi.json")
     install_error_handlers(app)
     body_size_guard(app, services.config.server.max_body_bytes)
@@ -75,6 +81,8 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(build_arena_router(services))
     app.include_router(build_jobs_router(services))
     app.include_router(build_admin_router(services))
+    if not ui:
+        return app
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
     # No share links (we never call launch), no extra allowed_paths, uploads capped.

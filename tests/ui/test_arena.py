@@ -35,7 +35,7 @@ def versions(services, adapter_dirs):
 
 @pytest.fixture
 def client(services):
-    with TestClient(create_app(services)) as c:
+    with TestClient(create_app(services, ui=False)) as c:
         yield c
 
 
@@ -254,7 +254,7 @@ def team_mode(services):
 def test_rest_archive_needs_admin(services, versions):
     team_mode(services)
     url = f"/api/v1/policies/{versions[1].id}/archive"
-    with TestClient(create_app(services)) as c:
+    with TestClient(create_app(services, ui=False)) as c:
         r = c.post(url, auth=("ann", "pw-ann"))
         assert r.status_code == 403 and "admin" in r.json()["error"]
         assert services.store.get_policy(versions[1].id).status == "candidate"

@@ -9,7 +9,7 @@ from ui.server import create_app
 
 @pytest.fixture
 def client(services):
-    with TestClient(create_app(services)) as c:
+    with TestClient(create_app(services, ui=False)) as c:
         yield c
 
 

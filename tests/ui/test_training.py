@@ -19,7 +19,7 @@ def seed_pairs(store, n):
 
 @pytest.fixture
 def client(services):
-    with TestClient(create_app(services)) as c:
+    with TestClient(create_app(services, ui=False)) as c:
         yield c
 
 
@@ -42,6 +42,7 @@ def test_refresh_shows_estimate_jobs_progress_and_curves(services):
     services.store.log_metrics(job.id, 2, {"reward/mean": 0.4, "ppo/kl": 0.7, "loss/policy": 0.2})
     estimate, jobs, pick, progress, reward, kl, losses, log, sched = training.refresh(services, "assistant", None)
     assert "pairs:** 3" in estimate and "Not enough data" in estimate
+    assert "CPU budget" in estimate and "no job is running" in estimate
     assert list(jobs["job"]) == [job.id] and jobs["progress"][0] == "40%"
     assert "width:40.0%" in progress and "ppo" in progress
     assert list(reward["value"]) == [0.1, 0.4] and list(kl["value"]) == [0.5, 0.7]
