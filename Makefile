@@ -7,9 +7,11 @@ TORCH  ?= torch==2.13.0
 HOST   ?= 127.0.0.1
 PORT   ?= 7860
 PY     := $(VENV)/bin/python
+ANCHORS ?= .venv-anchors
+LLAMA_CPP ?= llama-cpp-python==0.3.36
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast load bench bench-train bench-reward clean help
+.PHONY: setup run test test-fast load bench bench-train bench-reward bench-anchors clean help
 
 help:
 	@echo "make run    start the app on http://$(HOST):$(PORT)"
@@ -18,6 +20,7 @@ help:
 	@echo "make load   load + fault test (50 simulated annotators, 60 s)"
 	@echo "make test-fast  storage, maths, config, UI handlers: no model conversion, no browser (< 60 s)"
 	@echo "make bench  all benchmarks (figures appended to BENCHMARKS.md)"
+	@echo "make bench-anchors  build llama-cpp-python into $(ANCHORS) (10-15 min on 2 cores); bench serve then adds llama.cpp rows"
 
 setup: $(STAMP)
 
@@ -54,5 +57,13 @@ bench-train: setup
 bench-reward: setup
 	$(VENV)/bin/rlhf-studio bench reward
 
+# llama.cpp on the same shipped GGUF, as a speed anchor for `bench serve`: its own venv, never part of
+# `make setup` or `make test` (it compiles C++ from source: needs cmake and a compiler).
+bench-anchors: setup
+	test -x $(ANCHORS)/bin/python || $(PYTHON) -m venv $(ANCHORS)
+	$(ANCHORS)/bin/python -m pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(ANCHORS)/bin/python -m pip install -q "$(LLAMA_CPP)"
+	$(ANCHORS)/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'ready in $(ANCHORS)')"
+
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(ANCHORS) .cache .pytest_cache

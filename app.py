@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from rlhf.cli import config_from_args, serve_parser
-from ui.server import build_services, create_app, serve
+from rlhf.cpu import export_thread_env, thread_plan
 
 
 def build(argv: list[str] | None = None):
@@ -12,6 +12,8 @@ def build(argv: list[str] | None = None):
 
     The services (Store, model server, scheduler) ride on ``app.state.services``; close them when done.
     """
+    from ui.server import build_services, create_app
+
     args = serve_parser().parse_args([] if argv is None else argv)
     services = build_services(config_from_args(args))
     app = create_app(services)
@@ -21,7 +23,11 @@ def build(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> None:
     args = serve_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    serve(config_from_args(args))
+    config = config_from_args(args)
+    export_thread_env(thread_plan(config).serving_idle)  # the CPU budget, before torch loads (ui.server imports it)
+    from ui.server import serve
+
+    serve(config)
 
 
 if __name__ == "__main__":

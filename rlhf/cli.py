@@ -49,9 +49,13 @@ def config_from_args(args: argparse.Namespace) -> AppConfig:
 
 @command("serve", "start the app (UI + REST API)", add_serve_args)
 def cmd_serve(args: argparse.Namespace) -> int:
+    from rlhf.cpu import export_thread_env, thread_plan
+
+    config = config_from_args(args)
+    export_thread_env(thread_plan(config).serving_idle)  # before torch loads (ui.server imports it)
     from ui.server import serve
 
-    serve(config_from_args(args))
+    serve(config)
     return 0
 
 
@@ -60,7 +64,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     from rlhf.config import markdown_table
 
-    print(to_yaml(config_from_args(args)) if args.action == "show" else markdown_table(), end="")
+    if args.action == "docs":
+        print(markdown_table(), end="")
+        return 0
+    import json
+
+    from rlhf.cpu import thread_plan
+
+    config = config_from_args(args)
+    plan = thread_plan(config)
+    # The budget as YAML comments: the output stays a config file that `--config` accepts.
+    print(to_yaml(config) + f"# CPU budget on this machine: {plan.describe()}\n"
+          f"# {json.dumps(plan.to_dict())}", flush=True)
     return 0
 
 
@@ -141,6 +156,8 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-set", metavar="KEY=VALUE", action="append", default=[],
                    help="config override sent with the retrain request (repeatable)")
     p.add_argument("--token", help="API token when the app has users configured")
+    p.add_argument("--active", action="store_true",
+                   help="vote on the vote queue's items (GET /queue/next) instead of self-made pairs")
 
 
 @command("simulate", "simulated annotators drive the REST API with an oracle preference", add_simulate_args)
@@ -157,7 +174,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     overrides = dict(item.split("=", 1) for item in args.train_set)
     try:
         out = simulate(url, args.oracle, args.votes, args.retrain, args.agent, args.eval_prompts, overrides,
-                       args.max_new_tokens, args.token, samples=args.samples)
+                       args.max_new_tokens, args.token, samples=args.samples, active=args.active)
     except (RuntimeError, TimeoutError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 1
@@ -292,15 +309,22 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 # ---- benchmarks (issue 8) ----
 BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
-           "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward"}
+           "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward", "queue": "rlhf.bench.queue",
+           "loop": "rlhf.bench.loop"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", choices=sorted(BENCHES), help="which benchmark")
     p.add_argument("--users", type=int, help="serve: one concurrency level instead of 1, 8 and 32")
     p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
+    p.add_argument("--during-retrain", action="store_true",
+                   help="serve: the 1- and 8-user levels while a real retrain job runs, against idle in the same run")
     p.add_argument("--preference", help="reward: one planted preference instead of all")
     p.add_argument("--no-baseline", action="store_true", help="reward: skip the slow LoRA baseline")
+    p.add_argument("--oracle", help="loop: one built-in oracle instead of all")
+    p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64)")
+    p.add_argument("--active", action="store_true",
+                   help="reward: votes to 0.80 held-out accuracy, vote-queue (uncertainty) pairs against random ones")
 
 
 @command("bench", "run a benchmark; prints a table, appends to BENCHMARKS.md, prints one JSON line last",
@@ -308,7 +332,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    module = importlib.import_module(BENCHES[args.what])
+    during = args.what == "serve" and getattr(args, "during_retrain", False)
+    active = args.what == "reward" and getattr(args, "active", False)  # votes the vote queue saves
+    module = importlib.import_module("rlhf.bench.serve_retrain" if during else
+                                     "rlhf.bench.reward_active" if active else BENCHES[args.what])
     module.run(config_from_args(args), args)  # each module calls rlhf.bench.report.report(...)
     return 0
 

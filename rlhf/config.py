@@ -38,6 +38,8 @@ class ServingConfig:
     max_batch_size: int = opt(32, "Most replies generated together in one batch (continuous batching).")
     queue_size: int = opt(64, "Chat requests that may wait for a batch slot; beyond it the server answers busy.")
     batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
+    threads: int = opt(0, "CPU threads of the serving engine (0 = every core a running job does not hold; see "
+                       "`config show` for the budget).")
 
 
 @dataclass
@@ -68,15 +70,20 @@ class RewardConfig:
 
 @dataclass
 class PPOConfig:
-    steps: int = opt(8, "PPO iterations (rollout + update).")
+    """PPO settings, grouped by concern (the README table shows the group of each key)."""
+    # -- rollout: what the policy is asked and how it samples
     batch_size: int = opt(8, "Prompts per rollout (per process under accelerate launch).")
-    mini_batch_size: int = opt(4, "Rollouts per gradient step.")
-    ppo_epochs: int = opt(1, "Passes over each rollout batch.")
-    learning_rate: float = opt(6e-4, "Policy LoRA + value head learning rate.")
     max_new_tokens: int = opt(48, "Reply length during rollouts.")
     max_prompt_tokens: int = opt(384, "Longest rollout prompt in tokens; the oldest turns are cut first.")
     temperature: float = opt(1.0, "Sampling temperature during rollouts.")
     top_p: float = opt(1.0, "Nucleus mass during rollouts.")
+    adversarial_ratio: float = opt(0.5, "Share of rollout prompts drawn from low-rated contexts.")
+    prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.")
+    # -- optimisation: the clipped-surrogate update
+    steps: int = opt(8, "PPO iterations (rollout + update).")
+    mini_batch_size: int = opt(4, "Rollouts per gradient step.")
+    ppo_epochs: int = opt(1, "Passes over each rollout batch.")
+    learning_rate: float = opt(6e-4, "Policy LoRA + value head learning rate.")
     gamma: float = opt(1.0, "GAE discount.")
     lam: float = opt(0.95, "GAE lambda.")
     clip_range: float = opt(0.2, "Policy ratio clip.")
@@ -84,13 +91,16 @@ class PPOConfig:
     vf_coef: float = opt(0.5, "Value loss weight.")
     ent_coef: float = opt(0.0, "Entropy bonus weight.")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    # -- KL: how far the policy may move from the base
     kl_init: float = opt(0.05, "Initial KL penalty coefficient.")
     kl_target: float = opt(6.0, "Target KL (nats per reply) for the adaptive coefficient; 0 = fixed.")
     kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.")
     kl_limit: float = opt(20.0, "Hard KL limit per reply; a minibatch above it is skipped.")
     approx_kl_stop: float = opt(0.5, "Stop the update epochs early when approx KL exceeds this.")
+    # -- guards: when an update is skipped or the run stops
     max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.")
     ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].")
+    # -- shaping: the scalar reward PPO maximises
     reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.")
     whiten_rewards: bool = opt(False, "Whiten the scalar reward over the batch.")
     length_target: int = opt(0, "Rule term: preferred reply length in tokens (0 = off).")
@@ -98,12 +108,12 @@ class PPOConfig:
     repetition_weight: float = opt(0.0, "Rule term weight penalising repeated n-grams.")
     polite_weight: float = opt(0.0, "Rule term weight for a polite, complete ending.")
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.")
-    adversarial_ratio: float = opt(0.5, "Share of rollout prompts drawn from low-rated contexts.")
-    prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.")
-    eval_prompts: int = opt(12, "Held-out prompts used for evaluation.")
+    # -- adapter: the LoRA being trained
     lora_r: int = opt(16, "LoRA rank of the policy adapter.")
     lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.")
     load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).")
+    # -- run: evaluation, checkpoints, logging
+    eval_prompts: int = opt(12, "Held-out prompts used for evaluation.")
     save_every: int = opt(4, "Checkpoint every N steps (0 = only final).")
     eval_every: int = opt(0, "Evaluate every N steps to pick best/ (0 = only at the end).")
     seed: int = opt(0, "Seed for prompts, sampling and init.")
@@ -126,13 +136,30 @@ class PPOConfig:
             raise ConfigError(f"ppo.adversarial_ratio must be in [0, 1], got {self.adversarial_ratio}")
 
 
+# The concern of each ppo.* key (README table, `config docs`): keys stay flat so existing configs keep working.
+PPO_GROUPS = {key: group for group, keys in {
+    "rollout": ("batch_size", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "adversarial_ratio",
+                "prompt_file"),
+    "optimisation": ("steps", "mini_batch_size", "ppo_epochs", "learning_rate", "gamma", "lam", "clip_range",
+                     "clip_range_value", "vf_coef", "ent_coef", "max_grad_norm"),
+    "KL": ("kl_init", "kl_target", "kl_horizon", "kl_limit", "approx_kl_stop"),
+    "guards": ("max_guard_events", "ratio_limit"),
+    "shaping": ("reward_clip", "whiten_rewards", "length_target", "length_weight", "repetition_weight",
+                "polite_weight", "reward_functions"),
+    "adapter": ("lora_r", "lora_alpha", "load_in_4bit"),
+    "run": ("eval_prompts", "save_every", "eval_every", "seed", "report_to"),
+}.items() for key in keys}
+
+
 @dataclass
 class RetrainConfig:
     auto_promote: bool = opt(True, "Make a candidate that passes the gate the active version.")
     min_win_rate: float = opt(0.5, "Gate: least reward-model win rate of candidate vs active.")
     max_kl: float = opt(10.0, "Gate: largest KL to base (nats per reply) a candidate may have.")
     resume_interrupted: bool = opt(False, "Resume jobs interrupted by a crash instead of failing them.")
-    job_threads: int = opt(1, "CPU threads a training job may use (keeps serving responsive).")
+    job_threads: int = opt(0, "CPU threads of a training job (0 = half the cores, at least 1); serving gives "
+                           "them up while the job runs.")
+    job_nice: int = opt(10, "Niceness of the job process (0-19): on a contended core chat goes first.")
     heartbeat_seconds: float = opt(2.0, "How often a running job writes its heartbeat.")
     stale_after_seconds: float = opt(60.0, "A running job without heartbeat this long is dead.")
 
@@ -146,6 +173,37 @@ class SchedulerConfig:
     min_interval_minutes: float = opt(60.0, "Least time between automatic retrains of an agent.")
     cron: str = opt("", "Optional crontab expression that also triggers a retrain.")
     auto_retrain: bool = opt(False, "Enqueue retrains automatically (admins can turn this on in the UI).")
+
+
+@dataclass
+class QueueConfig:
+    refill: bool = opt(True, "Refill each agent's vote queue in the background while chat is idle (with "
+                       "scheduler.enabled; the Vote tab and /queue API work either way).")
+    low_water: int = opt(8, "Refill when fewer unseen items than this are ready.")
+    target_ready: int = opt(24, "Refill up to this many unseen ready items per agent.")
+    batch_size: int = opt(4, "Items generated together in one refill batch (two replies each).")
+    max_new_tokens: int = opt(0, "Reply length of queue items in tokens (0 = the agent's default).")
+    temperature: float = opt(0.9, "Sampling temperature of queue replies (two samples of one version must differ).")
+    prompt_file: str = opt("", "Extra prompts for the queue (JSONL/TXT); empty = the starter set in assets/. Prompts "
+                           "users typed are always in the pool.")
+    random_share: float = opt(0.2, "Share of items picked at random instead of by the reward model's uncertainty.")
+    refit_every: int = opt(8, "Refit the queue's reward head (and rescore the items) after this many new pairs.")
+    overlap_every: int = opt(10, "Every Nth item also goes to a second annotator, for agreement (0 = never).")
+    ttl_hours: float = opt(24.0, "An item expires this long after it was made; a vote on it is refused.")
+    lease_minutes: float = opt(10.0, "An item shown to an annotator is held for them this long; unvoted, it goes "
+                               "to others (never back to them).")
+    poll_seconds: float = opt(5.0, "How often the refill worker looks at the queue (votes also wake it).")
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot work (called at load)."""
+        if not 0 <= self.random_share <= 1:
+            raise ConfigError(f"queue.random_share must be in [0, 1], got {self.random_share}")
+        if min(self.batch_size, self.refit_every) < 1 or self.low_water < 0 or self.target_ready < self.low_water:
+            raise ConfigError("queue.batch_size and queue.refit_every must be >= 1, and 0 <= queue.low_water <= "
+                              "queue.target_ready")
 
 
 @dataclass
@@ -178,6 +236,7 @@ class AppConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     @property
@@ -201,7 +260,7 @@ class AppConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-SECTIONS = ["serving", "reward", "ppo", "retrain", "scheduler", "server"]
+SECTIONS = ["serving", "reward", "ppo", "retrain", "scheduler", "queue", "server"]
 SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / tokens
 # Variables that other tools set (Hugging Face Spaces) or that the docs promise, mapped to config keys.
 # They apply before the RLHF_<SECTION>_<KEY> form, so the long form wins when both are set.
@@ -329,6 +388,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
     cfg.ppo.check()
+    cfg.queue.check()
     if cfg.server.space_id:
         apply_spaces_defaults(cfg, explicit)
     return cfg
@@ -380,7 +440,10 @@ def describe() -> list[tuple[str, Any, str]]:
         if f.name in SECTIONS:
             for sf in dataclasses.fields(f.default_factory()):
                 default = sf.default if sf.default is not dataclasses.MISSING else sf.default_factory()
-                rows.append((f"{f.name}.{sf.name}", default, sf.metadata.get("help", "")))
+                help = sf.metadata.get("help", "")
+                if f.name == "ppo":
+                    help = f"*{PPO_GROUPS[sf.name]}* · {help}"
+                rows.append((f"{f.name}.{sf.name}", default, help))
         else:
             rows.append((f.name, f.default, f.metadata.get("help", "")))
     return rows

@@ -192,6 +192,45 @@ CREATE TABLE api_tokens (
 """)
 
 
+@MIGRATIONS(name="m003_vote_queue")
+def m003_vote_queue(db: Database) -> None:
+    # The vote queue (issue 17): an item is one context with two stored replies (a conversation of source
+    # 'queue'); an assignment is one annotator being shown one item, and their vote is an ordinary comparison.
+    # One assignment per (item, annotator): the anonymous annotator (NULL) counts as one person.
+    _run(db, """
+CREATE TABLE queue_items (
+    id INTEGER PRIMARY KEY,
+    agent_id INTEGER NOT NULL REFERENCES agents(id),
+    context_key TEXT NOT NULL,
+    message_a_id INTEGER NOT NULL REFERENCES messages(id),
+    message_b_id INTEGER NOT NULL REFERENCES messages(id),
+    policy_a_id INTEGER REFERENCES policies(id),
+    policy_b_id INTEGER REFERENCES policies(id),
+    source TEXT NOT NULL DEFAULT 'starter',
+    votes_wanted INTEGER NOT NULL DEFAULT 1 CHECK (votes_wanted BETWEEN 1 AND 10),
+    p_a REAL,
+    uncertainty REAL,
+    scored_pairs INTEGER,
+    created TEXT NOT NULL,
+    expires TEXT NOT NULL,
+    CHECK (message_a_id != message_b_id)
+);
+CREATE INDEX queue_items_agent ON queue_items(agent_id, expires);
+CREATE INDEX queue_items_context ON queue_items(agent_id, context_key);
+CREATE TABLE queue_assignments (
+    id INTEGER PRIMARY KEY,
+    item_id INTEGER NOT NULL REFERENCES queue_items(id),
+    annotator_id INTEGER REFERENCES annotators(id),
+    reason TEXT NOT NULL,
+    comparison_id INTEGER REFERENCES comparisons(id),
+    created TEXT NOT NULL,
+    voted TEXT
+);
+CREATE UNIQUE INDEX queue_assignments_once ON queue_assignments(item_id, COALESCE(annotator_id, 0));
+CREATE INDEX queue_assignments_annotator ON queue_assignments(annotator_id, voted)
+""")
+
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))

@@ -166,3 +166,32 @@ class Job(Record):
     @property
     def done(self) -> bool:
         return self.status in ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class QueueItem(Record):
+    id: int
+    agent_id: int
+    context_key: str
+    message_a_id: int
+    message_b_id: int
+    policy_a_id: Optional[int]
+    policy_b_id: Optional[int]
+    source: str
+    votes_wanted: int
+    p_a: Optional[float]
+    uncertainty: Optional[float]
+    scored_pairs: Optional[int]
+    created: str
+    expires: str
+
+
+@dataclass(frozen=True)
+class QueueAssignment(Record):
+    id: int
+    item_id: int
+    annotator_id: Optional[int]
+    reason: str
+    comparison_id: Optional[int]
+    created: str
+    voted: Optional[str]

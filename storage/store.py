@@ -16,6 +16,7 @@ from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable,
 from storage.feedback import FeedbackExportMixin, FeedbackMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
+from storage.queue import QueueMixin
 from storage.records import Agent, Annotator, Policy
 from storage.util import check_text, dumps, utcnow
 
@@ -26,7 +27,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin):
+class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, QueueMixin):
     """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
 
     def __init__(self, path: str | Path, max_text_chars: int = 8000, busy_timeout_s: float = BUSY_TIMEOUT_S):

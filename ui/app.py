@@ -13,6 +13,7 @@ from ui.tabs.data import build_data_tab
 from ui.permissions import current_user, is_admin
 from ui.services import Services, bind
 from ui.tabs.training import build_training
+from ui.tabs.vote import build_vote
 
 TITLE = "RLHF Studio"
 EPHEMERAL = ("\n\n> ⚠️ **Data is NOT persistent here.** This Space has no persistent storage mounted at `{mount}`, "
@@ -69,6 +70,8 @@ def build_ui(services: Services) -> gr.Blocks:
             build_chat(services, annotator)
         with gr.Tab("Arena") as arena_tab:
             build_arena(services, annotator, arena_tab)
+        with gr.Tab("Vote") as vote_tab:
+            build_vote(services, annotator, vote_tab)
         with gr.Tab("Dashboard") as dashboard_tab:
             build_dashboard(services, dashboard_tab)
         with gr.Tab("Training"):

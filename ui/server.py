@@ -12,6 +12,7 @@ from starlette.routing import Mount
 from rlhf.config import AppConfig
 from rlhf.cpu import apply_torch_threads
 from rlhf.jobs.publish import check_adapters, clean_leftovers
+from rlhf.jobs.refill import QueueRefill
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.serving.server import PolicyServer, load_server
 from storage import Store
@@ -21,6 +22,7 @@ from ui.api.core import body_size_guard, build_router, install_error_handlers
 from ui.api.admin import build_admin_router
 from ui.api.arena import build_arena_router
 from ui.api.jobs import build_jobs_router
+from ui.api.queue import build_queue_router
 from ui.downloads import AdminOnlyFiles
 from ui.guard import allowed_hosts, gradio_login, install_security
 from ui.permissions import is_admin
@@ -40,7 +42,8 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     """Store, model server and background machinery for one app process.
 
     At start: remove leftovers of an interrupted publish, mark versions whose adapter is gone as broken,
-    sweep jobs a dead process left running, then start the scheduler (when enabled).
+    sweep jobs a dead process left running, then start the background machinery (when
+    ``scheduler.enabled``): the scheduler, and the vote queue's refill (``queue.refill``).
     """
     store = open_store(config)
     auth = Auth.from_config(config, store)  # before the model loads: a bad users file fails fast
@@ -57,7 +60,16 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
         scheduler.start()
     else:
         scheduler.runner.sweep()
+    if config.queue.refill and config.scheduler.enabled:  # the vote queue's generation and scoring (after chat)
+        services.refill = QueueRefill(store, config, lambda agent: loaded_server(services, agent)).start()
     return services
+
+
+def loaded_server(services: Services, agent) -> PolicyServer | None:
+    """The agent's PolicyServer when it is already in memory (the vote queue's refill never loads a model)."""
+    if agent.base_model in (services.config.base_model, services.server.model_name):
+        return services.server
+    return services.servers.get(agent.base_model)
 
 
 def widen_thread_pool(config: AppConfig) -> None:
@@ -81,6 +93,7 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     app.include_router(build_arena_router(services))
     app.include_router(build_jobs_router(services))
     app.include_router(build_admin_router(services))
+    app.include_router(build_queue_router(services))
     if not ui:
         return app
     demo = build_ui(services)

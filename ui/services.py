@@ -22,6 +22,7 @@ class Services:
     server: PolicyServer
     scheduler: Optional[Any] = None  # rlhf.jobs.scheduler.StudioScheduler when running
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
+    refill: Optional[Any] = None  # rlhf.jobs.refill.QueueRefill when the vote queue refills in the background
     servers: dict = field(default_factory=dict)  # base model -> PolicyServer of agents on another base
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -34,11 +35,15 @@ class Services:
             if base not in self.servers:
                 try:
                     self.servers[base] = load_server(dataclasses.replace(self.config, base_model=base))
+                    if self.scheduler is not None:  # the same CPU budget as the app's own server
+                        self.servers[base].use_budget(self.scheduler.runner.budget)
                 except Exception as exc:  # a missing or broken model dir: the request fails, the app stays up
                     raise Conflict(f"agent {agent.name!r}: base model {base!r} cannot be loaded: {exc}") from exc
             return self.servers[base]
 
     def close(self) -> None:
+        if self.refill is not None:
+            self.refill.stop()
         if self.scheduler is not None:
             self.scheduler.shutdown()
         for server in self.servers.values():

@@ -9,10 +9,14 @@ the LoRA reward model the app trained before the linear head (``reward.method=lo
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -33,9 +37,14 @@ def prompt_of(pair: dict) -> list[dict]:
 
 
 class PoolFeatures:
-    """Features of every reply in the pool, computed once (a progress bar on stderr)."""
+    """Features of every reply in the pool, computed once (a progress bar on stderr).
 
-    def __init__(self, featurize, pool: list[dict], batch: int = 64):
+    With ``cache_dir`` the matrix is also kept on disk, named by a hash of ``cache_key`` (which model, length,
+    depths) and the replies: a second benchmark run on the same pool and model skips the extraction.
+    """
+
+    def __init__(self, featurize, pool: list[dict], batch: int = 64, cache_dir: Optional[Path] = None,
+                 cache_key: str = ""):
         from tqdm import tqdm
 
         self.index: dict[tuple[str, str], int] = {}
@@ -47,13 +56,32 @@ class PoolFeatures:
                     self.index[key] = len(replies)
                     prompts.append([{"role": "user", "content": rec["prompt"]}])
                     replies.append(reply)
+        digest = hashlib.sha256(json.dumps([cache_key, list(self.index)]).encode()).hexdigest()[:16]
+        path = Path(cache_dir) / f"pool-features-{digest}.npy" if cache_dir else None
+        if path is not None and path.is_file():
+            self.matrix = np.load(path)
+            return
         chunks = []
         for start in tqdm(range(0, len(replies), batch), desc="reply features", file=sys.stderr, unit="batch"):
             chunks.append(featurize(prompts[start:start + batch], replies[start:start + batch]))
         self.matrix = np.concatenate(chunks) if chunks else np.zeros((0, 1), np.float32)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+            np.save(tmp, self.matrix)
+            os.replace(tmp, path)  # whole or absent: a killed run leaves no half file
 
     def of(self, pairs: Sequence[dict], side: str) -> np.ndarray:
         return self.matrix[[self.index[(p["prompt"], p[side])] for p in pairs]]
+
+
+def pool_features(config: AppConfig, featurize, pool: list[dict]) -> PoolFeatures:
+    """The pool's features, cached under ``<data_dir>/cache/`` by model, length and feature depths."""
+    from rlhf.training.features import DEFAULT_DEPTHS
+
+    key = json.dumps([config.base_model, config.reward.max_length, list(DEFAULT_DEPTHS), str(featurize.device),
+                      featurize.layers])
+    return PoolFeatures(featurize, pool, cache_dir=config.data_path / "cache", cache_key=key)
 
 
 def head_fit(features: PoolFeatures, c: Optional[float] = None) -> Fit:
@@ -131,7 +159,8 @@ def timed_fit_at(n: int, featurize, pool, preference: str, train_ids) -> float:
 
 
 def run(config: AppConfig, args: argparse.Namespace) -> dict:
-    """Learning curves for every planted preference, with the two baselines; appends to BENCHMARKS.md."""
+    """Learning curves for every planted preference, with the two baselines; appends to BENCHMARKS.md.
+    (``bench reward --active`` runs ``rlhf.bench.reward_active`` instead.)"""
     from rlhf.models import pick_device, resolve_model
     from rlhf.training.features import ReplyFeatures
 
@@ -144,7 +173,7 @@ def run(config: AppConfig, args: argparse.Namespace) -> dict:
     train_ids, _ = split_prompts(pool)
     source = resolve_model(config.base_model, config.data_path)
     featurize = ReplyFeatures.load(source, pick_device(config.device), config.reward.max_length)
-    feats = PoolFeatures(featurize, pool)
+    feats = pool_features(config, featurize, pool)
     fits = {"head": head_fit(feats), "length": length_fit()}
     rows, curves = [], {}
     for pref in prefs:

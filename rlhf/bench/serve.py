@@ -279,6 +279,8 @@ def run(config: AppConfig, args, path=None) -> dict:
                     results[users] = (level, tps)
                     rows.append(level_row(level, tps, before, after))
             profile = server.engine.stats.to_dict()
+            anchor = anchor_rows(server, system_prompt, services.scheduler.runner.budget.plan.serving_idle,
+                                 config.base_model, [u for u in levels if u in (1, 8)] or [1], per_user, gen, rows)
         finally:
             services.close()
     pick = 8 if 8 in results else levels[-1]
@@ -294,6 +296,21 @@ def run(config: AppConfig, args, path=None) -> dict:
                         f"batch {pick} than at batch 1 on this machine.")
     errors = [e for lv, _ in results.values() for e in lv.errors]
     s = config.serving
+    anchor_note = ""
+    if anchor:
+        figures.update({"app_decode_tokens_per_s": round(anchor["app_decode_tokens_per_s"], 2),
+                        "llama_cpp_decode_tokens_per_s": round(anchor["levels"][0]["decode_tokens_per_s"], 2),
+                        "decode_ratio_vs_llama_cpp": round(anchor["app_decode_tokens_per_s"]
+                                                           / max(anchor["levels"][0]["decode_tokens_per_s"], 1e-9), 3),
+                        "llama_cpp_greedy_identical": f"{anchor['agreement']['identical']}/{anchor['agreement']['of']}"})
+        anchor_note = (f" llama.cpp anchor: llama-cpp-python {anchor['version']} in .venv-anchors on the shipped GGUF "
+                       f"(Q4_1 weights; the app runs the same weights dequantized to fp32), {anchor['threads']} "
+                       f"threads, greedy, the same prompt token ids and max tokens; it decodes one sequence at a time, "
+                       f"so concurrent users queue. Batch-1 decode (tokens after the first / time from first to last "
+                       f"token, in-process): app engine {anchor['app_decode_tokens_per_s']:.1f} tokens/s, llama.cpp "
+                       f"{anchor['levels'][0]['decode_tokens_per_s']:.1f} tokens/s. Greedy replies identical on "
+                       f"{anchor['agreement']['identical']} of {anchor['agreement']['of']} prompts, shared leading "
+                       f"tokens {anchor['agreement']['shared_prefix']:.0%} on average.")
     notes = (f"Model `{config.base_model}` on {server.device} (loaded in {load_s:.1f} s); {per_user} chat(s) per "
              f"annotator, max_new_tokens={gen['max_new_tokens']}, temperature={gen['temperature']}, "
              f"top_p={gen['top_p']}; max_batch_size={s.max_batch_size}, queue_size={s.queue_size}, "
@@ -301,5 +318,31 @@ def run(config: AppConfig, args, path=None) -> dict:
              f"the baseline's 'TTFT' is its whole reply (plain generate does not stream). Served figures include HTTP, "
              f"Store writes and the shared system-prompt KV reuse; the baseline is the bare model. Engine profile "
              f"over the run: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in profile.items()})}."
-             + ceiling_note + (f" Errors: {errors[:3]}" if errors else ""))
+             + ceiling_note + anchor_note + (f" Errors: {errors[:3]}" if errors else ""))
     return report("serve", rows, figures, notes, path=path)
+
+
+def anchor_rows(server, system_prompt: str, threads: int, base_model: str, levels: list[int], per_user: int,
+                gen: dict, rows: list) -> dict | None:
+    """llama.cpp rows (when `make bench-anchors` built it) and the app engine's batch-1 greedy decode, appended
+    to ``rows``; the anchor's figures, or None."""
+    from rlhf.bench.anchors import llama_cpp
+
+    prompts = [server.build_prompt(system_prompt, [{"role": "user", "content": q}]) for q in QUESTIONS[:8]]
+    anchor = llama_cpp(server, prompts, base_model, threads, levels, per_user, gen["max_new_tokens"])
+    if anchor is None:
+        return None
+    empty = {"busy": 0, "errors": 0, "rows_per_step": 1.0}
+    rows.append({"mode": "engine in-process, greedy, one at a time (decode rate)", "users": 1, "requests": len(prompts),
+                 "tokens": 0, "wall_s": 0.0, "tokens_per_s": anchor["app_decode_tokens_per_s"], "ttft_p50_s": 0.0,
+                 "ttft_p95_s": 0.0, **empty, "ms_per_step": 1000 / max(anchor["app_decode_tokens_per_s"], 1e-9)})
+    rows.append({"mode": "llama.cpp, greedy, one at a time (decode rate)", "users": 1, "requests": len(prompts),
+                 "tokens": 0, "wall_s": 0.0, "tokens_per_s": anchor["levels"][0]["decode_tokens_per_s"],
+                 "ttft_p50_s": 0.0, "ttft_p95_s": 0.0, **empty,
+                 "ms_per_step": 1000 / max(anchor["levels"][0]["decode_tokens_per_s"], 1e-9)})
+    for lv in anchor["levels"]:
+        rows.append({"mode": "llama.cpp (llama-cpp-python), greedy, requests queue", "users": lv["users"],
+                     "requests": lv["requests"], "tokens": lv["tokens"], "wall_s": lv["wall_s"],
+                     "tokens_per_s": lv["tokens_per_s"], "ttft_p50_s": lv["ttft_p50_s"], "ttft_p95_s": lv["ttft_p95_s"],
+                     **empty, "ms_per_step": 1000 / max(lv["decode_tokens_per_s"], 1e-9)})
+    return anchor

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig, apply_overrides
+from rlhf.cpu import thread_plan
 
 
 def synthetic_reward(replies: list[str]) -> list[float]:
@@ -117,9 +118,9 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     import torch
 
     threads_before = torch.get_num_threads()
-    # Both trainers get the CPU threads a retrain job gets (retrain.job_threads): that is how PPO runs in the app,
+    # Both trainers get the CPU threads a retrain job gets (rlhf.cpu budget): that is how PPO runs in the app,
     # and one thread per trainer is far less disturbed by other work on a small shared machine.
-    threads = max(1, config.retrain.job_threads)
+    threads = thread_plan(config).job
     torch.set_num_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
@@ -127,6 +128,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
             rloo = run_rloo(config, source, prompts, Path(tmp), device)
     finally:
         torch.set_num_threads(threads_before)
+    retrain = run_retrain(config, quick)
     ours_sps = cfg.batch_size / ours["step_s"]
     rloo_sps = cfg.batch_size / rloo["step_s"]
     split = {k: round(v / ours["step_s"], 3) for k, v in ours["phases"].items()}
@@ -137,10 +139,30 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     figures = {"ppo_samples_per_s": round(ours_sps, 4), "rloo_samples_per_s": round(rloo_sps, 4),
                "ratio": round(ours_sps / rloo_sps, 3), "phase_split": split,
                "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "steps": cfg.steps,
-               "threads": threads}
+               "threads": threads, "retrain_seconds": retrain["seconds"], "retrain_phase_seconds": retrain["phase_seconds"],
+               "retrain_ppo_phase_seconds": retrain["ppo_phase_seconds"], "eval_share": retrain["eval_share"],
+               "eval_share_with_ppo": retrain["eval_share_with_ppo"]}
     notes = (f"Model `{config.base_model}` on {device}; {cfg.batch_size} completions per rollout, "
              f"{cfg.max_new_tokens} new tokens, {cfg.ppo_epochs} epoch(s) in minibatches of {cfg.mini_batch_size}, "
              f"LoRA r={cfg.lora_r}; {cfg.steps} steps, the first untimed; {threads} CPU thread(s). "
              "Our phase split (share of a step): "
-             + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ".")
+             + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ". "
+             + f"A whole retrain job ({'the --quick config' if quick else 'the default config'}, {retrain['pairs']} votes "
+             f"from the shipped preference pool, its own process) took {retrain['seconds']:.0f} s: "
+             + ", ".join(f"{k} {v:.0f} s" for k, v in retrain["phase_seconds"].items())
+             + f"; the eval phase is {retrain['eval_share']:.0%} of it ({retrain['eval_share_with_ppo']:.0%} with PPO's "
+             "own before/after evaluations, which the ppo phase contains). Goal: eval <= 25%.")
     return report("train", rows, figures, notes, path=path)
+
+
+def run_retrain(config: AppConfig, quick: bool) -> dict:
+    """One real retrain job on votes from the shipped preference pool: its wall time and phase split."""
+    from rlhf.bench.retrain import RetrainRun, retrain_config
+
+    with tempfile.TemporaryDirectory(prefix="bench-retrain-") as tmp:
+        run = RetrainRun(retrain_config(config, Path(tmp), quick), n_pairs=16 if quick else 64)
+        run.start()
+        result = run.wait()
+    if result["status"] != "succeeded":
+        raise RuntimeError(f"the benchmark retrain failed: {result['error']}")
+    return result

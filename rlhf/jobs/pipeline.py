@@ -14,10 +14,10 @@ from rlhf.jobs.worker import JobContext, job_kind
 from storage import InvalidInput, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
-RETRAIN_PHASES = {"data": (0.0, 0.03), "reward": (0.03, 0.33), "ppo": (0.33, 0.85), "eval": (0.85, 0.97),
-          "publish": (0.97, 1.0), "done": (1.0, 1.0)}
+RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "ppo": (0.25, 0.87), "eval": (0.87, 0.99),
+          "publish": (0.99, 1.0), "done": (1.0, 1.0)}
 # Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
-DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 60.0, "overhead_s": 30.0}
+DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 45.0, "overhead_s": 30.0}
 
 
 def _data_counts(store: Store, config: AppConfig, agent: str) -> dict:
@@ -121,7 +121,8 @@ def retrain(ctx: JobContext) -> dict:
 
     # Evaluation against the active version, then the gate
     phases.enter("eval", "evaluating candidate vs active version")
-    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer, eval_prompts)
+    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer, eval_prompts,
+                            kl_to_base=ppo.kl)
     verdict = gate(report.candidate_members, report.active_members, report.kl_to_base, cfg.retrain.min_win_rate,
                    cfg.retrain.max_kl, seed=cfg.ppo.seed)
     passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
@@ -149,7 +150,19 @@ def retrain(ctx: JobContext) -> dict:
              "eval_s": phases.seconds["eval"]}
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
             "gate_reasons": reasons, "gate": verdict.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
-            "run_dir": str(ppo.run_dir), "rates": rates, "phase_seconds": phases.seconds}
+            "run_dir": str(ppo.run_dir), "rates": rates, **phase_split(phases.seconds, ppo.phase_seconds)}
+
+
+def phase_split(seconds: dict, ppo_seconds: dict) -> dict:
+    """Seconds per retrain phase, PPO's own split, and the share of the wall time spent in the eval phase (and
+    with PPO's own before/after evaluations added, which the ppo phase contains)."""
+    total = sum(seconds.values())
+    evaluating = seconds.get("eval", 0.0) + ppo_seconds.get("eval", 0.0)
+    share = lambda x: round(x / total, 4) if total else 0.0  # noqa: E731
+    return {"phase_seconds": {k: round(v, 3) for k, v in seconds.items()},
+            "ppo_phase_seconds": {k: round(v, 3) for k, v in ppo_seconds.items()},
+            "seconds": round(total, 3), "eval_share": share(seconds.get("eval", 0.0)),
+            "eval_share_with_ppo": share(evaluating)}
 
 
 def snapshot_size(store: Store, agent: str, snapshot: dict) -> int:
@@ -195,14 +208,16 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
 
 
 def evaluate_phase(ctx: JobContext, base_source: str, device: str, candidate_dir: str | Path,
-                   active_dir: Optional[str], scorer, eval_prompts: list):
-    """Generate with candidate and active adapters on one base and compare them with the reward model."""
+                   active_dir: Optional[str], scorer, eval_prompts: list, kl_to_base: Optional[float] = None):
+    """Generate with candidate and active adapters on one base (one batch) and compare them with the reward
+    model; ``kl_to_base`` is PPO's final estimate on the same prompts (measured here when missing)."""
     from rlhf.jobs.evaluation import evaluate_versions
 
     cfg = ctx.config
     model, tokenizer = adapters_on_base(base_source, device, {"cand": str(candidate_dir), "active": active_dir})
     return evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", "active" if active_dir else None,
-                             cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000)
+                             cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000,
+                             kl_to_base=kl_to_base)
 
 
 def adapters_on_base(base_source: str, device: str, adapters: dict):
@@ -241,8 +256,9 @@ def eval_samples(ctx: JobContext) -> dict:
     _, prompts = prompt_sets(store, cfg, policy.agent_id)
     model, tokenizer = adapters_on_base(resolve_model(cfg.base_model, cfg.data_path), device,
                                         {"version": policy.adapter_path})
-    texts, _, _ = generate_replies(model, tokenizer, prompts, "version" if policy.adapter_path else None,
-                                   cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.seed + 1000)
+    (replies,) = generate_replies(model, tokenizer, prompts, ["version" if policy.adapter_path else None],
+                                  cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.seed + 1000)
+    texts = replies.texts
     ctx.progress(0.7, "score", "reward-model scores" if rm_path else "no reward model yet: unscored")
     rewards = load_reward_model(rm_path, device=device)(prompts, texts) if rm_path else [None] * len(texts)
     store.record_eval_samples(policy.id, [{"prompt_index": i, "prompt": p, "reply": t, "reward": r}

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig
+from rlhf.cpu import CpuBudget, THREAD_VARIABLES, thread_env, thread_plan
+from rlhf.jobs.worker import config_of
 from storage import Job, Store
 
 log = logging.getLogger(__name__)
@@ -34,13 +36,27 @@ def pid_alive(pid: Optional[int]) -> bool:
         return True
 
 
-class JobRunner:
-    """Starts at most one job process at a time; reaps it, enforces cancels, records crashes."""
+def worker_env(job_config: AppConfig, base: dict, root: str) -> tuple[dict, int]:
+    """The job process's environment: ``base`` + our package on the path + its thread-pool sizes from the CPU
+    budget (set before its torch loads); and the job's thread count."""
+    threads = thread_plan(job_config).job
+    env = thread_env(threads, base)
+    env["PYTHONPATH"] = root + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
+    return env, threads
 
-    def __init__(self, store: Store, config: AppConfig, cancel_grace: float = CANCEL_GRACE_SECONDS):
+
+class JobRunner:
+    """Starts at most one job process at a time; reaps it, enforces cancels, records crashes.
+
+    It tells ``budget`` (shared with the serving engines) when a job holds cores, so serving gives them up.
+    """
+
+    def __init__(self, store: Store, config: AppConfig, cancel_grace: float = CANCEL_GRACE_SECONDS,
+                 budget: Optional[CpuBudget] = None):
         self.store = store
         self.config = config
         self.cancel_grace = cancel_grace
+        self.budget = budget or CpuBudget(thread_plan(config))
         self._proc: Optional[subprocess.Popen] = None
         self._job_id: Optional[int] = None
         self._cancel_seen: Optional[float] = None
@@ -72,13 +88,18 @@ class JobRunner:
         log_dir = self.config.data_path / "jobs"
         log_dir.mkdir(parents=True, exist_ok=True)
         out = open(log_dir / f"{job.id}.log", "ab")
-        env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            job_config = config_of(job, self.config)
+        except ValueError:  # the worker will fail the job with the reason; its budget is the app's
+            job_config = self.config
+        env, threads = worker_env(job_config, dict(os.environ), root)
+        self.store.log_job(job.id, "job process environment: " + ", ".join(f"{k}={env[k]}" for k in THREAD_VARIABLES))
         self._proc = subprocess.Popen([sys.executable, "-m", "rlhf.jobs.worker", str(self.store.path), str(job.id),
                                        str(os.getpid())], stdout=out, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, cwd=root, env=env, start_new_session=True)
         out.close()
+        self.budget.job_started(threads)  # serving drops to its share before the job's torch has loaded
         self._job_id = job.id
         self._cancel_seen = None
         self.store.set_job_pid(job.id, self._proc.pid)
@@ -105,6 +126,7 @@ class JobRunner:
 
     def _clear(self) -> None:
         self._proc, self._job_id, self._cancel_seen = None, None, None
+        self.budget.job_ended()
 
     def wait(self, job_id: int, timeout: float = 600.0, poll: float = 0.2) -> Job:
         """Tick until ``job_id`` has ended (for the CLI and tests)."""

@@ -100,14 +100,25 @@ def _heartbeat(ctx: JobContext, every: float, stop: threading.Event, parent: int
             os._exit(3)
 
 
-def run_job(store: Store, job_id: int, parent_pid: int = 0) -> Job:
+def claim_cpu(config: AppConfig, lower_priority: bool = False) -> str:
+    """Take this process's share of the CPU budget (``rlhf.cpu``): torch's thread counts on this (the training)
+    thread and, in a job process, its niceness. Returns a line for the job log."""
+    from rlhf.cpu import apply_torch_threads, thread_plan
+
+    plan = thread_plan(config)
+    if config.device not in ("cpu", "auto"):
+        return "CPU budget not applied (device=cuda)"
+    threads = apply_torch_threads(plan.job, interop=1)
+    if lower_priority and plan.job_nice:
+        os.nice(plan.job_nice)
+    return f"CPU budget: {threads} torch thread(s), nice {os.nice(0)} — {plan.describe()}"
+
+
+def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool = False) -> Job:
     """Run one claimed job to its end in this process and record the outcome."""
     job = store.get_job(job_id)
     config = config_of(job)
-    if config.device == "cpu" or config.device == "auto":
-        import torch
-
-        torch.set_num_threads(max(1, config.retrain.job_threads))  # leave cores to serving
+    cpu = claim_cpu(config, lower_priority)  # leave serving its cores
     ctx = JobContext(store, job, config)
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(ctx, config.retrain.heartbeat_seconds, stop, parent_pid),
@@ -118,6 +129,7 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0) -> Job:
         if fn is None:
             raise ValueError(f"unknown job kind {job.kind!r}; known: {sorted(JOB_KINDS)}")
         ctx.progress(0.0, "starting", f"{job.kind} job started (pid {os.getpid()})")
+        ctx.log(cpu)
         result = fn(ctx) or {}
         return store.finish_job(job_id, "succeeded", result=result)
     except JobCancelled:
@@ -165,7 +177,7 @@ def main(argv: list[str]) -> int:
     _load_kinds()
     store = Store(db_path)
     try:
-        job = run_job(store, job_id, parent)
+        job = run_job(store, job_id, parent, lower_priority=True)
     finally:
         store.close()
     return 0 if job.status == "succeeded" else 1

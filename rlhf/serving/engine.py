@@ -62,7 +62,8 @@ class Request:
     """One reply to generate: prompt ids, adapter name (None = base model), settings, and where text goes.
 
     ``params`` needs ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``; ``stream`` needs ``_emit(str)``,
-    ``_close(error=None)``, ``cancelled`` and ``n_tokens`` (``rlhf.serving.server.GenParams`` / ``ReplyStream``).
+    ``_close(error=None)``, ``cancelled``, ``n_tokens`` and ``token_ids`` (set to the reply's ids when it ends)
+    (``rlhf.serving.server.GenParams`` / ``ReplyStream``).
     ``prefix_len`` marks the first ids as a prefix many requests share (an agent's system prompt): its KV cache
     is computed once per adapter and reused.
     """
@@ -144,6 +145,9 @@ class BatchEngine:
         self.max_prefixes = max(0, int(max_prefixes))
         self._prefixes: collections.OrderedDict[tuple, list] = collections.OrderedDict()  # LRU, engine thread only
         self._batch: Optional[DecodeBatch] = None
+        self.budget = None  # a ``rlhf.cpu.CpuBudget``: the engine follows its serving threads (None = leave as is)
+        self.threads: Optional[int] = None  # torch threads of the engine thread, once it applied a budget
+        self._wanted: Optional[int] = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
         if start:
@@ -181,6 +185,7 @@ class BatchEngine:
         with torch.inference_mode():
             while not self._stop.is_set():
                 try:
+                    self._follow_budget()
                     new = self._admit()
                     if new:
                         self._prefill(new)
@@ -192,6 +197,18 @@ class BatchEngine:
         self._fail_batch(RuntimeError("the model server is shutting down"))
         while (req := self._take(timeout=None)) is not None:  # nobody will serve what is still waiting
             req.stream._close(RuntimeError("the model server is shutting down"))
+
+    def _follow_budget(self) -> None:
+        """Use the budget's serving threads now. Called on the engine thread: torch's intra-op thread count
+        belongs to the calling thread, so only this thread can change how many cores its forward passes use."""
+        budget = self.budget
+        if budget is None:
+            return
+        want = budget.serving_threads()
+        if want != self._wanted:
+            torch.set_num_threads(want)
+            self._wanted, self.threads = want, torch.get_num_threads()
+            log.info("serving engine now uses %d CPU thread(s)", self.threads)
 
     def _take(self, timeout: Optional[float]) -> Optional[Request]:
         if self._pending:
@@ -418,6 +435,7 @@ class BatchEngine:
         if row.done:
             return
         row.done = True
+        row.req.stream.token_ids = row.decoder.tokens
         row.req.stream._close(error)
         self.stats.finished += 1
         self.avg_reply_s = 0.8 * self.avg_reply_s + 0.2 * (time.perf_counter() - row.started)

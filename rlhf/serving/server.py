@@ -90,6 +90,7 @@ class ReplyStream:
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
     n_tokens: int = 0
+    token_ids: list = field(default_factory=list)  # the reply's token ids (EOS not included), set when it ends
     parts: list = field(default_factory=list)
     _done: bool = False
 
@@ -165,6 +166,10 @@ class PolicyServer:
         model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
         return cls(model, tokenizer, device, model_name, max_context_tokens, queue_size=queue_size,
                    max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)
+
+    def use_budget(self, budget) -> None:
+        """Follow a ``rlhf.cpu.CpuBudget``: serve with all its threads, fewer while a training job runs."""
+        self.engine.budget = budget
 
     @property
     def model(self):

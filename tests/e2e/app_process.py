@@ -24,9 +24,10 @@ FAST_RETRAIN = {"reward": {"epochs": 1, "min_pairs": 4, "min_pointwise": 4, "bat
                 "ppo": {"steps": 2, "batch_size": 4, "mini_batch_size": 2, "max_new_tokens": 8, "eval_prompts": 4,
                         "save_every": 1},
                 "retrain": {"min_win_rate": 0.0, "max_kl": 1000.0, "heartbeat_seconds": 0.5}}
-# A test app: no warm-up, short replies, the job queue drained every second.
+# A test app: no warm-up, short replies, the job queue drained every second, no vote-queue refill (its background
+# replies would land among the messages a test counts; tests/e2e/test_vote_queue.py turns it on).
 TEST_APP = {"device": "cpu", "serving": {"warmup": False, "max_new_tokens": 16},
-            "scheduler": {"enabled": True, "poll_seconds": 1.0}}
+            "scheduler": {"enabled": True, "poll_seconds": 1.0}, "queue": {"refill": False}}
 
 
 def merged(*trees: dict) -> dict:

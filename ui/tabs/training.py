@@ -86,6 +86,8 @@ def refresh(services: Services, agent: str, job_id):
         estimate = estimate_markdown(dry_run(store, services.config, agent))
     except StoreError as exc:
         estimate = f"⚠️ {exc}"
+    if services.scheduler is not None:  # how the cores are split between chat and a running job
+        estimate += "\n\n" + services.scheduler.runner.budget.status()
     job = None
     if job_id not in (None, ""):
         job = next((j for j in jobs if j.id == int(job_id)), None)

@@ -35,6 +35,7 @@ from rlhf.training.shaping import RewardShaper
 
 log = logging.getLogger(__name__)
 TIMED_PHASES = ("generate", "score", "reference", "update", "eval")
+EVAL_BATCH = 32  # held-out prompts sampled together in an evaluation
 
 
 class PPOFailed(RuntimeError):
@@ -108,9 +109,10 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
     rewards, kls, samples = [], [], []
     ids = encode_prompts(tokenizer, list(prompts), cfg.max_prompt_tokens)
     _seed(seed, 0, 1_000_000)  # the same sampling noise for every evaluation of a run
-    for i in range(0, len(ids), cfg.batch_size):
-        chunk = list(prompts[i:i + cfg.batch_size])
-        ro = generate(policy, tokenizer, ids[i:i + cfg.batch_size], cfg.max_new_tokens, cfg.temperature,
+    size = max(cfg.batch_size, EVAL_BATCH)  # a dozen eval prompts in one batch: one decode loop, not two
+    for i in range(0, len(ids), size):
+        chunk = list(prompts[i:i + size])
+        ro = generate(policy, tokenizer, ids[i:i + size], cfg.max_new_tokens, cfg.temperature,
                       cfg.top_p, device, keep_stats=True)
         scores, _ = shaper(chunk, ro.replies, ro.n_tokens, ro.finished)
         logp = ro.logprobs if ro.logprobs is not None else \

@@ -53,3 +53,19 @@ def test_memory_bench_quick(app_config, tmp_path, capsys):
     assert last_json_line(capsys) == figures
     assert figures["rss_10_mb"] >= figures["rss_1_mb"] > 0 and figures["ratio"] >= 1.0
     assert figures["adapter_file_mb"] > 0
+
+
+def test_serve_during_retrain_quick(app_config, tmp_path, capsys):
+    """Idle chat, a real retrain alone, then chat while the same retrain runs in the app's job runner."""
+    path = tmp_path / "BENCHMARKS.md"
+    from rlhf.bench import serve_retrain
+
+    figures = serve_retrain.run(app_config, quick(during_retrain=True), path=path)
+    assert last_json_line(capsys) == figures
+    assert set(figures) == {"users", "tokens_per_s", "idle_tokens_per_s", "ratio_vs_idle", "ttft_p95_s",
+                            "job_seconds", "idle_job_seconds"}
+    assert figures["users"] == 8 and figures["tokens_per_s"] > 0 and figures["idle_tokens_per_s"] > 0
+    assert figures["ratio_vs_idle"] == pytest.approx(figures["tokens_per_s"] / figures["idle_tokens_per_s"], abs=0.01)
+    assert figures["job_seconds"] > 0 and figures["idle_job_seconds"] > 0 and figures["ttft_p95_s"] > 0
+    text = path.read_text()
+    assert "## serve during retrain" in text and "retrain alone" in text and "CPU budget" in text

@@ -167,3 +167,27 @@ def test_scheduler_drains_the_queue_by_itself(app_config, store):
         assert done.status == "succeeded"
     finally:
         s.shutdown()
+
+
+def test_job_process_gets_its_thread_budget_and_serving_gets_the_cores_back(sched, store, app_config):
+    from rlhf.cpu import THREAD_VARIABLES, thread_plan
+    from rlhf.jobs.runner import worker_env
+
+    plan = thread_plan(app_config)
+    env, threads = worker_env(app_config, {"PYTHONPATH": "/x", "OMP_NUM_THREADS": "64"}, "/root")
+    assert threads == plan.job and env["PYTHONPATH"] == "/root" + os.pathsep + "/x"
+    assert all(env[k] == str(plan.job) for k in THREAD_VARIABLES)
+
+    budget = sched.runner.budget
+    assert budget.job_threads == 0 and budget.serving_threads() == plan.serving_idle
+    job = selftest(sched, steps=10, sleep=0.2)
+    sched.runner.tick()
+    assert budget.job_threads == plan.job and budget.serving_threads() == plan.serving_busy
+    sched.runner.wait(job.id, timeout=60)
+    deadline = time.time() + 30
+    while sched.runner.tick() is not None and time.time() < deadline:  # until the process has exited
+        time.sleep(0.1)
+    assert budget.job_threads == 0 and budget.serving_threads() == plan.serving_idle
+    log = "\n".join(r["line"] for r in store.job_log_tail(job.id, 50))
+    assert f"OMP_NUM_THREADS={plan.job}" in log and f"MKL_NUM_THREADS={plan.job}" in log
+    assert f"CPU budget: {plan.job} torch thread(s), nice {plan.job_nice}" in log  # read inside the job process

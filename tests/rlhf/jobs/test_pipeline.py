@@ -61,6 +61,9 @@ def test_retrain_publishes_a_version_the_app_serves(store, app_config, tiny_serv
     assert {"reward/mean", "ppo/kl", "loss/policy", "eval/win_rate"} <= keys
     assert len(store.eval_samples(policy.id)) == 4 and len(store.eval_samples(1)) == 4
     assert set(result["phase_seconds"]) >= {"data", "reward", "ppo", "eval", "publish"}
+    assert set(result["ppo_phase_seconds"]) >= {"generate", "update", "eval"} and 0 < result["eval_share"] < 1
+    assert result["eval_share"] < result["eval_share_with_ppo"] < 1
+    assert result["seconds"] >= sum(result["phase_seconds"].values()) - 0.01
     # the running app serves the new version at once, on its shared base
     text = tiny_server.generate("", [{"role": "user", "content": "hi"}], AdapterRef(policy.id, policy.adapter_path),
                                 GenParams(max_new_tokens=4, temperature=0))

@@ -336,8 +336,10 @@ def test_train_bench_quick_compares_with_rloo(app_config, tmp_path, capsys):
     assert figures["ratio"] == pytest.approx(figures["ppo_samples_per_s"] / figures["rloo_samples_per_s"], rel=1e-2)
     assert set(figures["phase_split"]) == {"generate", "score", "reference", "update"}
     assert sum(figures["phase_split"].values()) == pytest.approx(1.0, abs=0.01)
+    assert set(figures["retrain_phase_seconds"]) >= {"data", "reward", "ppo", "eval", "publish"}
+    assert 0 < figures["eval_share"] < figures["eval_share_with_ppo"] < 1 and figures["retrain_seconds"] > 0
     text = path.read_text()
-    assert "## train" in text and "TRL RLOOTrainer" in text and "ours (PPO)" in text
+    assert "## train" in text and "TRL RLOOTrainer" in text and "ours (PPO)" in text and "eval phase" in text
 
 
 # ---------------------------------------------------------------- CUDA (skipped without a GPU)

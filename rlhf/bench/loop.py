@@ -1,0 +1,160 @@
+"""`rlhf-studio bench loop`: does a retrain on N votes move the policy toward what the annotators prefer?
+
+The learning path alone, without the app around it, so a change to the reward model or PPO can be judged in
+minutes and on preferences that are not length. For each built-in oracle of ``rlhf-studio simulate``:
+
+1. N votes: pairs of the shipped pool's real replies on the train prompts, labelled by the oracle (ties
+   dropped) — what N arena votes give the app.
+2. The app's reward model on them (linear-head ensemble on frozen features, the ``reward.*`` config) with its
+   grouped k-fold accuracy.
+3. PPO from the base with the ``ppo.*`` config (defaults unless ``--set``) on the pool's train prompts.
+4. The verdict: the oracle judges the new version against the base on held-out prompts nobody voted on
+   (``--eval-prompts``, two sampled replies each), plus fluency of the new replies (mean words, distinct-2).
+
+``simulate --retrain`` measures the same thing through the running app (live votes, the real job); this one
+is the fast, repeatable bench for the learning path.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from rlhf.bench.report import report
+from rlhf.config import AppConfig
+
+SAMPLES = 2  # sampled replies per held-out prompt and version
+REPLY_TOKENS = 64  # as `simulate` asks for while annotating and judging
+
+
+def oracle_pairs(pool: list[dict], oracle: str, prompt_ids, n: int, seed: int = 0) -> list[dict]:
+    """Up to ``n`` oracle-labelled pairs ``{prompt_id, prompt, chosen, rejected}``, one per prompt, seeded order."""
+    from rlhf.bench.simulate import ORACLES
+
+    judge = ORACLES[oracle]
+    allowed = set(prompt_ids)
+    records = sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"])
+    rng = random.Random(seed)
+    rng.shuffle(records)
+    pairs = []
+    for rec in records:
+        a, b = rng.sample(rec["replies"], 2)
+        winner = judge(rec["prompt"], a, b)
+        if winner == "tie":
+            continue
+        chosen, rejected = (a, b) if winner == "a" else (b, a)
+        pairs.append({"prompt_id": rec["prompt_id"], "prompt": rec["prompt"], "chosen": chosen, "rejected": rejected})
+        if len(pairs) == n:
+            break
+    return pairs
+
+
+def chat(system: str, prompt: str) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+
+
+def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
+    """The app's head reward model on ``pairs``: (scorer(prompts, replies), grouped CV figures)."""
+    from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
+
+    prompts = [chat(system, p["prompt"]) for p in pairs]
+    xc = featurize(prompts, [p["chosen"] for p in pairs])
+    xr = featurize(prompts, [p["rejected"] for p in pairs])
+    r = config.reward
+    cv = cross_validate_pairs(xc, xr, [p["prompt_id"] for p in pairs], k=r.cv_folds, c=r.head_c)
+    head = fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed)
+    return (lambda ps, replies: head.scores(featurize(ps, replies)).tolist() if replies else []), cv
+
+
+def verdict(config: AppConfig, source: str, device: str, adapter: str, oracle: str, prompts: list[str],
+            system: str, samples: int = SAMPLES) -> dict:
+    """The oracle's win rate of ``adapter`` over the base on ``prompts`` (ties half), with fluency figures."""
+    from rlhf.bench.simulate import ORACLES, distinct_2
+    from rlhf.jobs.evaluation import generate_replies
+    from rlhf.jobs.pipeline import adapters_on_base
+
+    model, tokenizer = adapters_on_base(source, device, {"new": adapter})
+    judge = ORACLES[oracle]
+    chats = [chat(system, p) for p in prompts]
+    score, new_texts, base_texts = 0.0, [], []
+    for s in range(samples):
+        base, new = generate_replies(model, tokenizer, chats, [None, "new"], REPLY_TOKENS, 1.0, 10_000 + 1000 * s)
+        for prompt, a, b in zip(prompts, new.texts, base.texts):
+            score += {"a": 1.0, "tie": 0.5, "b": 0.0}[judge(prompt, a, b)]
+        new_texts += new.texts
+        base_texts += base.texts
+
+    def words(texts):
+        return round(statistics.mean(len(t.split()) for t in texts), 1) if texts else 0.0
+
+    return {"oracle_win_rate": round(score / max(1, len(prompts) * samples), 3), "mean_words": words(new_texts),
+            "base_mean_words": words(base_texts), "distinct_2": round(distinct_2(new_texts), 3),
+            "base_distinct_2": round(distinct_2(base_texts), 3), "empty": sum(1 for t in new_texts if not t.split())}
+
+
+def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, oracle: str, n_pairs: int,
+               eval_prompts: int, samples: int) -> dict:
+    """Votes -> reward model -> PPO -> the oracle's verdict, for one oracle."""
+    from rlhf.bench.preference_pool import split_prompts
+    from rlhf.training.ppo.trainer import train_ppo
+    from storage.store import DEFAULT_SYSTEM_PROMPT as system
+
+    train_ids, held_ids = split_prompts(pool)
+    text = {r["prompt_id"]: r["prompt"] for r in pool}
+    pairs = oracle_pairs(pool, oracle, train_ids, n_pairs, seed=config.ppo.seed)
+    t0 = time.perf_counter()
+    scorer, cv = fit_reward(config, featurize, pairs, system)
+    reward_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix=f"bench-loop-{oracle}-") as tmp:
+        t0 = time.perf_counter()
+        result = train_ppo(config, source, scorer, [chat(system, text[i]) for i in train_ids], [], Path(tmp) / "run",
+                           device=device)
+        ppo_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        judged = verdict(config, source, device, str(result.final_dir), oracle,
+                         [text[i] for i in held_ids[:eval_prompts]], system, samples)
+        eval_s = time.perf_counter() - t0
+    history = result.history
+    return {"oracle": oracle, "votes": len(pairs), "rm_cv_accuracy": round(cv["cv_accuracy"] or 0.0, 3),
+            "rm_cv_low": round(cv["cv_low"] or 0.0, 3), "rm_cv_high": round(cv["cv_high"] or 0.0, 3),
+            **judged, "kl_last": round(history[-1]["ppo/kl"], 2),
+            "reward_s": round(reward_s, 1), "ppo_s": round(ppo_s, 1), "eval_s": round(eval_s, 1)}
+
+
+def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None) -> dict:
+    """Every built-in oracle (or ``--oracle``) through votes -> reward model -> PPO -> verdict; one table."""
+    from tqdm import tqdm
+
+    from rlhf.bench.preference_pool import load_pool
+    from rlhf.bench.simulate import ORACLES
+    from rlhf.models import pick_device, resolve_model
+    from rlhf.training.features import ReplyFeatures, feature_cache
+
+    quick = bool(getattr(args, "quick", False))
+    oracles = [args.oracle] if getattr(args, "oracle", None) else (list(ORACLES)[:1] if quick else list(ORACLES))
+    n_pairs = getattr(args, "votes", None) or (16 if quick else 64)
+    eval_prompts, samples = (4, 1) if quick else (32, SAMPLES)
+    source = resolve_model(config.base_model, config.data_path)
+    device = pick_device(config.device)
+    featurize = feature_cache(ReplyFeatures.load(source, device, config.reward.max_length))
+    pool = load_pool()
+    rows = []
+    for oracle in tqdm(oracles, desc="loop", file=sys.stderr, unit="oracle"):
+        rows.append(one_oracle(config, source, device, featurize, pool, oracle, n_pairs, eval_prompts, samples))
+        print(f"{oracle}: oracle win rate {rows[-1]['oracle_win_rate']}", file=sys.stderr)
+    wins = [r["oracle_win_rate"] for r in rows]
+    figures = {"votes": n_pairs, "oracle_win_rate": {r["oracle"]: r["oracle_win_rate"] for r in rows},
+               "mean_win_rate": round(statistics.mean(wins), 3), "min_win_rate": min(wins),
+               "distinct_2": {r["oracle"]: r["distinct_2"] for r in rows}}
+    p = config.ppo
+    notes = (f"Model `{config.base_model}` on {device}; {n_pairs} oracle-labelled pool pairs per oracle -> head "
+             f"reward model -> PPO ({p.steps} steps x {p.batch_size} prompts, lr {p.learning_rate}, "
+             f"{p.ppo_epochs} epochs) from the base -> the oracle judges new vs base on {eval_prompts} held-out "
+             f"prompts x {samples} samples. Goal: oracle win rate >= 0.65 for every oracle at 64 votes, "
+             "replies still fluent.")
+    return report("loop", rows, figures, notes, path=path)

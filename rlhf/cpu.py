@@ -1,0 +1,142 @@
+"""The CPU budget: how many threads serving and a training job may use, decided in one place.
+
+Two torch processes that each take every core collapse on a small machine (measured on 2 cores: greedy
+decode fell from 12.7 to under 0.5 tokens/s when a second busy process shared the cores), because an OpenMP
+team waits at every barrier for a thread the kernel has descheduled. So the job process gets ``job`` threads,
+and the app's serving engine uses every core while no job runs and gives the job's share back while one does:
+serving + job <= cores whenever there are at least two cores. With one core both run single-threaded and
+time-share it (no OpenMP team then waits on a descheduled peer), the job at a lower priority (``nice``).
+
+torch's intra-op thread count is per *calling thread* (OpenMP's nthreads ICV and MKL's local setting), so
+``torch.set_num_threads`` called from one thread leaves another thread's parallel regions as they were: the
+serving engine applies the budget from its own thread (``rlhf.serving.engine.BatchEngine``), and the job process
+gets the OMP/MKL variables in its environment before torch loads, then sets torch's counts on its main thread.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import asdict, dataclass
+from typing import Mapping, MutableMapping, Optional
+
+# The libraries that size a thread pool from the environment when they load: OpenMP (torch's intra-op pool),
+# MKL and OpenBLAS (matmuls), and Rayon (the Rust tokenizers' batch encoding).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and ``taskset`` narrow), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """Threads per process for a machine with ``cores`` cores."""
+
+    cores: int
+    serving_idle: int  # the serving engine while no job runs
+    serving_busy: int  # the serving engine while a job runs
+    job: int  # a job process (reward model, PPO, evaluation)
+    job_nice: int = 0  # the job process's niceness: on a contended core, chat goes first
+
+    def serving(self, job_threads: int = 0) -> int:
+        """Serving threads while a job with ``job_threads`` threads runs (0 = no job)."""
+        if job_threads <= 0:
+            return self.serving_idle
+        return max(1, min(self.serving_idle, self.cores - job_threads))
+
+    def describe(self) -> str:
+        """One line for people: `config show`, the Training tab."""
+        share = f"{self.serving_busy} while a job runs" if self.serving_busy != self.serving_idle else \
+            "the same while a job runs"
+        return (f"{self.cores} core{'s' if self.cores != 1 else ''}: chat {self.serving_idle} thread"
+                f"{'s' if self.serving_idle != 1 else ''} when no job runs, {share}; a job {self.job} thread"
+                f"{'s' if self.job != 1 else ''} (nice {self.job_nice})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_threads(cores: int, serving_threads: int = 0, job_threads: int = 0, job_nice: int = 0) -> ThreadPlan:
+    """The budget arithmetic. ``job_threads`` 0 = half the cores (at least 1); any job leaves serving at least
+    one core when there are two or more. ``serving_threads`` 0 = every core the job does not hold."""
+    cores = max(1, int(cores))
+    job = int(job_threads) if job_threads and job_threads > 0 else max(1, cores // 2)
+    job = max(1, min(job, cores - 1)) if cores > 1 else 1
+    idle = min(int(serving_threads), cores) if serving_threads and serving_threads > 0 else cores
+    return ThreadPlan(cores, idle, max(1, min(idle, cores - job)), job, max(0, min(19, int(job_nice))))
+
+
+def thread_plan(config, cores: Optional[int] = None) -> ThreadPlan:
+    """The plan of an ``AppConfig`` on this machine (``serving.threads``, ``retrain.job_threads``/``job_nice``)."""
+    return plan_threads(available_cores() if cores is None else cores, config.serving.threads,
+                        config.retrain.job_threads, config.retrain.job_nice)
+
+
+def thread_env(threads: int, base: Optional[Mapping[str, str]] = None) -> dict:
+    """``base`` (default: empty) with every thread-pool variable set to ``threads``: a child process's pools
+    are sized before its torch loads."""
+    env = dict(base or {})
+    env.update({name: str(max(1, int(threads))) for name in THREAD_VARIABLES})
+    return env
+
+
+def export_thread_env(threads: int, environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """Set the thread-pool variables in this process's environment; only useful before torch loads."""
+    target = os.environ if environ is None else environ
+    target.update(thread_env(threads))
+
+
+def apply_torch_threads(threads: int, interop: Optional[int] = None) -> int:
+    """``torch.set_num_threads`` on the *calling* thread (and the inter-op pool when it is not started yet);
+    returns the count now in effect for this thread."""
+    import torch
+
+    threads = max(1, int(threads))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if interop is not None:
+        try:
+            torch.set_num_interop_threads(max(1, int(interop)))
+        except RuntimeError:  # the inter-op pool already ran work: it keeps its size (torch allows one setting)
+            pass
+    return torch.get_num_threads()
+
+
+class CpuBudget:
+    """The app process's live budget: the plan plus the threads of the job running now.
+
+    The job runner reports job start and end; each serving engine reads ``serving_threads()`` before every step
+    and applies it on its own thread.
+    """
+
+    def __init__(self, plan: ThreadPlan):
+        self.plan = plan
+        self._job_threads = 0
+        self._lock = threading.Lock()
+
+    def job_started(self, threads: Optional[int] = None) -> None:
+        with self._lock:
+            self._job_threads = max(1, int(threads or self.plan.job))
+
+    def job_ended(self) -> None:
+        with self._lock:
+            self._job_threads = 0
+
+    @property
+    def job_threads(self) -> int:
+        """Threads of the running job (0 = none)."""
+        return self._job_threads
+
+    def serving_threads(self) -> int:
+        """Threads a serving engine should use now."""
+        return self.plan.serving(self._job_threads)
+
+    def status(self) -> str:
+        """The plan and what applies right now, for the Training tab."""
+        now = (f"a job is running: chat uses {self.serving_threads()} thread(s), the job {self._job_threads}"
+               if self._job_threads else f"no job is running: chat uses {self.serving_threads()} thread(s)")
+        return f"CPU budget — {self.plan.describe()}. Now {now}."

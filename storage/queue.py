@@ -1,0 +1,203 @@
+"""The vote queue: items (one context, two stored replies) and who was shown which, the Store's queue half.
+
+An item's replies are ordinary messages of a conversation with source ``queue``, so a vote on an item is an
+ordinary comparison (``record_comparison``): it trains the reward model and rates the versions like an arena
+vote. An assignment is one annotator being shown one item; there is at most one per (item, annotator), so an
+item is never shown to the same person twice. Capacity: an item wants ``votes_wanted`` counted votes (2 for the
+overlap items that measure agreement); votes and unexpired leases of excluded annotators do not count, so their
+items stay open for someone whose vote trains.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Iterable, Optional
+
+from storage.errors import Conflict, InvalidInput, NotFound
+from storage.feedback import WINNERS
+from storage.records import Comparison, QueueAssignment, QueueItem
+from storage.util import dumps, utcnow
+
+ANONYMOUS = "(anonymous)"
+# An assignment that counts toward an item's capacity: not from an excluded annotator, and voted or still leased.
+# Parameters: excluded names (JSON list), lease cutoff (ISO time).
+_HOLDS = """(SELECT COUNT(*) FROM queue_assignments s LEFT JOIN annotators n ON n.id = s.annotator_id
+             WHERE s.item_id = i.id AND COALESCE(n.excluded, 0) = 0
+               AND COALESCE(n.name, '') NOT IN (SELECT value FROM json_each(?))
+               AND (s.voted IS NOT NULL OR s.created > ?))"""
+# Counted votes already cast on the item. Parameter: excluded names (JSON list).
+_VOTES = """(SELECT COUNT(*) FROM queue_assignments s LEFT JOIN annotators n ON n.id = s.annotator_id
+             WHERE s.item_id = i.id AND s.voted IS NOT NULL AND COALESCE(n.excluded, 0) = 0
+               AND COALESCE(n.name, '') NOT IN (SELECT value FROM json_each(?)))"""
+# Both versions can still be voted on (record_comparison refuses archived and broken ones).
+_SERVABLE = """NOT EXISTS (SELECT 1 FROM policies p WHERE p.id IN (i.policy_a_id, i.policy_b_id)
+                           AND p.status IN ('archived', 'broken'))"""
+_OPEN = f"i.agent_id = ? AND i.expires > ? AND {_SERVABLE} AND i.votes_wanted > {_HOLDS}"
+
+
+def iso_after(seconds: float) -> str:
+    """UTC ISO time ``seconds`` from now (negative: in the past), in ``utcnow``'s format."""
+    return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds")
+
+
+Chooser = Callable[[list[dict]], Optional[tuple[int, str]]]
+
+
+class QueueMixin:
+    """Methods of Store for the vote queue."""
+
+    def _open_params(self, agent_id: int, lease_seconds: float, excluded: Iterable[str]) -> list:
+        return [agent_id, utcnow(), dumps(sorted(set(excluded))), iso_after(-lease_seconds)]
+
+    # ---- items -------------------------------------------------------------------------------
+    def create_queue_item(self, agent: int | str, history: list[dict], replies: list[dict], source: str = "starter",
+                          overlap_every: int = 0, ttl_seconds: float = 86400.0) -> QueueItem:
+        """Store a context and its two replies (``{content, policy_id, gen_params?, latency_ms?}``) as a queue item,
+        in one transaction. Every ``overlap_every``-th item of the agent wants a second annotator's vote."""
+        agent_rec = self.get_agent(agent)
+        if not isinstance(replies, list) or len(replies) != 2:
+            raise InvalidInput("a queue item needs exactly two replies")
+        with self._tx() as db:
+            conv = self.create_conversation(agent_rec.id, None, source="queue", messages=history)
+            user = self.leaf(conv.id)
+            a, b = (self.record_reply(user.id, r["content"], r.get("policy_id"), r.get("gen_params"),
+                                      r.get("latency_ms")) for r in replies)
+            n = self._one("SELECT COUNT(*) AS n FROM queue_items WHERE agent_id = ?", [agent_rec.id])["n"] + 1
+            item_id = self._insert(db, "queue_items", {
+                "agent_id": agent_rec.id, "context_key": a.context_key, "message_a_id": a.id, "message_b_id": b.id,
+                "policy_a_id": a.policy_id, "policy_b_id": b.policy_id, "source": source,
+                "votes_wanted": 2 if overlap_every and n % overlap_every == 0 else 1, "created": utcnow(),
+                "expires": iso_after(ttl_seconds)})
+        return self.get_queue_item(item_id)
+
+    def get_queue_item(self, item_id: int) -> QueueItem:
+        if isinstance(item_id, bool) or not isinstance(item_id, int):
+            raise InvalidInput(f"item_id must be an integer id, got {item_id!r}")
+        row = self._one("SELECT * FROM queue_items WHERE id = ?", [item_id])
+        if row is None:
+            raise NotFound(f"unknown queue item {item_id}")
+        return QueueItem.from_row(row)
+
+    def queue_item_context(self, item: QueueItem) -> tuple[str, list[dict]]:
+        """(system prompt, history) both replies of an item answer."""
+        system, history = self.state_for(item.message_a_id)
+        return system, history[:-1]
+
+    def queue_context_keys(self, agent: int | str, policy_ids: tuple) -> set[str]:
+        """Context keys of the agent's items whose two replies came from these versions (in either order)."""
+        a, b = policy_ids
+        rows = self._all("""SELECT DISTINCT context_key FROM queue_items WHERE agent_id = ? AND
+                            ((policy_a_id IS ? AND policy_b_id IS ?) OR (policy_a_id IS ? AND policy_b_id IS ?))""",
+                         [self.get_agent(agent).id, a, b, b, a])
+        return {r["context_key"] for r in rows}
+
+    def open_queue_items(self, agent: int | str, lease_seconds: float, exclude_annotators: Iterable[str] = (),
+                         fresh_only: bool = False) -> list[QueueItem]:
+        """Items that still take a vote (not expired, versions servable, capacity left), oldest first;
+        ``fresh_only``: only those nobody has been shown yet."""
+        fresh = " AND NOT EXISTS (SELECT 1 FROM queue_assignments s WHERE s.item_id = i.id)" if fresh_only else ""
+        rows = self._all(f"SELECT i.* FROM queue_items i WHERE {_OPEN}{fresh} ORDER BY i.id",
+                         self._open_params(self.get_agent(agent).id, lease_seconds, exclude_annotators))
+        return [QueueItem.from_row(r) for r in rows]
+
+    def set_queue_scores(self, scores: Iterable[tuple[int, float, float]], scored_pairs: int) -> None:
+        """Store (item id, P(A ≻ B), uncertainty) from a reward head that learned from ``scored_pairs`` pairs."""
+        with self._tx() as db:
+            for item_id, p_a, uncertainty in scores:
+                db.execute("UPDATE queue_items SET p_a = ?, uncertainty = ?, scored_pairs = ? WHERE id = ?",
+                           [float(p_a), float(uncertainty), int(scored_pairs), int(item_id)])
+
+    # ---- assignments and votes ---------------------------------------------------------------
+    def next_queue_item(self, agent: int | str, annotator: Optional[str], choose: Chooser, lease_seconds: float,
+                        exclude_annotators: Iterable[str] = ()) -> Optional[tuple[QueueItem, QueueAssignment]]:
+        """The item to show ``annotator`` now, or None when nothing is left for them.
+
+        The annotator's own unvoted item while its lease lasts comes back (a reload shows the same item);
+        otherwise ``choose(candidates)`` picks among open items they were never shown (dicts with ``id``,
+        ``uncertainty``, ``p_a``, ``votes``, ``votes_wanted``, ``created``) and returns (item id, reason). Runs
+        in one write transaction, so two annotators never take the last slot of an item together.
+        """
+        agent_id = self.get_agent(agent).id
+        annotator_id = self.annotator_id(annotator)
+        excluded = sorted(set(exclude_annotators))
+        with self._tx() as db:
+            held = self._one(f"""SELECT s.* FROM queue_assignments s JOIN queue_items i ON i.id = s.item_id
+                                 WHERE i.agent_id = ? AND s.annotator_id IS ? AND s.voted IS NULL AND s.created > ?
+                                   AND i.expires > ? AND {_SERVABLE} ORDER BY s.id LIMIT 1""",
+                             [agent_id, annotator_id, iso_after(-lease_seconds), utcnow()])
+            if held is not None:
+                assignment = QueueAssignment.from_row(held)
+                return self.get_queue_item(assignment.item_id), assignment
+            candidates = self._all(
+                f"""SELECT i.id, i.uncertainty, i.p_a, i.votes_wanted, i.created, {_VOTES} AS votes
+                    FROM queue_items i WHERE {_OPEN} AND NOT EXISTS (
+                        SELECT 1 FROM queue_assignments s WHERE s.item_id = i.id AND s.annotator_id IS ?)
+                    ORDER BY i.id""",
+                [dumps(excluded)] + self._open_params(agent_id, lease_seconds, excluded) + [annotator_id])
+            picked = choose(candidates) if candidates else None
+            if picked is None:
+                return None
+            item_id, reason = picked
+            if item_id not in {c["id"] for c in candidates}:
+                raise ValueError(f"the chooser picked item {item_id}, which is not a candidate")
+            assignment_id = self._insert(db, "queue_assignments", {
+                "item_id": item_id, "annotator_id": annotator_id, "reason": reason, "created": utcnow()})
+        row = self._one("SELECT * FROM queue_assignments WHERE id = ?", [assignment_id])
+        return self.get_queue_item(item_id), QueueAssignment.from_row(row)
+
+    def vote_queue_item(self, item_id: int, winner: str, annotator: Optional[str], lease_seconds: float,
+                        exclude_annotators: Iterable[str] = ()) -> Comparison:
+        """Record ``annotator``'s vote on an item as a comparison of its two replies.
+
+        A second vote by the same annotator returns the first (the first vote counts). A vote on an expired item,
+        or on an item that already has its votes and was never shown to this annotator, is refused (Conflict).
+        """
+        if winner not in WINNERS:
+            raise InvalidInput(f"winner must be one of {list(WINNERS)}, got {winner!r}")
+        item = self.get_queue_item(item_id)
+        annotator_id = self.annotator_id(annotator)
+        with self._tx() as db:
+            row = self._one("SELECT * FROM queue_assignments WHERE item_id = ? AND annotator_id IS ?",
+                            [item.id, annotator_id])
+            if row is not None and row["comparison_id"] is not None:
+                return Comparison.from_row(self._one("SELECT * FROM comparisons WHERE id = ?", [row["comparison_id"]]))
+            if item.expires <= utcnow():
+                raise Conflict(f"queue item {item.id} expired at {item.expires}; nothing was stored. Ask for the "
+                               "next item (GET /api/v1/queue/next).")
+            if row is None:
+                is_open = self._one(f"SELECT i.id FROM queue_items i WHERE i.id = ? AND {_OPEN}",
+                                    [item.id] + self._open_params(item.agent_id, lease_seconds, exclude_annotators))
+                if is_open is None:
+                    raise Conflict(f"queue item {item.id} is closed (it has the votes it needs, or a version of it "
+                                   "was archived); nothing was stored. Ask for the next item.")
+                assignment_id = self._insert(db, "queue_assignments", {
+                    "item_id": item.id, "annotator_id": annotator_id, "reason": "direct", "created": utcnow()})
+            else:
+                assignment_id = row["id"]
+            comparison = self.record_comparison(item.message_a_id, item.message_b_id, winner, annotator)
+            db.execute("UPDATE queue_assignments SET comparison_id = ?, voted = ? WHERE id = ?",
+                       [comparison.id, utcnow(), assignment_id])
+        return comparison
+
+    def queue_assignments(self, item_id: int) -> list[QueueAssignment]:
+        """Who was shown an item (and their comparison, once voted), oldest first."""
+        self.get_queue_item(item_id)
+        return [QueueAssignment.from_row(r) for r in
+                self._all("SELECT * FROM queue_assignments WHERE item_id = ? ORDER BY id", [item_id])]
+
+    # ---- figures -----------------------------------------------------------------------------
+    def queue_stats(self, agent: int | str, lease_seconds: float, exclude_annotators: Iterable[str] = ()) -> dict:
+        """Counts of an agent's queue: items made, open (take a vote), fresh (open, never shown), scored (open,
+        with an uncertainty), expired, and votes per annotator name."""
+        agent_id = self.get_agent(agent).id
+        params = self._open_params(agent_id, lease_seconds, exclude_annotators)
+        open_ = self._one(f"""SELECT COUNT(*) AS n, COUNT(i.uncertainty) AS scored,
+                              SUM(NOT EXISTS (SELECT 1 FROM queue_assignments s WHERE s.item_id = i.id)) AS fresh
+                              FROM queue_items i WHERE {_OPEN}""", params)
+        total = self._one("""SELECT COUNT(*) AS n, SUM(expires <= ?) AS expired FROM queue_items
+                             WHERE agent_id = ?""", [utcnow(), agent_id])
+        votes = self._all("""SELECT COALESCE(n.name, ?) AS annotator, COUNT(*) AS votes FROM queue_assignments s
+                             JOIN queue_items i ON i.id = s.item_id LEFT JOIN annotators n ON n.id = s.annotator_id
+                             WHERE i.agent_id = ? AND s.voted IS NOT NULL GROUP BY n.name ORDER BY n.name""",
+                          [ANONYMOUS, agent_id])
+        return {"items": total["n"], "ready": open_["n"], "fresh": open_["fresh"] or 0, "scored": open_["scored"],
+                "expired": total["expired"] or 0, "votes": {r["annotator"]: r["votes"] for r in votes}}

@@ -1,0 +1,75 @@
+"""The vote queue in a real browser: `python app.py` on the tiny model fills its queue in the background; Debian
+Chromium driven by Playwright opens the Vote tab and votes through three items; every vote is in the Store as a
+comparison of that item's two replies. Also the queue's REST contract against the real process."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from storage import Store
+from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, status_text
+from tests.e2e.test_browser import sync_playwright_or_skip
+
+pytestmark = pytest.mark.browser
+
+QUEUE = {"queue": {"refill": True, "low_water": 4, "target_ready": 6, "batch_size": 3, "poll_seconds": 0.5,
+                   "max_new_tokens": 12, "temperature": 1.0}}
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("vote-queue")
+    config = write_config(root / "app.yaml", TEST_APP, QUEUE)
+    with AppProcess(root / "data", tiny_model_dir, config) as app:
+        http = app.client()
+        wait_until(lambda: http.get("/queue/stats").json()["ready"] >= 4, 120, "the refill to fill the queue")
+        store = Store(root / "data" / "studio.db")
+        yield app, store
+        store.close()
+
+
+def test_vote_through_three_queue_items_in_a_browser(studio):
+    sync_playwright = sync_playwright_or_skip()
+    from playwright.sync_api import expect
+
+    app, store = studio
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        try:
+            page.goto(app.url + "/")
+            page.get_by_placeholder("e.g. alice").fill("vera")
+            open_tab(page, "Vote")
+            seen, comparisons = [], []
+            for winner in ("a", "b", "both_bad"):
+                item_id = int(re.search(r"Item #(\d+)", status_text(page, r"Item #\d+ · ")).group(1))
+                assert item_id not in seen
+                seen.append(item_id)
+                button = page.locator(f"#vote-{winner}")
+                expect(button).to_be_enabled(timeout=SLOW)
+                button.click()
+                text = status_text(page, rf"Stored as comparison #\d+\. Item #(?!{item_id}\b)\d+")
+                comparisons.append((item_id, winner, int(re.search(r"comparison #(\d+)", text).group(1))))
+            page.screenshot(path=str(app.data_dir.parent / "vote.png"), full_page=True)
+        finally:
+            browser.close()
+    for item_id, winner, comparison_id in comparisons:
+        item = store.get_queue_item(item_id)
+        vote = next(c for c in store.list_comparisons("assistant") if c.id == comparison_id)
+        assert (vote.message_a_id, vote.message_b_id, vote.winner) == (item.message_a_id, item.message_b_id, winner)
+        assignment = store.queue_assignments(item_id)[0]
+        assert assignment.comparison_id == comparison_id
+    assert app.client().get("/queue/stats").json()["votes"]["vera"] == 3
+
+
+def test_queue_rest_contract_on_the_real_app(studio):
+    app, store = studio
+    http = app.client()
+    item = http.get("/queue/next", params={"annotator": "rest-user"})
+    assert item.status_code == 200 and set(item.json()) == {"item_id", "messages", "a", "b", "reason"}
+    vote = http.post(f"/queue/{item.json()['item_id']}/vote", json={"winner": "tie", "annotator": "rest-user"})
+    assert vote.status_code == 200 and set(vote.json()) == {"comparison_id"}
+    bad = http.post("/queue/123456/vote", json={"winner": "a"})
+    assert bad.status_code == 404 and "error" in bad.json()

@@ -1,0 +1,75 @@
+"""Batched evaluation: every version's eval replies in one continuous batch are the replies each prompt gets
+one at a time (greedy), seeded samples do not depend on the batch, and the batched log-probs match one by one."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf.jobs.evaluation import _adapter_ctx, encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
+from tests.conftest import make_adapter
+from tests.rlhf.serving.test_engine import make_lively_model
+
+PROMPTS = [[{"role": "user", "content": t}] for t in (
+    "Hi", "Tell me a long story about a dragon and a knight who became friends", "What is 2+2?",
+    "Bonjour, ça va?", "Name three colours.")]
+
+
+@pytest.fixture(scope="module")
+def peft_model(tmp_path_factory, tokenizer):
+    from peft import PeftModel
+
+    from rlhf.models import load_causal_lm
+
+    base_dir = make_lively_model(tmp_path_factory.mktemp("eval-lively"), tokenizer)
+    root = tmp_path_factory.mktemp("eval-adapters")
+    model = PeftModel.from_pretrained(load_causal_lm(str(base_dir), "cpu"),
+                                      make_adapter(base_dir, root / "cand", seed=31, alpha=32), adapter_name="cand")
+    model.load_adapter(make_adapter(base_dir, root / "active", seed=32, alpha=32), adapter_name="active")
+    return model.eval()
+
+
+def one_at_a_time(model, tokenizer, messages, adapter, n):
+    """The reference: plain HF greedy generate, one prompt, no padding, the adapter set alone."""
+    ids = encode_prompt(tokenizer, messages)
+    with _adapter_ctx(model, adapter), torch.inference_mode():
+        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    reply = out[0, len(ids):].tolist()
+    cut = next((k for k, t in enumerate(reply) if t == tokenizer.eos_token_id), len(reply))
+    return tokenizer.decode(reply[:cut], skip_special_tokens=True), reply[:cut]
+
+
+def test_batched_greedy_eval_replies_equal_one_at_a_time(peft_model, tokenizer):
+    cand, active, base = generate_replies(peft_model, tokenizer, PROMPTS, ["cand", "active", None], 20, 0.0, seed=0)
+    for replies, adapter in ((cand, "cand"), (active, "active"), (base, None)):
+        solo = [one_at_a_time(peft_model, tokenizer, p, adapter, 20) for p in PROMPTS]
+        assert replies.texts == [text for text, _ in solo]
+        assert replies.token_ids == [ids for _, ids in solo]
+        assert replies.prompt_ids == [encode_prompt(tokenizer, p) for p in PROMPTS]
+    assert len(set(cand.texts)) == len(PROMPTS) and cand.texts != active.texts != base.texts  # a real comparison
+
+
+def test_seeded_samples_do_not_depend_on_the_batch(peft_model, tokenizer):
+    (together,) = generate_replies(peft_model, tokenizer, PROMPTS, ["cand"], 12, 1.0, seed=7)
+    for i, prompt in enumerate(PROMPTS):
+        (alone,) = generate_replies(peft_model, tokenizer, [prompt], ["cand"], 12, 1.0, seed=7 + i)
+        assert alone.texts == [together.texts[i]] and alone.token_ids == [together.token_ids[i]]
+    (other,) = generate_replies(peft_model, tokenizer, PROMPTS, ["cand"], 12, 1.0, seed=8)
+    assert other.texts != together.texts
+
+
+def test_batched_logprobs_match_single_forwards(peft_model, tokenizer):
+    (s,) = generate_replies(peft_model, tokenizer, PROMPTS, ["cand"], 10, 1.0, seed=3)
+    batched = sequence_logprobs(peft_model, s.prompt_ids, s.token_ids, "cand", batch_size=4)
+    single = sequence_logprobs(peft_model, s.prompt_ids, s.token_ids, "cand", batch_size=1)
+    torch.testing.assert_close(torch.tensor(batched), torch.tensor(single), rtol=1e-4, atol=1e-3)
+    assert all(lp < 0 for lp in batched)
+
+
+def test_evaluate_versions_takes_a_measured_kl_or_measures_it(peft_model, tokenizer):
+    scorer = lambda prompts, replies: [float(len(r)) for r in replies]  # noqa: E731
+    given = evaluate_versions(peft_model, tokenizer, PROMPTS, scorer, "cand", "active", 12, 1.0, kl_to_base=0.25)
+    measured = evaluate_versions(peft_model, tokenizer, PROMPTS, scorer, "cand", "active", 12, 1.0)
+    assert given.kl_to_base == 0.25 and measured.kl_to_base != 0.25
+    assert given.win_rate == measured.win_rate and len(given.samples) == len(PROMPTS)
+    assert [s["reward"] for s in given.samples] == [float(len(s["reply"])) for s in given.samples]

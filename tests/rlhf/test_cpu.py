@@ -1,0 +1,111 @@
+"""The CPU budget: serving + job threads never exceed the cores, and serving follows a running job."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlhf.config import load_config
+from rlhf.cpu import THREAD_VARIABLES, CpuBudget, available_cores, plan_threads, thread_env, thread_plan
+
+
+@pytest.mark.parametrize("cores, idle, busy, job", [
+    (1, 1, 1, 1),  # one core: both single-threaded, time-shared (the job niced)
+    (2, 2, 1, 1),  # the fair share: one core each while a job runs
+    (4, 4, 2, 2),
+    (16, 16, 8, 8),
+])
+def test_default_budget(cores, idle, busy, job):
+    plan = plan_threads(cores)
+    assert (plan.serving_idle, plan.serving_busy, plan.job) == (idle, busy, job)
+    assert plan.serving(0) == idle and plan.serving(plan.job) == busy
+    if cores > 1:
+        assert plan.serving_busy + plan.job <= cores
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 16])
+@pytest.mark.parametrize("serving", [0, 1, 3, 64])
+@pytest.mark.parametrize("job", [0, 1, 2, 64])
+def test_budget_never_oversubscribes(cores, serving, job):
+    plan = plan_threads(cores, serving, job)
+    assert 1 <= plan.job and 1 <= plan.serving_busy <= plan.serving_idle <= cores
+    if cores > 1:
+        assert plan.job + plan.serving_busy <= cores and plan.job < cores
+    if serving:
+        assert plan.serving_idle == min(serving, cores)
+
+
+def test_explicit_job_threads_are_kept_when_they_fit():
+    assert plan_threads(16, job_threads=1).job == 1 and plan_threads(16, job_threads=1).serving_busy == 15
+    assert plan_threads(4, serving_threads=1, job_threads=2).serving_busy == 1
+    assert plan_threads(2, job_threads=8).job == 1  # serving always keeps a core
+
+
+def test_plan_from_config_and_env():
+    cfg = load_config(env={}, overrides=["retrain.job_threads=3", "serving.threads=2", "retrain.job_nice=5"])
+    plan = thread_plan(cfg, cores=8)
+    assert (plan.serving_idle, plan.serving_busy, plan.job, plan.job_nice) == (2, 2, 3, 5)
+    assert thread_plan(load_config(env={})).cores == available_cores()
+    env = thread_env(3, {"PATH": "/bin", "OMP_NUM_THREADS": "16"})
+    assert env["PATH"] == "/bin" and all(env[k] == "3" for k in THREAD_VARIABLES)
+
+
+def test_budget_follows_the_running_job():
+    budget = CpuBudget(plan_threads(4))
+    assert budget.serving_threads() == 4 and "no job is running" in budget.status()
+    budget.job_started(2)
+    assert budget.serving_threads() == 2 and "a job is running" in budget.status()
+    budget.job_ended()
+    assert budget.serving_threads() == 4
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_serving_engine_drops_threads_while_a_job_runs_and_takes_them_back(tiny_model_dir):
+    """torch's thread count is per calling thread: the engine must apply the budget on its own thread."""
+    import torch
+
+    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+
+    server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=256)
+    budget = CpuBudget(plan_threads(4, job_threads=1))  # 4 "cores" whatever this machine has: 4 / 3 threads
+    main_threads = torch.get_num_threads()
+    try:
+        server.use_budget(budget)
+        assert wait_for(lambda: server.engine.threads == 4)
+        budget.job_started()
+        assert wait_for(lambda: server.engine.threads == 3)
+        reply = server.generate("", [{"role": "user", "content": "hi"}], AdapterRef(0),
+                                GenParams(max_new_tokens=4, temperature=0))
+        assert isinstance(reply, str) and server.engine.threads == 3
+        budget.job_ended()
+        assert wait_for(lambda: server.engine.threads == 4)
+        assert torch.get_num_threads() == main_threads  # the engine changed its own thread only
+    finally:
+        server.close()
+
+
+def test_config_show_prints_the_budget_and_stays_a_config_file(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from rlhf.cli import main
+
+    assert main(["config", "show", "--set", "retrain.job_threads=1", "--set", "serving.threads=1"]) == 0
+    out = capsys.readouterr().out
+    comments = [line for line in out.splitlines() if line.startswith("# ")]
+    assert "CPU budget on this machine" in comments[0] and "a job 1 thread" in comments[0]
+    plan = json.loads(comments[1][2:])
+    assert plan["job"] == 1 and plan["serving_idle"] == 1 and plan["cores"] == available_cores()
+    saved = tmp_path / "c.yaml"
+    saved.write_text(out)
+    assert yaml.safe_load(out)["retrain"]["job_threads"] == 1
+    assert load_config(saved, env={}).retrain.job_threads == 1
