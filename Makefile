@@ -11,7 +11,7 @@ ANCHORS ?= .venv-anchors
 LLAMA_CPP ?= llama-cpp-python==0.3.36
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast load bench bench-train bench-reward bench-anchors clean help
+.PHONY: setup run test test-fast load bench bench-train bench-reward bench-loop bench-anchors clean help
 
 help:
 	@echo "make run    start the app on http://$(HOST):$(PORT)"
@@ -56,6 +56,9 @@ bench-train: setup
 
 bench-reward: setup
 	$(VENV)/bin/rlhf-studio bench reward
+
+bench-loop: setup  # every built-in oracle: ~10 minutes each on a 2-core CPU
+	$(VENV)/bin/rlhf-studio bench loop
 
 # llama.cpp on the same shipped GGUF, as a speed anchor for `bench serve`: its own venv, never part of
 # `make setup` or `make test` (it compiles C++ from source: needs cmake and a compiler).

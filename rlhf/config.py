@@ -38,8 +38,8 @@ class ServingConfig:
     max_batch_size: int = opt(32, "Most replies generated together in one batch (continuous batching).")
     queue_size: int = opt(64, "Chat requests that may wait for a batch slot; beyond it the server answers busy.")
     batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
-    threads: int = opt(0, "CPU threads of the serving engine (0 = every core a running job does not hold; see "
-                       "`config show` for the budget).")
+    threads: int = opt(0, "CPU threads of the serving engine (0 = every core but one, which the web stack keeps, "
+                       "less a running job's share; `config show` prints the budget).")
 
 
 @dataclass
@@ -82,8 +82,8 @@ class PPOConfig:
     # -- optimisation: the clipped-surrogate update
     steps: int = opt(8, "PPO iterations (rollout + update).")
     mini_batch_size: int = opt(4, "Rollouts per gradient step.")
-    ppo_epochs: int = opt(1, "Passes over each rollout batch.")
-    learning_rate: float = opt(6e-4, "Policy LoRA + value head learning rate.")
+    ppo_epochs: int = opt(2, "Passes over each rollout batch.")
+    learning_rate: float = opt(2e-3, "Policy LoRA + value head learning rate.")
     gamma: float = opt(1.0, "GAE discount.")
     lam: float = opt(0.95, "GAE lambda.")
     clip_range: float = opt(0.2, "Policy ratio clip.")
@@ -155,7 +155,7 @@ PPO_GROUPS = {key: group for group, keys in {
 class RetrainConfig:
     auto_promote: bool = opt(True, "Make a candidate that passes the gate the active version.")
     min_win_rate: float = opt(0.5, "Gate: least reward-model win rate of candidate vs active.")
-    max_kl: float = opt(10.0, "Gate: largest KL to base (nats per reply) a candidate may have.")
+    max_kl: float = opt(20.0, "Gate: largest KL to base (nats per reply) a candidate may have (= ppo.kl_limit).")
     resume_interrupted: bool = opt(False, "Resume jobs interrupted by a crash instead of failing them.")
     job_threads: int = opt(0, "CPU threads of a training job (0 = half the cores, at least 1); serving gives "
                            "them up while the job runs.")
