@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.bench.report import report
-from rlhf.config import AppConfig
+from rlhf.config import AppConfig, ConfigError
 
 SAMPLES = 2  # sampled replies per held-out prompt and version
 REPLY_TOKENS = 64  # as `simulate` asks for while annotating and judging
@@ -137,7 +137,12 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
 
     quick = bool(getattr(args, "quick", False))
     oracles = [args.oracle] if getattr(args, "oracle", None) else (list(ORACLES)[:1] if quick else list(ORACLES))
-    n_pairs = getattr(args, "votes", None) or (16 if quick else 64)
+    n_pairs = getattr(args, "votes", None)
+    n_pairs = (16 if quick else 64) if n_pairs is None else n_pairs
+    if set(oracles) - set(ORACLES):
+        raise ConfigError(f"--oracle must be one of {', '.join(ORACLES)}, got {oracles[0]!r}")
+    if n_pairs < 4:
+        raise ConfigError(f"--votes must be at least 4 (the reward model's cross-validation needs pairs), got {n_pairs}")
     eval_prompts, samples = (4, 1) if quick else (32, SAMPLES)
     source = resolve_model(config.base_model, config.data_path)
     device = pick_device(config.device)

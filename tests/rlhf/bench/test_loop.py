@@ -33,3 +33,13 @@ def test_quick_loop_reports_the_verdict(app_config, tmp_path, capsys):
     assert figures["votes"] == 12 and set(figures["oracle_win_rate"]) == {"concrete"}
     assert 0.0 <= figures["min_win_rate"] <= 1.0 and 0.0 <= figures["distinct_2"]["concrete"] <= 1.0
     assert "## loop" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+@pytest.mark.parametrize("oracle, votes, message", [("kind", 16, "--oracle must be one of"),
+                                                     ("concrete", 0, "--votes must be at least 4"),
+                                                     ("concrete", -3, "--votes must be at least 4")])
+def test_bad_arguments_are_refused_before_any_work(app_config, oracle, votes, message):
+    from rlhf.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        loop.run(app_config, argparse.Namespace(quick=True, oracle=oracle, votes=votes))
