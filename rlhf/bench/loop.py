@@ -142,7 +142,8 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     if set(oracles) - set(ORACLES):
         raise ConfigError(f"--oracle must be one of {', '.join(ORACLES)}, got {oracles[0]!r}")
     if n_pairs < 4:
-        raise ConfigError(f"--votes must be at least 4 (the reward model's cross-validation needs pairs), got {n_pairs}")
+        raise ConfigError(f"--votes must be at least 4 (the reward model's cross-validation needs pairs), "
+                          f"got {n_pairs}")
     eval_prompts, samples = (4, 1) if quick else (32, SAMPLES)
     source = resolve_model(config.base_model, config.data_path)
     device = pick_device(config.device)
