@@ -141,8 +141,8 @@ def test_unknown_ids(client):
 def test_a_locked_database_answers_busy_retry_like_a_full_queue(client, services):
     import sqlite3
 
+    services.store.busy_timeout_s = 0.2  # every connection this test opens waits this long
     first = chat(client)
-    services.store.busy_timeout_s = 0.2  # connections opened from now on wait this long
     holder = sqlite3.connect(services.store.path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
     try:
