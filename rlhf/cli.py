@@ -323,6 +323,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true", help="reward: skip the slow LoRA baseline")
     p.add_argument("--oracle", help="loop: one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64)")
+    p.add_argument("--eval-prompts", type=int,
+                   help="loop: held-out prompts the oracle judges (default 32, at most 160)")
     p.add_argument("--active", action="store_true",
                    help="reward: votes to 0.80 held-out accuracy, vote-queue (uncertainty) pairs against random ones")
 

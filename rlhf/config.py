@@ -72,7 +72,9 @@ class RewardConfig:
 class PPOConfig:
     """PPO settings, grouped by concern (the README table shows the group of each key)."""
     # -- rollout: what the policy is asked and how it samples
-    batch_size: int = opt(8, "Prompts per rollout (per process under accelerate launch).")
+    batch_size: int = opt(4, "Prompts per rollout (per process under accelerate launch).")
+    group_size: int = opt(4, "Replies sampled per prompt; > 1: each reply's advantage is its return minus the "
+                             "mean of the other replies to its prompt (RLOO, no value head); 1: GAE on a value head.")
     max_new_tokens: int = opt(48, "Reply length during rollouts.")
     max_prompt_tokens: int = opt(384, "Longest rollout prompt in tokens; the oldest turns are cut first.")
     temperature: float = opt(1.0, "Sampling temperature during rollouts.")
@@ -83,7 +85,7 @@ class PPOConfig:
     steps: int = opt(8, "PPO iterations (rollout + update).")
     mini_batch_size: int = opt(4, "Rollouts per gradient step.")
     ppo_epochs: int = opt(2, "Passes over each rollout batch.")
-    learning_rate: float = opt(2e-3, "Policy LoRA + value head learning rate.")
+    learning_rate: float = opt(1e-3, "Policy LoRA (+ value head when ppo.group_size is 1) learning rate.")
     gamma: float = opt(1.0, "GAE discount.")
     lam: float = opt(0.95, "GAE lambda.")
     clip_range: float = opt(0.2, "Policy ratio clip.")
@@ -113,7 +115,7 @@ class PPOConfig:
     lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.")
     load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).")
     # -- run: evaluation, checkpoints, logging
-    eval_prompts: int = opt(12, "Held-out prompts used for evaluation.")
+    eval_prompts: int = opt(32, "Held-out prompts used for evaluation and the gate (fewer: wider intervals).")
     save_every: int = opt(4, "Checkpoint every N steps (0 = only final).")
     eval_every: int = opt(0, "Evaluate every N steps to pick best/ (0 = only at the end).")
     seed: int = opt(0, "Seed for prompts, sampling and init.")
@@ -124,10 +126,12 @@ class PPOConfig:
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
-        if min(self.steps, self.batch_size, self.ppo_epochs, self.max_new_tokens) < 1:
-            raise ConfigError("ppo.steps, ppo.batch_size, ppo.ppo_epochs and ppo.max_new_tokens must be >= 1")
-        if not 1 <= self.mini_batch_size <= self.batch_size:
-            raise ConfigError("ppo.mini_batch_size must be in 1..ppo.batch_size")
+        if min(self.steps, self.batch_size, self.group_size, self.ppo_epochs, self.max_new_tokens) < 1:
+            raise ConfigError("ppo.steps, ppo.batch_size, ppo.group_size, ppo.ppo_epochs and ppo.max_new_tokens "
+                              "must be >= 1")
+        if not 1 <= self.mini_batch_size <= self.batch_size * self.group_size:
+            raise ConfigError("ppo.mini_batch_size must be in 1..ppo.batch_size * ppo.group_size (the replies of "
+                              "one rollout)")
         if self.temperature <= 0:
             raise ConfigError("ppo.temperature must be > 0 (PPO needs sampled replies)")
         if self.ratio_limit <= 1 or self.max_guard_events < 1:
@@ -138,8 +142,8 @@ class PPOConfig:
 
 # The concern of each ppo.* key (README table, `config docs`): keys stay flat so existing configs keep working.
 PPO_GROUPS = {key: group for group, keys in {
-    "rollout": ("batch_size", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p", "adversarial_ratio",
-                "prompt_file"),
+    "rollout": ("batch_size", "group_size", "max_new_tokens", "max_prompt_tokens", "temperature", "top_p",
+                "adversarial_ratio", "prompt_file"),
     "optimisation": ("steps", "mini_batch_size", "ppo_epochs", "learning_rate", "gamma", "lam", "clip_range",
                      "clip_range_value", "vf_coef", "ent_coef", "max_grad_norm"),
     "KL": ("kl_init", "kl_target", "kl_horizon", "kl_limit", "approx_kl_stop"),

@@ -9,7 +9,10 @@ minutes and on preferences that are not length. For each built-in oracle of ``rl
    grouped k-fold accuracy.
 3. PPO from the base with the ``ppo.*`` config (defaults unless ``--set``) on the pool's train prompts.
 4. The verdict: the oracle judges the new version against the base on held-out prompts nobody voted on
-   (``--eval-prompts``, two sampled replies each), plus fluency of the new replies (mean words, distinct-2).
+   (``--eval-prompts``, two sampled replies each), plus fluency of the new replies (mean words, distinct-2), and
+   for scale what a perfect best-of-4 reranker of the base's own replies would score (``best_of_pool``).
+5. The gate: the retrain job's own verdict (promote / inconclusive / reject) on the same adapter, so whether
+   it agrees with the oracle is measured too.
 
 ``simulate --retrain`` measures the same thing through the running app (live votes, the real job); this one
 is the fast, repeatable bench for the learning path.
@@ -30,6 +33,7 @@ from rlhf.config import AppConfig, ConfigError
 
 SAMPLES = 2  # sampled replies per held-out prompt and version
 REPLY_TOKENS = 64  # as `simulate` asks for while annotating and judging
+EVAL_PROMPTS = 32  # held-out prompts judged per oracle (of the pool's 160): `--eval-prompts`
 
 
 def oracle_pairs(pool: list[dict], oracle: str, prompt_ids, n: int, seed: int = 0) -> list[dict]:
@@ -67,8 +71,36 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     xr = featurize(prompts, [p["rejected"] for p in pairs])
     r = config.reward
     cv = cross_validate_pairs(xc, xr, [p["prompt_id"] for p in pairs], k=r.cv_folds, c=r.head_c)
-    head = fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed)
-    return (lambda ps, replies: head.scores(featurize(ps, replies)).tolist() if replies else []), cv
+    return HeadScorer(fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed), featurize), cv
+
+
+class HeadScorer:
+    """The fitted head as the app's reward model is used: ``scorer(prompts, replies)`` and per-member scores."""
+
+    def __init__(self, head, featurize):
+        self.head, self.featurize = head, featurize
+
+    def __call__(self, prompts: list, replies: list[str]) -> list[float]:
+        return self.head.scores(self.featurize(prompts, replies)).tolist() if replies else []
+
+    def member_scores(self, prompts: list, replies: list[str]):
+        return self.head.member_scores(self.featurize(prompts, replies)) / self.head.score_scale
+
+
+def gate_verdict(config: AppConfig, source: str, device: str, adapter: str, scorer: HeadScorer,
+                 prompts: list[str], system: str) -> dict:
+    """What the retrain job's gate would say about ``adapter`` against the base: the same evaluation (greedy
+    replies to ``ppo.eval_prompts`` held-out prompts scored by the reward model) and the same verdict rule."""
+    from rlhf.jobs.evaluation import evaluate_versions, gate
+    from rlhf.jobs.pipeline import adapters_on_base
+
+    model, tokenizer = adapters_on_base(source, device, {"new": adapter})
+    report = evaluate_versions(model, tokenizer, [chat(system, p) for p in prompts], scorer, "new", None,
+                               config.ppo.max_new_tokens)
+    g = gate(report.candidate_members, report.active_members, report.kl_to_base, config.retrain.min_win_rate,
+             config.retrain.max_kl)
+    return {"gate": g.verdict, "gate_win_rate": round(g.win_rate, 3), "gate_low": round(g.low, 3),
+            "gate_high": round(g.high, 3)}
 
 
 def verdict(config: AppConfig, source: str, device: str, adapter: str, oracle: str, prompts: list[str],
@@ -81,20 +113,43 @@ def verdict(config: AppConfig, source: str, device: str, adapter: str, oracle: s
     model, tokenizer = adapters_on_base(source, device, {"new": adapter})
     judge = ORACLES[oracle]
     chats = [chat(system, p) for p in prompts]
-    score, new_texts, base_texts = 0.0, [], []
+    verdicts, new_texts, base_texts = [], [], []
     for s in range(samples):
         base, new = generate_replies(model, tokenizer, chats, [None, "new"], REPLY_TOKENS, 1.0, 10_000 + 1000 * s)
-        for prompt, a, b in zip(prompts, new.texts, base.texts):
-            score += {"a": 1.0, "tie": 0.5, "b": 0.0}[judge(prompt, a, b)]
+        verdicts += [judge(prompt, a, b) for prompt, a, b in zip(prompts, new.texts, base.texts)]
         new_texts += new.texts
         base_texts += base.texts
 
     def words(texts):
         return round(statistics.mean(len(t.split()) for t in texts), 1) if texts else 0.0
 
-    return {"oracle_win_rate": round(score / max(1, len(prompts) * samples), 3), "mean_words": words(new_texts),
+    return {**win_rates(verdicts), "mean_words": words(new_texts),
             "base_mean_words": words(base_texts), "distinct_2": round(distinct_2(new_texts), 3),
             "base_distinct_2": round(distinct_2(base_texts), 3), "empty": sum(1 for t in new_texts if not t.split())}
+
+
+def win_rates(verdicts: list[str]) -> dict:
+    """Win rate with ties as half a win, and among the decisive verdicts only (``None`` when all tie)."""
+    wins, losses = verdicts.count("a"), verdicts.count("b")
+    score = wins + 0.5 * (len(verdicts) - wins - losses)
+    return {"oracle_win_rate": round(score / max(1, len(verdicts)), 3),
+            "decisive_win_rate": round(wins / (wins + losses), 3) if wins + losses else None,
+            "tie_share": round(1 - (wins + losses) / max(1, len(verdicts)), 3)}
+
+
+def best_of_pool(pool: list[dict], oracle: str, prompt_ids, seed: int = 0) -> float:
+    """What picking the oracle's favourite of the pool's base replies would score against a random one of them
+    (ties half) on ``prompt_ids``: the win rate of an ideal best-of-n reranker, a scale for the oracle's."""
+    from rlhf.bench.simulate import ORACLES
+
+    judge, rng, allowed = ORACLES[oracle], random.Random(seed), set(prompt_ids)
+    verdicts = []
+    for rec in sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"]):
+        best = rec["replies"][0]
+        for reply in rec["replies"][1:]:
+            best = reply if judge(rec["prompt"], reply, best) == "a" else best
+        verdicts.append(judge(rec["prompt"], best, rng.choice(rec["replies"])))
+    return win_rates(verdicts)["oracle_win_rate"]
 
 
 def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, oracle: str, n_pairs: int,
@@ -118,6 +173,10 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
         t0 = time.perf_counter()
         judged = verdict(config, source, device, str(result.final_dir), oracle,
                          [text[i] for i in held_ids[:eval_prompts]], system, samples)
+        judged["best_of_pool"] = best_of_pool(pool, oracle, held_ids)
+        # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on.
+        judged.update(gate_verdict(config, source, device, str(result.final_dir), scorer,
+                                   [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
         eval_s = time.perf_counter() - t0
     history = result.history
     return {"oracle": oracle, "votes": len(pairs), "rm_cv_accuracy": round(cv["cv_accuracy"] or 0.0, 3),
@@ -126,11 +185,18 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
             "reward_s": round(reward_s, 1), "ppo_s": round(ppo_s, 1), "eval_s": round(eval_s, 1)}
 
 
+def agrees(gate: str, oracle_win_rate: float) -> bool:
+    """The issue's rule: the gate promotes when the oracle's win rate is >= 0.6 and never when it is <= 0.5."""
+    if oracle_win_rate >= 0.6:
+        return gate == "promote"
+    return gate != "promote" if oracle_win_rate <= 0.5 else True
+
+
 def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None) -> dict:
     """Every built-in oracle (or ``--oracle``) through votes -> reward model -> PPO -> verdict; one table."""
     from tqdm import tqdm
 
-    from rlhf.bench.preference_pool import load_pool
+    from rlhf.bench.preference_pool import HELDOUT_PROMPTS, load_pool
     from rlhf.bench.simulate import ORACLES
     from rlhf.models import pick_device, resolve_model
     from rlhf.training.features import ReplyFeatures, feature_cache
@@ -144,7 +210,11 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     if n_pairs < 4:
         raise ConfigError(f"--votes must be at least 4 (the reward model's cross-validation needs pairs), "
                           f"got {n_pairs}")
-    eval_prompts, samples = (4, 1) if quick else (32, SAMPLES)
+    eval_prompts, samples = (4, 1) if quick else (EVAL_PROMPTS, SAMPLES)
+    eval_prompts = eval_prompts if getattr(args, "eval_prompts", None) is None else args.eval_prompts
+    if not 1 <= eval_prompts <= HELDOUT_PROMPTS:
+        raise ConfigError(f"--eval-prompts must be in 1..{HELDOUT_PROMPTS} (the pool's held-out prompts), "
+                          f"got {eval_prompts}")
     source = resolve_model(config.base_model, config.data_path)
     device = pick_device(config.device)
     featurize = feature_cache(ReplyFeatures.load(source, device, config.reward.max_length))
@@ -155,12 +225,21 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
         print(f"{oracle}: oracle win rate {rows[-1]['oracle_win_rate']}", file=sys.stderr)
     wins = [r["oracle_win_rate"] for r in rows]
     figures = {"votes": n_pairs, "oracle_win_rate": {r["oracle"]: r["oracle_win_rate"] for r in rows},
+               "gate": {r["oracle"]: r["gate"] for r in rows},
+               "gate_agrees": all(agrees(r["gate"], r["oracle_win_rate"]) for r in rows),
                "mean_win_rate": round(statistics.mean(wins), 3), "min_win_rate": min(wins),
-               "distinct_2": {r["oracle"]: r["distinct_2"] for r in rows}}
+               "distinct_2": {r["oracle"]: r["distinct_2"] for r in rows},
+               "best_of_pool": {r["oracle"]: r["best_of_pool"] for r in rows}}
     p = config.ppo
     notes = (f"Model `{config.base_model}` on {device}; {n_pairs} oracle-labelled pool pairs per oracle -> head "
-             f"reward model -> PPO ({p.steps} steps x {p.batch_size} prompts, lr {p.learning_rate}, "
+             f"reward model -> PPO ({p.steps} steps x {p.batch_size} prompts x {p.group_size} replies, lr "
+             f"{p.learning_rate}, "
              f"{p.ppo_epochs} epochs) from the base -> the oracle judges new vs base on {eval_prompts} held-out "
-             f"prompts x {samples} samples. Goal: oracle win rate >= 0.65 for every oracle at 64 votes, "
-             "replies still fluent.")
+             f"prompts x {samples} samples (ties half; `decisive_win_rate` leaves ties out). `best_of_pool`: the "
+             "oracle's favourite of the pool's 4 base replies against a random one of them on all 160 held-out "
+             "prompts, i.e. what a perfect best-of-4 reranker scores; an oracle that ties most pairs caps every "
+             "win rate near 0.5. `gate`: the retrain job's verdict on the same adapter (greedy replies to "
+             f"{config.ppo.eval_prompts} other held-out prompts scored by the reward model, bootstrap interval). Goal: "
+             "oracle win rate >= 0.65 for every oracle at 64 votes, replies still fluent, and the gate promotes "
+             "when the oracle says >= 0.6 and never when it says <= 0.5.")
     return report("loop", rows, figures, notes, path=path)

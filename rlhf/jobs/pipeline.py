@@ -42,7 +42,7 @@ def measured_rates(store: Store, agent: str) -> dict:
 def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
     """Expected wall minutes of a retrain with these settings."""
     reward_s = rates["reward_s_per_pair"] * max(pairs, 1) * config.reward.epochs
-    ppo_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size
+    ppo_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size * config.ppo.group_size
     return round((reward_s + ppo_s + rates["eval_s"] + rates["overhead_s"]) / 60.0, 1)
 
 
@@ -146,7 +146,8 @@ def retrain(ctx: JobContext) -> dict:
             + ("" if passed else ": " + "; ".join(reasons)))
     phases.enter("done", "finished")
     rates = {"reward_s_per_pair": phases.seconds["reward"] / max(1.0, rm.pairs_train * cfg.reward.epochs),
-             "ppo_s_per_sample": phases.seconds["ppo"] / max(1, ppo.steps * cfg.ppo.batch_size),
+             "ppo_s_per_sample": phases.seconds["ppo"] / max(1, ppo.steps * cfg.ppo.batch_size
+                                                             * cfg.ppo.group_size),
              "eval_s": phases.seconds["eval"]}
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
             "gate_reasons": reasons, "gate": verdict.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,

@@ -132,6 +132,28 @@ def compute_gae(
     return advantages, returns
 
 
+def group_advantages(returns: torch.Tensor, valid: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Leave-one-out advantages (B,) for replies sampled ``group_size`` at a time from the same prompt.
+
+    Rows are grouped consecutively: rows [k * g, (k + 1) * g) answer the same prompt. Each reply's advantage is
+    its return minus the mean return of the *other* valid replies to that prompt (RLOO: Kool et al. 2019,
+    Ahmadian et al. 2024), then scaled by the batch's spread (not shifted: the baseline already centres it).
+    A reply alone in its group, or invalid, gets 0: with nothing to compare it to, it teaches nothing.
+    """
+    if returns.numel() % group_size:
+        raise ValueError(f"{returns.numel()} replies do not split into groups of {group_size}")
+    ok = _as_bool(valid).to(returns.dtype).view(-1, group_size)
+    r = torch.where(ok > 0, returns.view(-1, group_size), torch.zeros_like(ok))
+    others = (ok.sum(1, keepdim=True) - ok).clamp_min(1)
+    baseline = (r.sum(1, keepdim=True) - r) / others
+    has_peer = (ok > 0) & (ok.sum(1, keepdim=True) > 1)
+    adv = torch.where(has_peer, r - baseline, torch.zeros_like(r)).reshape(-1)
+    used = has_peer.reshape(-1)
+    if used.sum() > 1:
+        adv = adv / (adv[used].std() + 1e-8)
+    return adv
+
+
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -26,8 +26,8 @@ import torch
 from rlhf.training.checkpoint import atomic_dir, find_checkpoint, load_checkpoint, save_checkpoint, save_policy
 from rlhf.config import AppConfig
 from rlhf.training.ppo.core import (AdaptiveKLController, FixedKLController, compute_gae, entropy_from_logits,
-                           logprobs_from_logits, masked_mean, masked_whiten, ppo_policy_loss, token_rewards,
-                           value_loss)
+                                   group_advantages, logprobs_from_logits, masked_mean, masked_whiten,
+                                   ppo_policy_loss, token_rewards, value_loss)
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, score_tokens
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
@@ -138,6 +138,7 @@ def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resu
     # A resumed run rebuilds its adapter from the checkpoint's own config, so the shapes always match.
     model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter)
     model.value_head.to(dev)
+    model.value_head.requires_grad_(cfg.group_size == 1)  # group baselines need no value head (nor DDP its grads)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
                                   eps=1e-5)
     kl_ctl = AdaptiveKLController(cfg.kl_init, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target > 0 \
@@ -263,8 +264,8 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     rank, world, dev = acc.process_index, acc.num_processes, acc.device
     t0 = time.perf_counter()
 
-    # Rollout
-    prompts = buffer.batch(step, cfg.batch_size, rank, world)
+    # Rollout: each prompt sampled group_size times, the copies side by side.
+    prompts = [p for p in buffer.batch(step, cfg.batch_size, rank, world) for _ in range(cfg.group_size)]
     _seed(cfg.seed, step, rank)
     ro = generate(policy, tokenizer, encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens),
                   cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True)
@@ -277,7 +278,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     # A reply with a NaN/inf score is masked out (same shapes on every process keep DDP in step).
     n_bad = int(round(_reduce(acc, [float((~ok).sum())])[0] * world))
     if n_bad:
-        guard.event(f"non-finite reward for {n_bad} of {cfg.batch_size * world} replies at step {step}", n_bad)
+        guard.event(f"non-finite reward for {n_bad} of {len(prompts) * world} replies at step {step}", n_bad)
     mask = ro.mask * ok.unsqueeze(1)
     scores = torch.where(ok, scores, torch.zeros_like(scores))
     if cfg.whiten_rewards and ok.sum() > 1:
@@ -295,9 +296,15 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     kl_per_reply = kl.sum(1)
     t3 = time.perf_counter()
 
-    # GAE (Schulman et al. 2016) over response tokens; advantages whitened per batch.
-    advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
-    advantages = masked_whiten(advantages, mask)
+    # Advantages. Groups: the reply's KL-penalised return against its prompt's other replies, on every token.
+    # Otherwise GAE (Schulman et al. 2016) on the value head, whitened per batch.
+    if cfg.group_size > 1:
+        returns = rewards.sum(1)
+        advantages = group_advantages(returns, mask.sum(1) > 0, cfg.group_size).unsqueeze(1) * mask
+        returns = returns.unsqueeze(1) * mask  # unused: no value loss without a value head
+    else:
+        advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
+        advantages = masked_whiten(advantages, mask)
 
     # Update: several epochs over shuffled minibatches.
     batch = Batch(logprobs, values, advantages, returns, mask, kl_per_reply)
@@ -321,7 +328,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     metrics = dict(zip(keys, _reduce(acc, [local[k] for k in keys])))
     metrics["ppo/kl_coef"] = kl_ctl.value
     # KL controller (Ziegler et al. 2019): steer the observed KL per reply toward the target.
-    kl_ctl.update(metrics["ppo/kl"], cfg.batch_size * world)
+    kl_ctl.update(metrics["ppo/kl"], len(prompts) * world)
     metrics["perf/tokens_per_s"] = float(ro.mask.sum()) * world / max(t4 - t0, 1e-9)
     metrics["guard/events"] = float(guard.events)
     metrics["ppo/minibatches"] = float(len(stats["pg_loss"]))
@@ -360,6 +367,7 @@ def _update(step: int, model, optimizer, ro, b: Batch, guard: _Guard, cfg, acc) 
     """PPO epochs over shuffled minibatches with guards and early stop; per-minibatch stats of those applied."""
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "approx_kl", "clipfrac", "entropy")}
     generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    with_values = cfg.group_size == 1  # group baselines replace the value head
     if _reduce(acc, [float(b.mask.sum() == 0)])[0] == 1.0:  # every reply was dropped: nothing to learn from
         return stats
     for _ in range(cfg.ppo_epochs):
@@ -367,12 +375,14 @@ def _update(step: int, model, optimizer, ro, b: Batch, guard: _Guard, cfg, acc) 
         for start in range(0, b.mask.shape[0], cfg.mini_batch_size):
             mb = b_inds[start:start + cfg.mini_batch_size]
             mb_mask = b.mask[mb]
-            logits, mb_values = model(ro.input_ids[mb], ro.attention_mask[mb], ro.response_len, cfg.temperature)
+            logits, mb_values = model(ro.input_ids[mb], ro.attention_mask[mb], ro.response_len, cfg.temperature,
+                                      with_values=with_values)
             mb_logprobs = logprobs_from_logits(logits, ro.response[mb])
             # Policy loss (clipped surrogate, Schulman et al. 2017 eq. 7)
             pg_loss, pg_stats = ppo_policy_loss(mb_logprobs, b.logprobs[mb], b.advantages[mb], mb_mask, cfg.clip_range)
-            # Value loss (clipped, as in the PPO reference implementation)
-            v_loss, _ = value_loss(mb_values, b.values[mb], b.returns[mb], mb_mask, cfg.clip_range_value)
+            # Value loss (clipped, as in the PPO reference implementation); none with group baselines
+            v_loss = value_loss(mb_values, b.values[mb], b.returns[mb], mb_mask, cfg.clip_range_value)[0] \
+                if with_values else torch.zeros((), device=mb_mask.device)
             # Entropy bonus (no graph when its coefficient is 0)
             with torch.set_grad_enabled(cfg.ent_coef != 0 and torch.is_grad_enabled()):
                 entropy = masked_mean(entropy_from_logits(logits), mb_mask)

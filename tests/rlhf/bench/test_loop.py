@@ -25,21 +25,48 @@ def test_oracle_pairs_follow_the_oracle_and_stay_on_train_prompts():
 
 
 def test_quick_loop_reports_the_verdict(app_config, tmp_path, capsys):
-    config = apply_overrides(app_config, {"ppo.steps": 1, "ppo.batch_size": 2, "ppo.mini_batch_size": 2,
-                                          "ppo.max_new_tokens": 8, "ppo.save_every": 0, "reward.cv_folds": 2})
+    config = apply_overrides(app_config, {"ppo.steps": 1, "ppo.batch_size": 1, "ppo.group_size": 2,
+                                          "ppo.mini_batch_size": 2,
+                                          "ppo.max_new_tokens": 8, "ppo.save_every": 0, "reward.cv_folds": 2,
+                                          "ppo.eval_prompts": 4})
     args = argparse.Namespace(quick=True, oracle="concrete", votes=12)
     figures = loop.run(config, args, path=tmp_path / "BENCHMARKS.md")
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     assert figures["votes"] == 12 and set(figures["oracle_win_rate"]) == {"concrete"}
     assert 0.0 <= figures["min_win_rate"] <= 1.0 and 0.0 <= figures["distinct_2"]["concrete"] <= 1.0
+    assert 0.5 <= figures["best_of_pool"]["concrete"] <= 1.0
+    assert figures["gate"]["concrete"] in ("promote", "inconclusive", "reject")
+    assert figures["gate_agrees"] == loop.agrees(figures["gate"]["concrete"], figures["oracle_win_rate"]["concrete"])
     assert "## loop" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
-@pytest.mark.parametrize("oracle, votes, message", [("kind", 16, "--oracle must be one of"),
-                                                     ("concrete", 0, "--votes must be at least 4"),
-                                                     ("concrete", -3, "--votes must be at least 4")])
-def test_bad_arguments_are_refused_before_any_work(app_config, oracle, votes, message):
+def test_win_rates_count_ties_half_and_leave_them_out_of_the_decisive_rate():
+    assert loop.win_rates(["a", "a", "b", "tie"]) == {"oracle_win_rate": 0.625, "decisive_win_rate": 0.667,
+                                                     "tie_share": 0.25}
+    assert loop.win_rates(["tie", "tie"]) == {"oracle_win_rate": 0.5, "decisive_win_rate": None, "tie_share": 1.0}
+
+
+def test_the_gate_agrees_when_it_promotes_clear_winners_and_never_losers():
+    assert loop.agrees("promote", 0.7) and not loop.agrees("inconclusive", 0.6)
+    assert loop.agrees("inconclusive", 0.55) and loop.agrees("promote", 0.55)  # between: either is fine
+    assert not loop.agrees("promote", 0.5) and loop.agrees("reject", 0.4) and loop.agrees("inconclusive", 0.5)
+
+
+def test_a_perfect_reranker_scales_each_oracle():
+    pool = load_pool()
+    _, held_ids = split_prompts(pool)
+    ceilings = {name: loop.best_of_pool(pool, name, held_ids) for name in ORACLES}
+    assert all(0.5 <= c <= 1.0 for c in ceilings.values())
+    # polite ties most pairs of the base's replies: even the best of four rarely beats a random one
+    assert ceilings["polite"] < 0.6 < ceilings["concise"]
+
+
+@pytest.mark.parametrize("oracle, votes, eval_prompts, message", [
+    ("kind", 16, None, "--oracle must be one of"), ("concrete", 0, None, "--votes must be at least 4"),
+    ("concrete", -3, None, "--votes must be at least 4"), ("concrete", 16, 0, "--eval-prompts must be in"),
+    ("concrete", 16, 161, "--eval-prompts must be in")])
+def test_bad_arguments_are_refused_before_any_work(app_config, oracle, votes, eval_prompts, message):
     from rlhf.config import ConfigError
 
     with pytest.raises(ConfigError, match=message):
-        loop.run(app_config, argparse.Namespace(quick=True, oracle=oracle, votes=votes))
+        loop.run(app_config, argparse.Namespace(quick=True, oracle=oracle, votes=votes, eval_prompts=eval_prompts))

@@ -11,7 +11,7 @@ from rlhf.serving.server import AdapterRef, GenParams
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
 
 FAST = {"reward.epochs": 1, "reward.min_pairs": 4, "reward.batch_size": 4, "reward.max_length": 128,
-        "ppo.steps": 2, "ppo.batch_size": 4, "ppo.mini_batch_size": 2, "ppo.max_new_tokens": 8,
+        "ppo.steps": 2, "ppo.batch_size": 2, "ppo.group_size": 2, "ppo.mini_batch_size": 2, "ppo.max_new_tokens": 8,
         "ppo.eval_prompts": 4, "ppo.save_every": 1, "retrain.min_win_rate": 0.0, "retrain.max_kl": 1000.0}
 
 
@@ -38,8 +38,9 @@ def test_estimate_grows_with_data_and_steps(app_config):
     rates = {"reward_s_per_pair": 1.0, "ppo_s_per_sample": 2.0, "eval_s": 10.0, "overhead_s": 0.0}
     small = estimate_minutes(rates, 10, app_config)
     assert estimate_minutes(rates, 100, app_config) > small
-    assert small == pytest.approx((10 * app_config.reward.epochs + 2.0 * app_config.ppo.steps *
-                                   app_config.ppo.batch_size + 10) / 60, abs=0.1)
+    ppo = app_config.ppo
+    assert small == pytest.approx((10 * app_config.reward.epochs + 2.0 * ppo.steps * ppo.batch_size *
+                                   ppo.group_size + 10) / 60, abs=0.1)
 
 
 def test_retrain_publishes_a_version_the_app_serves(store, app_config, tiny_server):

@@ -33,8 +33,9 @@ def one_thread():
 
 def ppo_config(tmp_path, model_dir, *overrides):
     return load_config(env={}, overrides=[
-        f"data_dir={tmp_path / 'data'}", f"base_model={model_dir}", "device=cpu", "ppo.batch_size=4",
-        "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.eval_prompts=2", "ppo.save_every=0", *overrides])
+        f"data_dir={tmp_path / 'data'}", f"base_model={model_dir}", "device=cpu", "ppo.batch_size=2",
+        "ppo.group_size=2", "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.eval_prompts=2",
+        "ppo.save_every=0", *overrides])
 
 
 def reply_length(prompts, replies):
@@ -85,7 +86,8 @@ def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted,
         ids = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
         return [sum(i in favoured for i in x) / max(len(x), 1) for x in ids]
 
-    config = ppo_config(tmp_path, model_dir, "ppo.steps=10", "ppo.batch_size=8", "ppo.mini_batch_size=4",
+    config = ppo_config(tmp_path, model_dir, "ppo.steps=10", "ppo.batch_size=8", "ppo.group_size=1",
+                        "ppo.mini_batch_size=4",
                         "ppo.max_new_tokens=8", "ppo.learning_rate=1e-3", "ppo.kl_init=0.02", "ppo.ppo_epochs=2")
     try:
         result = train_ppo(config, str(model_dir), share_favoured, PROMPTS, PROMPTS, tmp_path / "run")
@@ -99,6 +101,28 @@ def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted,
     assert all(math.isfinite(k) and k < config.ppo.kl_limit for k in kls), kls
     assert 0 < result.kl < config.ppo.kl_limit
     assert all(math.isfinite(m["loss/policy"]) and math.isfinite(m["loss/value"]) for m in result.history)
+
+
+def test_group_baselines_raise_the_reward_without_a_value_head(tmp_path, planted, tokenizer):
+    """ppo.group_size > 1: each prompt sampled 4 times, advantages against the prompt's other replies (RLOO);
+    the value head is neither trained nor needed."""
+    model_dir, favoured = planted
+
+    def share_favoured(prompts, replies):
+        ids = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
+        return [sum(i in favoured for i in x) / max(len(x), 1) for x in ids]
+
+    config = ppo_config(tmp_path, model_dir, "ppo.steps=8", "ppo.batch_size=2", "ppo.group_size=4",
+                        "ppo.mini_batch_size=4", "ppo.max_new_tokens=8", "ppo.learning_rate=1e-3",
+                        "ppo.kl_init=0.02", "ppo.ppo_epochs=2")
+    result = train_ppo(config, str(model_dir), share_favoured, PROMPTS, PROMPTS, tmp_path / "run")
+    rewards = [m["reward/mean"] for m in result.history]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+    assert result.reward_after > result.reward_before
+    assert all(m["loss/value"] == 0.0 and m["ppo/minibatches"] > 0 for m in result.history)
+    assert 0 < result.kl < config.ppo.kl_limit
+    with pytest.raises(ConfigError, match="ppo.mini_batch_size must be in 1..ppo.batch_size \\* ppo.group_size"):
+        ppo_config(tmp_path, model_dir, "ppo.batch_size=2", "ppo.group_size=2", "ppo.mini_batch_size=5")
 
 
 # ---------------------------------------------------------------- outputs of a run

@@ -11,6 +11,7 @@ from rlhf.training.ppo.core import (
     FixedKLController,
     compute_gae,
     entropy_from_logits,
+    group_advantages,
     kl_penalty,
     logprobs_from_logits,
     masked_mean,
@@ -340,3 +341,24 @@ def test_kl_controllers_resume_exactly_from_state_dict():
     other = FixedKLController(1.0)
     other.load_state_dict(fixed.state_dict())
     assert other.value == 0.05 and other.state_dict() == {"value": 0.05}
+
+
+def test_group_advantages_compare_each_reply_with_the_others_to_its_prompt():
+    returns = t([1.0, 2.0, 3.0, 4.0, 0.0, 99.0, 5.0, 1.0])
+    valid = torch.tensor([True, True, True, True, True, False, True, True])
+    adv = group_advantages(returns, valid, 4)
+    # Prompt 1: 1 - (2+3+4)/3 = -2, 2 - 8/3, 3 - 7/3, 4 - 2 = 2. Prompt 2 (the 99 is invalid): 0 - 3, 5 - 0.5,
+    # 1 - 2.5. Then one scale for the whole batch (the std of the six), no shift.
+    raw = t([-2.0, -2.0 / 3, 2.0 / 3, 2.0, -3.0, 0.0, 4.5, -1.5])
+    used = valid
+    assert_close(adv, raw / raw[used].std())
+    assert adv[5] == 0.0
+
+
+def test_group_advantages_give_nothing_to_a_reply_without_peers_and_check_the_shape():
+    adv = group_advantages(t([3.0, 7.0, 1.0, 1.0]), torch.tensor([True, False, True, True]), 2)
+    assert adv[0] == 0.0 and adv[1] == 0.0  # its only peer is invalid: nothing to compare with
+    assert adv[2] == 0.0 and adv[3] == 0.0  # equal returns: no preference, no signal (and no NaN)
+    assert torch.isfinite(adv).all()
+    with pytest.raises(ValueError, match="groups of 3"):
+        group_advantages(t([1.0, 2.0, 3.0, 4.0]), torch.ones(4, dtype=torch.bool), 3)
