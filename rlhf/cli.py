@@ -326,7 +326,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-prompts", type=int,
                    help="loop: held-out prompts the oracle judges (default 32, at most 160)")
     p.add_argument("--active", action="store_true",
-                   help="reward: votes to 0.80 held-out accuracy, vote-queue (uncertainty) pairs against random ones")
+                   help="reward: votes to 0.80 held-out accuracy, vote-queue (uncertainty) pairs against random ones; "
+                        "loop: the loop's oracle win rate after N queue-chosen votes against N random ones")
 
 
 @command("bench", "run a benchmark; prints a table, appends to BENCHMARKS.md, prints one JSON line last",

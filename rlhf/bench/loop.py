@@ -58,6 +58,31 @@ def oracle_pairs(pool: list[dict], oracle: str, prompt_ids, n: int, seed: int = 
     return pairs
 
 
+def queue_pairs(config: AppConfig, featurize, pool: list[dict], oracle: str, prompt_ids, votes: int, strategy: str,
+                system: str, seed: int = 0) -> list[dict]:
+    """``votes`` votes on pairs chosen the vote queue's way (``active``) or at random, from every pair of the
+    pool's four replies per prompt; a tie is a vote spent that teaches nothing. Returns the decided pairs."""
+    from rlhf.bench.reward_active import annotate
+    from rlhf.bench.simulate import ORACLES
+
+    judge, allowed = ORACLES[oracle], set(prompt_ids)
+    cands = [{"prompt_id": rec["prompt_id"], "prompt": rec["prompt"], "a": a, "b": b}
+             for rec in sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"])
+             for i, a in enumerate(rec["replies"]) for b in rec["replies"][i + 1:]]
+    winners = [judge(c["prompt"], c["a"], c["b"]) for c in cands]
+    chats = [chat(system, c["prompt"]) for c in cands]
+    xa, xb = featurize(chats, [c["a"] for c in cands]), featurize(chats, [c["b"] for c in cands])
+    taken: list[int] = []
+    for taken, _ in annotate(xa, xb, winners, strategy, seed, votes, config.queue.refit_every,
+                             config.reward.min_pairs, config.queue.random_share, config.reward.head_c,
+                             config.reward.ensemble):
+        pass
+    return [{"prompt_id": cands[i]["prompt_id"], "prompt": cands[i]["prompt"],
+             "chosen": cands[i]["a"] if winners[i] == "a" else cands[i]["b"],
+             "rejected": cands[i]["b"] if winners[i] == "a" else cands[i]["a"]}
+            for i in taken if winners[i] != "tie"]
+
+
 def chat(system: str, prompt: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
 
@@ -153,15 +178,20 @@ def best_of_pool(pool: list[dict], oracle: str, prompt_ids, seed: int = 0) -> fl
 
 
 def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, oracle: str, n_pairs: int,
-               eval_prompts: int, samples: int) -> dict:
-    """Votes -> reward model -> PPO -> the oracle's verdict, for one oracle."""
+               eval_prompts: int, samples: int, votes_from: str = "pool") -> dict:
+    """Votes -> reward model -> PPO -> the oracle's verdict, for one oracle. ``votes_from``: ``pool`` (one
+    decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the vote
+    queue's way or at random)."""
     from rlhf.bench.preference_pool import split_prompts
     from rlhf.training.ppo.trainer import train_ppo
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
     train_ids, held_ids = split_prompts(pool)
     text = {r["prompt_id"]: r["prompt"] for r in pool}
-    pairs = oracle_pairs(pool, oracle, train_ids, n_pairs, seed=config.ppo.seed)
+    if votes_from == "pool":
+        pairs = oracle_pairs(pool, oracle, train_ids, n_pairs, seed=config.ppo.seed)
+    else:
+        pairs = queue_pairs(config, featurize, pool, oracle, train_ids, n_pairs, votes_from, system, config.ppo.seed)
     t0 = time.perf_counter()
     scorer, cv = fit_reward(config, featurize, pairs, system)
     reward_s = time.perf_counter() - t0
@@ -179,7 +209,8 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
                                    [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
         eval_s = time.perf_counter() - t0
     history = result.history
-    return {"oracle": oracle, "votes": len(pairs), "rm_cv_accuracy": round(cv["cv_accuracy"] or 0.0, 3),
+    return {"oracle": oracle, "votes_from": votes_from, "votes": n_pairs if votes_from != "pool" else len(pairs),
+            "pairs": len(pairs), "rm_cv_accuracy": round(cv["cv_accuracy"] or 0.0, 3),
             "rm_cv_low": round(cv["cv_low"] or 0.0, 3), "rm_cv_high": round(cv["cv_high"] or 0.0, 3),
             **judged, "kl_last": round(history[-1]["ppo/kl"], 2),
             "reward_s": round(reward_s, 1), "ppo_s": round(ppo_s, 1), "eval_s": round(eval_s, 1)}
@@ -219,10 +250,23 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     device = pick_device(config.device)
     featurize = feature_cache(ReplyFeatures.load(source, device, config.reward.max_length))
     pool = load_pool()
+    sources = ("active", "random") if getattr(args, "active", False) else ("pool",)
     rows = []
-    for oracle in tqdm(oracles, desc="loop", file=sys.stderr, unit="oracle"):
-        rows.append(one_oracle(config, source, device, featurize, pool, oracle, n_pairs, eval_prompts, samples))
-        print(f"{oracle}: oracle win rate {rows[-1]['oracle_win_rate']}", file=sys.stderr)
+    for oracle, votes_from in tqdm([(o, v) for o in oracles for v in sources], desc="loop", file=sys.stderr,
+                                   unit="run"):
+        rows.append(one_oracle(config, source, device, featurize, pool, oracle, n_pairs, eval_prompts, samples,
+                               votes_from))
+        print(f"{oracle} ({votes_from}): oracle win rate {rows[-1]['oracle_win_rate']}", file=sys.stderr)
+    if sources != ("pool",):
+        by = {(r["oracle"], r["votes_from"]): r["oracle_win_rate"] for r in rows}
+        return report("loop --active", rows, {
+            "votes": n_pairs, "active_win_rate": {o: by[(o, "active")] for o in oracles},
+            "random_win_rate": {o: by[(o, "random")] for o in oracles}},
+            f"The vote queue's choice against random choice, for the whole loop: {n_pairs} votes per run on pairs "
+            "of the pool's four replies per training prompt (ties are votes that teach nothing), chosen like the "
+            "queue does (random until `reward.min_pairs`, then the pairs the refit head ensemble is least sure "
+            f"about, `queue.random_share` random) or at random; then the same reward model, PPO and verdict as "
+            f"`bench loop` ({eval_prompts} held-out prompts x {samples} samples).", path=path)
     wins = [r["oracle_win_rate"] for r in rows]
     figures = {"votes": n_pairs, "oracle_win_rate": {r["oracle"]: r["oracle_win_rate"] for r in rows},
                "gate": {r["oracle"]: r["gate"] for r in rows},

@@ -58,35 +58,47 @@ def candidate_pairs(pool: Sequence[dict], preference: str, prompt_ids: Sequence[
     return out
 
 
-def run_strategy(feats, cands: list[dict], held: list[dict], strategy: str, seed: int, budget: int, refit_every: int,
-                 min_pairs: int, random_share: float, c: Optional[float] = None, members: int = 8) -> list[dict]:
-    """One annotation run: ``[{"votes", "pairs", "accuracy"}]`` after each refit of the head."""
-    from rlhf.training.reward_head import DEFAULT_C, fit_pairs, pair_accuracy
+def annotate(xa: np.ndarray, xb: np.ndarray, winners: Sequence[str], strategy: str, seed: int, budget: int,
+             refit_every: int, min_pairs: int, random_share: float, c: Optional[float] = None, members: int = 8):
+    """A simulated annotator voting on candidate pairs (features ``xa``/``xb``, answers ``winners``) chosen by
+    ``strategy``; yields ``(indices voted on so far, head refit on their non-tie answers)`` after each refit."""
+    from rlhf.training.reward_head import DEFAULT_C, fit_pairs
 
     rng = np.random.default_rng(seed)
-    xa, xb = feats.of(cands, "a"), feats.of(cands, "b")
-    held_c, held_r = feats.of(held, "chosen"), feats.of(held, "rejected")
-    left = np.arange(len(cands))
-    chosen, rejected, curve, head, votes = [], [], [], None, 0
-    while votes < budget and left.size:
-        k = min(refit_every, budget - votes)
+    left = np.arange(len(winners))
+    taken, chosen, rejected, head = [], [], [], None
+    while len(taken) < budget and left.size:
+        k = min(refit_every, budget - len(taken))
         if strategy == "active" and head is not None and len(chosen) >= min_pairs:
             _, uncertainty = pair_uncertainty(head.preference(xa[left], xb[left]))
             picks = choose_batch(uncertainty, k, random_share, rng)
         else:
             picks = choose_batch(None, k, 0.0, rng, n=len(left))
-        taken = [int(left[i]) for i, _ in picks]
+        batch = [int(left[i]) for i, _ in picks]
         left = np.delete(left, [i for i, _ in picks])
-        for i in taken:
-            votes += 1
-            if cands[i]["winner"] == "a":
+        for i in batch:
+            taken.append(i)
+            if winners[i] == "a":
                 chosen.append(xa[i]), rejected.append(xb[i])
-            elif cands[i]["winner"] == "b":
+            elif winners[i] == "b":
                 chosen.append(xb[i]), rejected.append(xa[i])
         if chosen:
             head = fit_pairs(np.array(chosen), np.array(rejected), c=c or DEFAULT_C, members=members, seed=seed)
-            curve.append({"votes": votes, "pairs": len(chosen), "accuracy": pair_accuracy(head, held_c, held_r)})
-    return curve
+            yield list(taken), head
+
+
+def run_strategy(feats, cands: list[dict], held: list[dict], strategy: str, seed: int, budget: int, refit_every: int,
+                 min_pairs: int, random_share: float, c: Optional[float] = None, members: int = 8) -> list[dict]:
+    """One annotation run: ``[{"votes", "pairs", "accuracy"}]`` after each refit of the head."""
+    from rlhf.training.reward_head import pair_accuracy
+
+    xa, xb = feats.of(cands, "a"), feats.of(cands, "b")
+    held_c, held_r = feats.of(held, "chosen"), feats.of(held, "rejected")
+    winners = [c_["winner"] for c_ in cands]
+    return [{"votes": len(taken), "pairs": sum(winners[i] != "tie" for i in taken),
+             "accuracy": pair_accuracy(head, held_c, held_r)}
+            for taken, head in annotate(xa, xb, winners, strategy, seed, budget, refit_every, min_pairs,
+                                        random_share, c, members)]
 
 
 def votes_to(curve: list[dict], target: float = TARGET) -> Optional[int]:

@@ -40,6 +40,37 @@ def test_quick_loop_reports_the_verdict(app_config, tmp_path, capsys):
     assert "## loop" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
+def test_quick_active_loop_compares_queue_votes_with_random_votes(app_config, tmp_path, capsys):
+    config = apply_overrides(app_config, {"ppo.steps": 1, "ppo.batch_size": 1, "ppo.group_size": 2,
+                                          "ppo.mini_batch_size": 2, "ppo.max_new_tokens": 8, "ppo.save_every": 0,
+                                          "reward.cv_folds": 2, "ppo.eval_prompts": 4, "reward.min_pairs": 4,
+                                          "queue.refit_every": 4})
+    figures = loop.run(config, argparse.Namespace(quick=True, oracle="concrete", votes=16, active=True),
+                       path=tmp_path / "BENCHMARKS.md")
+    assert set(figures["active_win_rate"]) == set(figures["random_win_rate"]) == {"concrete"}
+    assert "## loop --active" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_queue_pairs_follow_the_oracle_spend_ties_and_differ_by_strategy(app_config):
+    import numpy as np
+
+    pool = load_pool()
+    train_ids, _ = split_prompts(pool)
+    ids = train_ids[:40]
+
+    def featurize(prompts, replies):  # cheap text features: digits, words, list lines, a constant
+        return np.array([[sum(ch.isdigit() for ch in r), len(r.split()) / 10, r.count("\n- "), 1.0]
+                         for r in replies], dtype=np.float32)
+
+    config = apply_overrides(app_config, {"reward.min_pairs": 4, "queue.refit_every": 4})
+    got = {s: loop.queue_pairs(config, featurize, pool, "concrete", ids, 24, s, "sys") for s in ("active", "random")}
+    for pairs in got.values():
+        assert 0 < len(pairs) <= 24 and {p["prompt_id"] for p in pairs} <= set(ids)
+        assert all(ORACLES["concrete"](p["prompt"], p["chosen"], p["rejected"]) == "a" for p in pairs)
+    assert got["active"] != got["random"]
+    assert got["active"] == loop.queue_pairs(config, featurize, pool, "concrete", ids, 24, "active", "sys")
+
+
 def test_win_rates_count_ties_half_and_leave_them_out_of_the_decisive_rate():
     assert loop.win_rates(["a", "a", "b", "tie"]) == {"oracle_win_rate": 0.625, "decisive_win_rate": 0.667,
                                                      "tie_share": 0.25}
