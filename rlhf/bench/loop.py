@@ -145,6 +145,9 @@ def verdict(config: AppConfig, source: str, device: str, adapter: str, oracle: s
         new_texts += new.texts
         base_texts += base.texts
 
+    for prompt, reply in list(zip(prompts, new_texts))[:3]:  # a few replies for a human to read (stderr)
+        print(f"[{oracle}] {prompt[:60]!r} -> {reply[:300]!r}", file=sys.stderr)
+
     def words(texts):
         return round(statistics.mean(len(t.split()) for t in texts), 1) if texts else 0.0
 
