@@ -2,10 +2,10 @@
 
 Both trainers get the same LoRA (rank, alpha, target modules), the same starter prompts, the same cheap
 synthetic reward (so the trainers are measured, not a reward model), the same number of completions per
-rollout (``ppo.batch_size``), the same reply length (``ppo.max_new_tokens``), the same passes over each
-rollout (``ppo.ppo_epochs``, RLOO's ``num_iterations``) in minibatches of ``ppo.mini_batch_size``.
-RLOO needs at least two completions per prompt (leave-one-out baseline), so it answers batch_size / 2
-prompts twice where PPO answers batch_size prompts once. The first step of each warms up and is not timed.
+rollout (``ppo.batch_size`` prompts x ``ppo.group_size`` replies; RLOO's ``num_generations`` = the group size,
+at least 2, its leave-one-out baseline needs two), the same reply length (``ppo.max_new_tokens``), the same
+passes over each rollout (``ppo.ppo_epochs``, RLOO's ``num_iterations``) in minibatches of
+``ppo.mini_batch_size``. The first step of each warms up and is not timed.
 """
 from __future__ import annotations
 
@@ -29,11 +29,16 @@ def bench_settings(config: AppConfig, quick: bool) -> AppConfig:
     """The config both trainers run with (small in --quick mode)."""
     values = {"ppo.save_every": 0, "ppo.eval_every": 0, "ppo.report_to": "none"}
     if quick:
-        values.update({"ppo.steps": 2, "ppo.batch_size": 4, "ppo.mini_batch_size": 2, "ppo.max_new_tokens": 8,
-                       "ppo.ppo_epochs": 1})
+        values.update({"ppo.steps": 2, "ppo.batch_size": 2, "ppo.group_size": 2, "ppo.mini_batch_size": 2,
+                       "ppo.max_new_tokens": 8, "ppo.ppo_epochs": 1})
     else:
         values.update({"ppo.steps": 4})  # 1 warm-up + 3 timed steps per trainer
     return apply_overrides(config, values)
+
+
+def completions(cfg) -> int:
+    """Replies per rollout step: what both trainers generate and learn from in one step."""
+    return cfg.batch_size * cfg.group_size if cfg.group_size > 1 else cfg.batch_size
 
 
 def run_ours(config: AppConfig, source: str, prompts: list, work: Path, device: str) -> dict:
@@ -59,7 +64,7 @@ def run_rloo(config: AppConfig, source: str, prompts: list, work: Path, device: 
     from rlhf.models import lora_targets
 
     cfg = config.ppo
-    per_rollout = cfg.batch_size // cfg.mini_batch_size  # optimizer steps per rollout and epoch
+    per_rollout = completions(cfg) // cfg.mini_batch_size  # optimizer steps per rollout and epoch
     model = load_causal_lm(source, device)
     tokenizer = load_tokenizer(source)
     marks: list[float] = []
@@ -81,7 +86,7 @@ def run_rloo(config: AppConfig, source: str, prompts: list, work: Path, device: 
     args = RLOOConfig(
         output_dir=str(work / "rloo"), use_cpu=device == "cpu", bf16=device == "cuda", learning_rate=cfg.learning_rate,
         per_device_train_batch_size=cfg.mini_batch_size, steps_per_generation=per_rollout,
-        num_generations=2, num_iterations=cfg.ppo_epochs,
+        num_generations=max(2, cfg.group_size), num_iterations=cfg.ppo_epochs,
         max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
         beta=cfg.kl_init, epsilon=cfg.clip_range, max_grad_norm=cfg.max_grad_norm,
         max_steps=cfg.steps * per_rollout * cfg.ppo_epochs, logging_steps=1, save_strategy="no", report_to="none",
@@ -129,8 +134,8 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     finally:
         torch.set_num_threads(threads_before)
     retrain = run_retrain(config, quick)
-    ours_sps = cfg.batch_size / ours["step_s"]
-    rloo_sps = cfg.batch_size / rloo["step_s"]
+    ours_sps = completions(cfg) / ours["step_s"]
+    rloo_sps = completions(cfg) / rloo["step_s"]
     split = {k: round(v / ours["step_s"], 3) for k, v in ours["phases"].items()}
     rows = [{"trainer": "ours (PPO)", "samples_per_s": ours_sps, "s_per_step": ours["step_s"],
              "reply_tokens": ours["response_len"]},
@@ -138,11 +143,13 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
              "reply_tokens": rloo["response_len"]}]
     figures = {"ppo_samples_per_s": round(ours_sps, 4), "rloo_samples_per_s": round(rloo_sps, 4),
                "ratio": round(ours_sps / rloo_sps, 3), "phase_split": split,
-               "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "steps": cfg.steps,
+               "batch_size": cfg.batch_size, "completions_per_step": completions(cfg),
+               "max_new_tokens": cfg.max_new_tokens, "steps": cfg.steps,
                "threads": threads, "retrain_seconds": retrain["seconds"], "retrain_phase_seconds": retrain["phase_seconds"],
                "retrain_ppo_phase_seconds": retrain["ppo_phase_seconds"], "eval_share": retrain["eval_share"],
                "eval_share_with_ppo": retrain["eval_share_with_ppo"]}
-    notes = (f"Model `{config.base_model}` on {device}; {cfg.batch_size} completions per rollout, "
+    notes = (f"Model `{config.base_model}` on {device}; {completions(cfg)} completions per rollout "
+             f"({cfg.batch_size} prompts x {cfg.group_size}), "
              f"{cfg.max_new_tokens} new tokens, {cfg.ppo_epochs} epoch(s) in minibatches of {cfg.mini_batch_size}, "
              f"LoRA r={cfg.lora_r}; {cfg.steps} steps, the first untimed; {threads} CPU thread(s). "
              "Our phase split (share of a step): "
