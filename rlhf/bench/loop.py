@@ -89,6 +89,7 @@ def chat(system: str, prompt: str) -> list[dict]:
 
 def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     """The app's head reward model on ``pairs``: (scorer(prompts, replies), grouped CV figures)."""
+    from rlhf.training.reward import HeadScorer
     from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
 
     prompts = [chat(system, p["prompt"]) for p in pairs]
@@ -96,30 +97,15 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     xr = featurize(prompts, [p["rejected"] for p in pairs])
     r = config.reward
     cv = cross_validate_pairs(xc, xr, [p["prompt_id"] for p in pairs], k=r.cv_folds, c=r.head_c)
-    return HeadScorer(fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed), featurize), cv
+    return HeadScorer(featurize, fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed), {}), cv
 
 
-class HeadScorer:
-    """The fitted head as the app's reward model is used: ``scorer(prompts, replies)`` and per-member scores."""
-
-    def __init__(self, head, featurize):
-        self.head, self.featurize = head, featurize
-
-    def __call__(self, prompts: list, replies: list[str]) -> list[float]:
-        return self.head.scores(self.featurize(prompts, replies)).tolist() if replies else []
-
-    def member_scores(self, prompts: list, replies: list[str]):
-        return self.head.member_scores(self.featurize(prompts, replies)) / self.head.score_scale
-
-
-def gate_verdict(config: AppConfig, source: str, device: str, adapter: str, scorer: HeadScorer,
-                 prompts: list[str], system: str) -> dict:
-    """What the retrain job's gate would say about ``adapter`` against the base: the same evaluation (greedy
-    replies to ``ppo.eval_prompts`` held-out prompts scored by the reward model) and the same verdict rule."""
+def gate_verdict(config: AppConfig, model, tokenizer, scorer, prompts: list[str], system: str) -> dict:
+    """What the retrain job's gate would say about adapter ``new`` of ``model`` against the base: the same
+    evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts scored by the reward model) and the same
+    verdict rule."""
     from rlhf.jobs.evaluation import evaluate_versions, gate
-    from rlhf.jobs.pipeline import adapters_on_base
 
-    model, tokenizer = adapters_on_base(source, device, {"new": adapter})
     report = evaluate_versions(model, tokenizer, [chat(system, p) for p in prompts], scorer, "new", None,
                                config.ppo.max_new_tokens)
     g = gate(report.candidate_members, report.active_members, report.kl_to_base, config.retrain.min_win_rate,
@@ -128,14 +114,12 @@ def gate_verdict(config: AppConfig, source: str, device: str, adapter: str, scor
             "gate_high": round(g.high, 3)}
 
 
-def verdict(config: AppConfig, source: str, device: str, adapter: str, oracle: str, prompts: list[str],
-            system: str, samples: int = SAMPLES) -> dict:
-    """The oracle's win rate of ``adapter`` over the base on ``prompts`` (ties half), with fluency figures."""
+def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samples: int = SAMPLES) -> dict:
+    """The oracle's win rate of adapter ``new`` of ``model`` over the base on ``prompts`` (ties half), with
+    fluency figures."""
     from rlhf.bench.simulate import ORACLES, distinct_2
     from rlhf.jobs.evaluation import generate_replies
-    from rlhf.jobs.pipeline import adapters_on_base
 
-    model, tokenizer = adapters_on_base(source, device, {"new": adapter})
     judge = ORACLES[oracle]
     chats = [chat(system, p) for p in prompts]
     verdicts, new_texts, base_texts = [], [], []
@@ -186,6 +170,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the vote
     queue's way or at random)."""
     from rlhf.bench.preference_pool import split_prompts
+    from rlhf.jobs.pipeline import adapters_on_base
     from rlhf.training.ppo.trainer import train_ppo
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
@@ -204,11 +189,11 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
                            device=device)
         ppo_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        judged = verdict(config, source, device, str(result.final_dir), oracle,
-                         [text[i] for i in held_ids[:eval_prompts]], system, samples)
+        model, tokenizer = adapters_on_base(source, device, {"new": str(result.final_dir)})
+        judged = verdict(model, tokenizer, oracle, [text[i] for i in held_ids[:eval_prompts]], system, samples)
         judged["best_of_pool"] = best_of_pool(pool, oracle, held_ids)
         # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on.
-        judged.update(gate_verdict(config, source, device, str(result.final_dir), scorer,
+        judged.update(gate_verdict(config, model, tokenizer, scorer,
                                    [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
         eval_s = time.perf_counter() - t0
     history = result.history
