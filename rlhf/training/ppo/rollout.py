@@ -106,12 +106,13 @@ def eos_ids(tokenizer, model) -> list[int]:
 
 @torch.no_grad()
 def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max_new_tokens: int,
-             temperature: float, top_p: float, device: str, greedy: bool = False, keep_stats: bool = False
-             ) -> Rollout:
+             temperature: float, top_p: float, device: str, greedy: bool = False, keep_stats: bool = False,
+             with_values: bool = True) -> Rollout:
     """Sample one reply per prompt in one batched, KV-cached ``generate`` call.
 
     ``keep_stats`` also keeps each sampled token's log-prob and the value of each state from the logits and
-    last hidden states that generation computes anyway, which saves the rollout a full policy forward.
+    last hidden states that generation computes anyway, which saves the rollout a full policy forward;
+    ``with_values=False`` keeps no hidden states (group baselines need no values).
     """
     enc = tokenizer.pad({"input_ids": prompt_ids}, padding=True, return_tensors="pt", padding_side="left")
     input_ids, attention_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
@@ -125,7 +126,7 @@ def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max
         # train on are those of the distribution that produced the tokens.
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
     if keep_stats:
-        kwargs.update(return_dict_in_generate=True, output_logits=True, output_hidden_states=True)
+        kwargs.update(return_dict_in_generate=True, output_logits=True, output_hidden_states=with_values)
     gen = model.policy.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     out = gen.sequences if keep_stats else gen
     response = out[:, input_ids.shape[1]:]
@@ -146,8 +147,9 @@ def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max
         # Step t's raw logits (before sampling warpers) and last-layer hidden state, at the last position.
         logits = torch.stack(gen.logits, 1).float() / temperature
         rollout.logprobs = logprobs_from_logits(logits, response)
-        hidden = torch.stack([h[-1][:, -1] for h in gen.hidden_states], 1)
-        rollout.values = model.value_head(hidden.float()).squeeze(-1)
+        if with_values:
+            hidden = torch.stack([h[-1][:, -1] for h in gen.hidden_states], 1)
+            rollout.values = model.value_head(hidden.float()).squeeze(-1)
     return rollout
 
 

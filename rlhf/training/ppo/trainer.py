@@ -113,7 +113,7 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
     for i in range(0, len(ids), size):
         chunk = list(prompts[i:i + size])
         ro = generate(policy, tokenizer, ids[i:i + size], cfg.max_new_tokens, cfg.temperature,
-                      cfg.top_p, device, keep_stats=True)
+                      cfg.top_p, device, keep_stats=True, with_values=False)
         scores, _ = shaper(chunk, ro.replies, ro.n_tokens, ro.finished)
         logp = ro.logprobs if ro.logprobs is not None else \
             score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, with_values=False)[0]
@@ -268,7 +268,8 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     prompts = [p for p in buffer.batch(step, cfg.batch_size, rank, world) for _ in range(cfg.group_size)]
     _seed(cfg.seed, step, rank)
     ro = generate(policy, tokenizer, encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens),
-                  cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True)
+                  cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True,
+                  with_values=cfg.group_size == 1)
     t1 = time.perf_counter()
 
     # Score
