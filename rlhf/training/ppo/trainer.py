@@ -71,9 +71,9 @@ class Batch:
     """One rollout's tensors for the update (rows = replies, columns = response tokens)."""
 
     logprobs: torch.Tensor
-    values: torch.Tensor
+    values: Optional[torch.Tensor]  # None with group baselines (no value head)
     advantages: torch.Tensor
-    returns: torch.Tensor
+    returns: Optional[torch.Tensor]
     mask: torch.Tensor
     kl_per_reply: torch.Tensor
 
@@ -300,9 +300,8 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     # Advantages. Groups: the reply's KL-penalised return against its prompt's other replies, on every token.
     # Otherwise GAE (Schulman et al. 2016) on the value head, whitened per batch.
     if cfg.group_size > 1:
-        returns = rewards.sum(1)
-        advantages = group_advantages(returns, mask.sum(1) > 0, cfg.group_size).unsqueeze(1) * mask
-        returns = returns.unsqueeze(1) * mask  # unused: no value loss without a value head
+        advantages = group_advantages(rewards.sum(1), mask.sum(1) > 0, cfg.group_size).unsqueeze(1) * mask
+        returns = None  # no value head, no value loss
     else:
         advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
         advantages = masked_whiten(advantages, mask)
