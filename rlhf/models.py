@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -99,6 +100,24 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
     if allow_hub and "/" in name and not name.startswith((".", "/")):
         return name
     raise ModelNotFound(f"cannot find base model {name!r}. {HOW_TO}")
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+
+
+def hub_id_of(name: str, local_path: Optional[str], data_dir: str | Path) -> Optional[str]:
+    """The Hugging Face id a base model is known by: a shipped model's hub id (also when only its converted copy
+    under the data dir is named), or ``name`` itself when it is a hub id and no local path; None for a local model."""
+    if name in SHIPPED:
+        return SHIPPED[name][2]
+    if local_path:
+        for shipped, (_, _, hub) in SHIPPED.items():
+            cached = cached_model_dir(shipped, data_dir)
+            if Path(local_path).expanduser().absolute() == cached.expanduser().absolute():
+                return hub
+    if isinstance(name, str) and HUB_ID.fullmatch(name) and not Path(name).expanduser().exists():
+        return name
+    return None
 
 
 def shipped_tokenizer(name: str, data_dir: str | Path) -> Path:

@@ -58,6 +58,9 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
         p.requires_grad_(False)
     if init_adapter:
         policy = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
+        # A published adapter names its base by hub id; what this run saves names the local base it trained on
+        # (saving with a hub id would ask the hub about it, which an offline app must not wait for).
+        policy.peft_config[policy.active_adapter].base_model_name_or_path = base.name_or_path or None
     else:
         # No LoRA dropout: with it, the first update's ratio would not be 1 and the KL estimates noisier.
         lora = LoraConfig(r=ppo_config.lora_r, lora_alpha=ppo_config.lora_alpha, lora_dropout=0.0,
