@@ -80,6 +80,8 @@ def arena_row(store: Store, policy: Policy) -> dict:
     votes = [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner}
              for c in store.list_comparisons(policy.agent_id)
              if c.policy_a_id is not None and c.policy_b_id is not None and c.policy_a_id != c.policy_b_id]
+    if not any(policy.id in (v["policy_a"], v["policy_b"]) for v in votes):
+        return {}  # not rated yet (always so at publish time): no need to fit the board
     table = leaderboard(votes, [{"policy_id": p.id, "version": p.version} for p in versions])
     rows = table[table["policy_id"] == policy.id].to_dict(orient="records")
     return rows[0] if rows else {}
