@@ -198,6 +198,12 @@ def load_causal_lm(source: str, device: str, load_in_4bit: bool = False):
     return model
 
 
+def name_local_base(peft_model, base) -> None:
+    """Make an adapter loaded from disk name the local base it runs on. Published adapters name their base by
+    hub id, and saving one that does makes peft ask the hub about that id: an offline app must not wait for it."""
+    peft_model.peft_config[peft_model.active_adapter].base_model_name_or_path = base.name_or_path or None
+
+
 def lora_targets(model) -> list[str] | str:
     """LoRA target modules: the attention projections when the model has them (q/k/v/o), else all linear layers."""
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}

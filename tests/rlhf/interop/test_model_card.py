@@ -245,3 +245,14 @@ def test_an_old_version_exports_with_a_hub_named_base_too(shipped, tmp_path):
     folder = export_version(shipped["store"], v1.id, tmp_path / "export")
     assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == HUB_ID
     assert f"base_model: {HUB_ID}" in (folder / "README.md").read_text()
+
+
+def test_a_downloaded_version_imports_back_as_a_version(shipped, tmp_path):
+    """The round trip: export (hub-named base) → import-policy → a new version on the local base, hub-named again."""
+    from rlhf.interop.import_policy import import_policy
+
+    folder = export_version(shipped["store"], shipped["v1"].id, tmp_path / "export")
+    result = import_policy(shipped["store"], shipped["config"], folder, "assistant")
+    version_dir = Path(result.policy.adapter_path)
+    assert json.loads((version_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == HUB_ID
+    assert "Imported from `export`" in (version_dir / "README.md").read_text()
