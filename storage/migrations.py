@@ -231,6 +231,14 @@ CREATE INDEX queue_assignments_annotator ON queue_assignments(annotator_id, vote
 """)
 
 
+@MIGRATIONS(name="m004_security")
+def m004_security(db: Database) -> None:
+    # API tokens may expire (issue 24): an expired token answers 401 like a revoked one; NULL = never.
+    _run(db, """
+ALTER TABLE api_tokens ADD COLUMN expires TEXT
+""")
+
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))
