@@ -140,6 +140,14 @@ def services(app_config, tiny_server):
     s.store.close()
 
 
+def vote_on_item(store: Store, item_id: int, winner: str, annotator, lease: float = 600.0):
+    """Hand a vote-queue item to ``annotator`` through the queue (only annotators it was shown to may vote on it),
+    then vote on it; the comparison."""
+    store.next_queue_item(store.get_queue_item(item_id).agent_id, annotator, lambda c: (item_id, "random")
+                          if item_id in {x["id"] for x in c} else None, lease)
+    return store.vote_queue_item(item_id, winner, annotator, lease)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
