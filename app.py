@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from rlhf.cli import config_from_args, serve_parser
+from rlhf.config import ConfigError
 from rlhf.cpu import export_thread_env, thread_plan
 
 
@@ -21,14 +22,19 @@ def build(argv: list[str] | None = None):
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = serve_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    config = config_from_args(args)
-    export_thread_env(thread_plan(config).serving_idle)  # the CPU budget, before torch loads (ui.server imports it)
-    from ui.server import serve
+    try:
+        config = config_from_args(args)
+        export_thread_env(thread_plan(config).serving_idle)  # the CPU budget, before torch loads (ui.server imports it)
+        from ui.server import serve
 
-    serve(config)
+        serve(config)
+    except ConfigError as exc:  # a config that cannot run safely: one clear line, no traceback
+        print(f"config error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

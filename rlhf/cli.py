@@ -261,6 +261,7 @@ def cmd_import_policy(args: argparse.Namespace) -> int:
 def add_token_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="user to create an API token for (printed once)")
     p.add_argument("--label", default="", help="a note stored with the token (e.g. 'ci')")
+    p.add_argument("--expires-in-days", type=float, metavar="DAYS", help="the token stops working after DAYS days")
     p.add_argument("--list", action="store_true", help="list tokens (of NAME, or all) without their secrets")
     p.add_argument("--revoke", type=int, metavar="ID", help="revoke the token with this id")
     p.add_argument("--hash-password", action="store_true",
@@ -291,7 +292,7 @@ def cmd_token(args: argparse.Namespace) -> int:
         elif args.list:
             print(json.dumps(store.list_api_tokens(args.name)))
         elif args.name:
-            token = store.create_api_token(args.name, args.label)
+            token = store.create_api_token(args.name, args.label, args.expires_in_days)
             print(token)
             print(f"API token for {args.name!r}: send it as 'Authorization: Bearer <token>'. It is shown only now; "
                   "the user must be configured (server.users / users_file) or, on Spaces, signed in by that name.",

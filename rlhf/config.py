@@ -33,6 +33,7 @@ class ServingConfig:
     top_p: float = opt(0.9, "Default nucleus sampling probability mass.")
     max_message_chars: int = opt(8000, "Longest accepted message or note, in characters.")
     max_context_tokens: int = opt(2048, "Longest prompt fed to the model; older turns are cut first.")
+    max_messages: int = opt(200, "Most messages one /chat, /chat/stream or /arena request may carry (more: 422).")
     warmup: bool = opt(True, "Run one short generation at start so the first user does not wait.")
     load_in_4bit: bool = opt(False, "Load the serving base model in 4-bit NF4 (bitsandbytes).")
     max_batch_size: int = opt(32, "Most replies generated together in one batch (continuous batching).")
@@ -227,8 +228,11 @@ class ServerConfig:
                            "HF_ENDPOINT).")
     allowed_origins: list = opt([], "Other origins (scheme://host[:port]) that may call the app from a browser; default same-origin only.")
     allowed_hosts: list = opt([], "Host names the app answers to besides localhost, server.host and a Space's own host; '*' = any.")
-    login_max_failures: int = opt(10, "Failed sign-ins per user name and per client address before every attempt gets 429 (0 = off).")
+    login_max_failures: int = opt(10, "Failed sign-ins per client address (any name, and so per name from that address) "
+                                  "before every attempt from it gets 429 (0 = off); others elsewhere are not locked out.")
     login_window_seconds: float = opt(600.0, "Window over which failed sign-ins are counted; a lock-out lifts as old failures leave it.")
+    trusted_proxies: list = opt([], "Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For/-Proto/-Host "
+                                "are believed; empty = none (the default; a Space trusts its own proxy). '*' = any peer.")
     open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")
 
 
@@ -283,6 +287,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Turn a YAML/env/CLI value into the field's type, or raise ConfigError naming the key."""
     kind = {"int": int, "float": float, "bool": bool, "str": str, "list": list, "dict": dict}.get(
         annotation if isinstance(annotation, str) else getattr(annotation, "__name__", ""), None)
+    if isinstance(value, str) and kind is list and not value.strip().startswith("["):
+        return [v.strip() for v in value.split(",") if v.strip()]  # 'a, b' or '*' (not YAML: '*' is an alias)
     if isinstance(value, str) and kind is not str:
         try:
             value = yaml.safe_load(value) if value.strip() else ([] if kind is list else value)
@@ -406,6 +412,8 @@ def apply_spaces_defaults(cfg: AppConfig, explicit: set[str] = frozenset()) -> A
         cfg.base_model = SPACES_BASE_MODEL
     if "server.host" not in explicit:
         cfg.server.host = "0.0.0.0"
+    if "server.trusted_proxies" not in explicit:
+        cfg.server.trusted_proxies = ["*"]  # only Hugging Face's proxy can reach a Space's container
     mount = Path(cfg.server.persistent_dir)
     if "data_dir" not in explicit and cfg.server.persistent_dir and mount.is_dir() and os.access(mount, os.W_OK):
         cfg.data_dir = str(mount / "rlhf-studio")

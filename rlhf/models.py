@@ -214,14 +214,37 @@ def lora_targets(model) -> list[str] | str:
 def fit_prompt(tokenizer, messages: list[dict], max_tokens: int) -> list[int]:
     """Chat-templated ids of ``messages`` (a leading system turn is kept), ready for the assistant's reply.
 
-    The oldest user/assistant turns are dropped first to fit ``max_tokens``; a single turn that is still too
-    long is cut from the left.
+    The oldest user/assistant turns are dropped first, two at a time (so the kept turns still alternate), down
+    to the last turn alone, to fit ``max_tokens``; a single turn that is still too long is cut from the left.
+    The longest fitting window is found by doubling, then bisection, over the window sizes that rule allows:
+    only windows up to about twice the kept one are ever templated, so a history of 10,000 short messages costs
+    what a short one does (re-templating after each drop was quadratic in the history).
     """
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = list(messages[len(system):])
-    while True:
-        ids = tokenizer.apply_chat_template(system + turns, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"]
-        if len(ids) <= max_tokens or len(turns) <= 1:
-            return list(ids)[-max_tokens:]
-        turns = turns[2:] if len(turns) > 2 else turns[-1:]
+    n = len(turns)
+    encoded: dict[int, list[int]] = {}
+
+    def encode(k: int) -> list[int]:  # the newest k turns, templated
+        if k not in encoded:
+            encoded[k] = list(tokenizer.apply_chat_template(system + turns[n - k:], add_generation_prompt=True,
+                                                            tokenize=True, return_dict=True)["input_ids"])
+        return encoded[k]
+
+    if n <= 1:
+        return encode(n)[-max_tokens:]
+    sizes = [1] + list(range(2 if n % 2 == 0 else 3, n + 1, 2))  # what dropping two at a time leaves, then one
+
+    def fits(i: int) -> bool:
+        return len(encode(sizes[i])) <= max_tokens
+
+    if not fits(0):
+        return encode(1)[-max_tokens:]
+    lo, step = 0, 1  # sizes[lo] fits; find a size that does not (or the end), doubling the step
+    while lo + step < len(sizes) and fits(lo + step):
+        lo, step = lo + step, step * 2
+    hi = min(lo + step, len(sizes))  # sizes[hi] does not fit (or hi is past the end)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return encode(sizes[lo])

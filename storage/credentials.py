@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import secrets
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Optional
 
 from storage.errors import InvalidInput, NotFound
@@ -20,6 +22,7 @@ from storage.util import check_text, utcnow
 # scrypt cost: N=2^14, r=8, p=1 (16 MiB, ~50 ms here): the interactive-login setting of RFC 7914 §2.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 TOKEN_PREFIX = "rlhf_"
+MAX_TOKEN_DAYS = 3650
 
 
 def _b64(raw: bytes) -> str:
@@ -96,35 +99,56 @@ class CredentialsMixin:
                     db.execute("UPDATE annotators SET password_hash = NULL WHERE id = ?", [r["id"]])
         return [r["name"] for r in gone]
 
-    def create_api_token(self, name: str, label: str = "") -> str:
-        """A new API token for a user, returned once; only its digest is stored."""
+    def create_api_token(self, name: str, label: str = "", expires_in_days: Optional[float] = None) -> str:
+        """A new API token for a user, returned once; only its digest is stored. ``expires_in_days``: it stops
+        working that long from now (None = never)."""
         label = check_text(label, "token label", 200, allow_empty=True)
+        expires = None
+        if expires_in_days is not None:
+            if isinstance(expires_in_days, bool) or not isinstance(expires_in_days, (int, float)) \
+                    or not math.isfinite(expires_in_days) or not 0 < expires_in_days <= MAX_TOKEN_DAYS:
+                raise InvalidInput(f"expires_in_days must be a number of days in (0, {MAX_TOKEN_DAYS}], "
+                                   f"got {expires_in_days!r}")
+            expires = (datetime.now(timezone.utc) + timedelta(days=expires_in_days)).isoformat(timespec="milliseconds")
         annotator = self.ensure_annotator(name)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._tx() as db:
             self._insert(db, "api_tokens", {"annotator_id": annotator.id, "token_hash": hash_token(token),
-                                            "label": label, "created": utcnow()})
+                                            "label": label, "created": utcnow(), "expires": expires})
         return token
 
     def token_owner(self, token: str) -> Optional[str]:
-        """The user name an unrevoked API token belongs to, or None."""
+        """The user name an unrevoked, unexpired API token belongs to, or None."""
         if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
             return None
         row = self._one("""SELECT a.name FROM api_tokens t JOIN annotators a ON a.id = t.annotator_id
-                           WHERE t.token_hash = ? AND t.revoked = 0""", [hash_token(token)])
+                           WHERE t.token_hash = ? AND t.revoked = 0 AND (t.expires IS NULL OR t.expires > ?)""",
+                        [hash_token(token), utcnow()])
         return row["name"] if row else None
 
     def list_api_tokens(self, name: Optional[str] = None) -> list[dict]:
-        """Tokens (id, user, label, created, revoked), never their digests."""
-        sql = """SELECT t.id, a.name AS user, t.label, t.created, t.revoked FROM api_tokens t
+        """Tokens (id, user, label, created, expires, expired, revoked), never their digests."""
+        sql = """SELECT t.id, a.name AS user, t.label, t.created, t.expires,
+                        (t.expires IS NOT NULL AND t.expires <= ?) AS expired, t.revoked FROM api_tokens t
                  JOIN annotators a ON a.id = t.annotator_id"""
         if name is None:
-            return self._all(sql + " ORDER BY t.id")
-        return self._all(sql + " WHERE a.name = ? ORDER BY t.id", [name])
+            rows = self._all(sql + " ORDER BY t.id", [utcnow()])
+        else:
+            rows = self._all(sql + " WHERE a.name = ? ORDER BY t.id", [utcnow(), name])
+        return [{**r, "expired": bool(r["expired"]), "revoked": bool(r["revoked"])} for r in rows]
+
+    def api_token_user(self, token_id: int) -> str:
+        """The user a token (by id) belongs to; NotFound for an unknown id."""
+        if isinstance(token_id, bool) or not isinstance(token_id, int):
+            raise InvalidInput(f"token id must be an integer, got {token_id!r}")
+        row = self._one("""SELECT a.name FROM api_tokens t JOIN annotators a ON a.id = t.annotator_id
+                           WHERE t.id = ?""", [token_id])
+        if row is None:
+            raise NotFound(f"unknown API token {token_id}")
+        return row["name"]
 
     def revoke_api_token(self, token_id: int) -> None:
         """Revoke a token: it stops working at once (kept for the record)."""
-        if self._one("SELECT id FROM api_tokens WHERE id = ?", [token_id]) is None:
-            raise NotFound(f"unknown API token {token_id}")
+        self.api_token_user(token_id)
         with self._tx() as db:
             db.execute("UPDATE api_tokens SET revoked = 1 WHERE id = ?", [token_id])

@@ -7,7 +7,6 @@ Every message carries a ``context_key``: a hash of the system prompt and the his
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import uuid
 from typing import Any, Iterable, Optional
@@ -75,6 +74,13 @@ class FeedbackMixin:
         if row is None:
             raise NotFound(f"unknown conversation {conversation_id}")
         return Conversation.from_row(row)
+
+    def conversation_owner(self, conversation_id: int) -> Optional[str]:
+        """The name of the annotator who started a conversation (None: nobody, e.g. a vote-queue item)."""
+        self.get_conversation(conversation_id)
+        row = self._one("""SELECT a.name FROM conversations c JOIN annotators a ON a.id = c.annotator_id
+                           WHERE c.id = ?""", [conversation_id])
+        return row["name"] if row else None
 
     def get_message(self, message_id: int) -> Message:
         _check_id(message_id, "message_id")
@@ -262,8 +268,16 @@ class FeedbackMixin:
 
     # ---- comparisons and arena pairs --------------------------------------------------------
     def record_comparison(self, message_a_id: int, message_b_id: int, winner: str,
-                          annotator: Optional[str] = None, pair_id: Optional[str] = None) -> Comparison:
-        """Store a preference between two replies to the same context (one vote per arena pair)."""
+                          annotator: Optional[str] = None, pair_id: Optional[str] = None,
+                          queue_item_id: Optional[int] = None) -> Comparison:
+        """Store a preference between two replies to the same context (one vote per arena pair).
+
+        Append-only: a changed mind is a new row, and an annotator's latest vote on a pair of replies (in either
+        order) is the one that counts (``list_comparisons``); repeating the counted verdict stores nothing. A reply
+        of an arena round or a vote-queue item is compared only inside its own pair or item (``pair_id`` /
+        ``queue_item_id``, set by ``vote_arena_pair`` and ``vote_queue_item``): paired with anything else it would
+        tell a voter which version wrote it, or vote twice.
+        """
         if winner not in WINNERS:
             raise InvalidInput(f"winner must be one of {list(WINNERS)}, got {winner!r}")
         a, b = self.get_message(message_a_id), self.get_message(message_b_id)
@@ -280,21 +294,19 @@ class FeedbackMixin:
                 status = self.get_policy(m.policy_id).status
                 if status in ("archived", "broken"):
                     raise Conflict(f"message {m.id} comes from a version that is {status}; votes on it are closed")
-        if pair_id is None:
-            pair = self._one("SELECT id FROM arena_pairs WHERE (message_a_id = ? AND message_b_id = ?) OR "
-                             "(message_a_id = ? AND message_b_id = ?)", [a.id, b.id, b.id, a.id])
-            if pair is not None:
-                raise Conflict(f"these replies are arena pair {pair['id']}; vote with POST /arena/{pair['id']}/vote")
+        if pair_id is None and queue_item_id is None:
+            self._refuse_paired(a.id, b.id)
         annotator_id = self.annotator_id(annotator)
         with self._tx() as db:
             if pair_id is not None:
                 existing = self._one("SELECT * FROM comparisons WHERE pair_id = ?", [pair_id])
             else:
                 existing = self._one(
-                    "SELECT * FROM comparisons WHERE message_a_id = ? AND message_b_id = ? AND annotator_id IS ? "
-                    "ORDER BY id DESC LIMIT 1", [a.id, b.id, annotator_id])
-                if existing and existing["winner"] != winner:
-                    existing = None  # a changed mind is a new event
+                    """SELECT * FROM comparisons WHERE annotator_id IS ? AND ((message_a_id = ? AND message_b_id = ?)
+                       OR (message_a_id = ? AND message_b_id = ?)) ORDER BY id DESC LIMIT 1""",
+                    [annotator_id, a.id, b.id, b.id, a.id])
+                if existing and _verdict(existing, a.id) != _verdict({"message_a_id": a.id, "winner": winner}, a.id):
+                    existing = None  # a changed mind is a new event (and the one that counts)
             if existing:
                 return Comparison.from_row(existing)
             comp_id = self._insert(db, "comparisons", {
@@ -302,14 +314,56 @@ class FeedbackMixin:
                 "winner": winner, "annotator_id": annotator_id, "pair_id": pair_id, "created": utcnow()})
         return Comparison.from_row(self._one("SELECT * FROM comparisons WHERE id = ?", [comp_id]))
 
-    def list_comparisons(self, agent: int | str | None = None) -> list[Comparison]:
-        """Comparisons (optionally of one agent's conversations), oldest first."""
-        if agent is None:
+    def _refuse_paired(self, a_id: int, b_id: int) -> None:
+        """Conflict when a reply belongs to an arena round or a vote-queue item (they are voted there only)."""
+        for mid in (a_id, b_id):
+            pair = self._one("""SELECT p.id, c.id AS voted FROM arena_pairs p
+                                LEFT JOIN comparisons c ON c.pair_id = p.id
+                                WHERE p.message_a_id = ? OR p.message_b_id = ? LIMIT 1""", [mid, mid])
+            if pair is not None and (pair["voted"] is None or {a_id, b_id} == set(self._pair_messages(pair["id"]))):
+                raise Conflict(f"reply {mid} belongs to arena pair {pair['id']}: it is compared only with its other "
+                               f"side, by voting on the round (POST /api/v1/arena/{pair['id']}/vote)")
+            item = self._one("SELECT id FROM queue_items WHERE message_a_id = ? OR message_b_id = ? LIMIT 1",
+                             [mid, mid])
+            if item is not None:
+                raise Conflict(f"reply {mid} is part of vote-queue item {item['id']}: it is compared only with its "
+                               f"other reply, by voting on the item (POST /api/v1/queue/{item['id']}/vote)")
+
+    def _pair_messages(self, pair_id: str) -> tuple[int, int]:
+        row = self._one("SELECT message_a_id, message_b_id FROM arena_pairs WHERE id = ?", [pair_id])
+        return row["message_a_id"], row["message_b_id"]
+
+    def _counted_comparisons(self, agent_id: Optional[int] = None, until_id: int = 2**62) -> list[dict]:
+        """THE comparisons that count, the one query every reader goes through (leaderboard, reward-model data,
+        exports, quality stats): per annotator (the anonymous one counts as one person) and unordered pair of
+        replies, the latest vote with id <= ``until_id``; oldest first, with the annotator's name."""
+        where, params = "x.id <= ?", [until_id]
+        if agent_id is not None:
+            where += """ AND x.message_a_id IN (SELECT m.id FROM messages m JOIN conversations v
+                                                ON v.id = m.conversation_id WHERE v.agent_id = ?)"""
+            params.append(agent_id)
+        return self._all(f"""
+            SELECT k.*, a.name AS annotator FROM (
+                SELECT x.*, ROW_NUMBER() OVER (
+                    PARTITION BY COALESCE(x.annotator_id, 0), MIN(x.message_a_id, x.message_b_id),
+                                 MAX(x.message_a_id, x.message_b_id)
+                    ORDER BY x.id DESC) AS vote_rank
+                FROM comparisons x WHERE {where}) k
+            LEFT JOIN annotators a ON a.id = k.annotator_id
+            WHERE k.vote_rank = 1 ORDER BY k.id""", params)
+
+    def list_comparisons(self, agent: int | str | None = None, history: bool = False) -> list[Comparison]:
+        """The comparisons that count (an annotator's latest vote per pair of replies), optionally of one agent's
+        conversations, oldest first; ``history=True``: every vote ever cast, superseded ones included."""
+        agent_id = None if agent is None else self.get_agent(agent).id
+        if not history:
+            return [Comparison.from_row(r) for r in self._counted_comparisons(agent_id)]
+        if agent_id is None:
             rows = self._all("SELECT * FROM comparisons ORDER BY id")
         else:
             rows = self._all("""SELECT c.* FROM comparisons c JOIN messages m ON m.id = c.message_a_id
                                 JOIN conversations v ON v.id = m.conversation_id WHERE v.agent_id = ?
-                                ORDER BY c.id""", [self.get_agent(agent).id])
+                                ORDER BY c.id""", [agent_id])
         return [Comparison.from_row(r) for r in rows]
 
     def create_arena_pair(self, agent: int | str, message_a_id: int, message_b_id: int) -> ArenaPair:
@@ -352,6 +406,13 @@ class FeedbackMixin:
         return Comparison.from_row(row) if row else None
 
 
+def _verdict(row: dict, first_id: int) -> str:
+    """A vote's winner seen from the reply ``first_id`` (a vote stored the other way round is mirrored)."""
+    if row["message_a_id"] == first_id:
+        return row["winner"]
+    return {"a": "b", "b": "a"}.get(row["winner"], row["winner"])
+
+
 def fold_ratings(rows: list[Rating]) -> Optional[dict]:
     """Effective rating from append-only events: the latest non-null value of each field wins."""
     if not rows:
@@ -364,76 +425,3 @@ def fold_ratings(rows: list[Rating]) -> Optional[dict]:
                 state[key] = value
         state["id"] = r.id
     return state
-
-
-class FeedbackExportMixin:
-    """Read-only views of an agent's feedback for the data builders (training, exports, stats)."""
-
-    def feedback_watermark(self, agent: int | str) -> dict:
-        """Highest rating and comparison ids of an agent: a snapshot of 'the feedback used so far'."""
-        agent_id = self.get_agent(agent).id
-        r = self._one("""SELECT COALESCE(MAX(r.id), 0) AS m FROM ratings r JOIN messages m ON m.id = r.message_id
-                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
-        c = self._one("""SELECT COALESCE(MAX(x.id), 0) AS m FROM comparisons x JOIN messages m ON m.id = x.message_a_id
-                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
-        return {"rating_id": r["m"], "comparison_id": c["m"]}
-
-    def count_feedback_since(self, agent: int | str, watermark: Optional[dict]) -> int:
-        """Ratings + comparisons of an agent newer than a watermark (None = all)."""
-        if not watermark:
-            watermark = {"rating_id": 0, "comparison_id": 0}
-        agent_id = self.get_agent(agent).id
-        r = self._one("""SELECT COUNT(*) AS n FROM ratings r JOIN messages m ON m.id = r.message_id
-                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND r.id > ?""",
-                      [agent_id, watermark.get("rating_id", 0)])["n"]
-        x = self._one("""SELECT COUNT(*) AS n FROM comparisons x JOIN messages m ON m.id = x.message_a_id
-                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND x.id > ?""",
-                      [agent_id, watermark.get("comparison_id", 0)])["n"]
-        return r + x
-
-    def feedback_volume(self, agent: int | str) -> list[dict]:
-        """Ratings and comparisons of an agent per UTC hour: dicts with hour ('YYYY-MM-DDTHH'), kind, n."""
-        agent_id = self.get_agent(agent).id
-        # created is an ISO string, so its first 13 characters are the hour bucket.
-        return self._all("""
-            SELECT hour, kind, COUNT(*) AS n FROM (
-                SELECT substr(r.created, 1, 13) AS hour, 'ratings' AS kind FROM ratings r
-                JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
-                WHERE c.agent_id = ?
-                UNION ALL
-                SELECT substr(x.created, 1, 13), 'comparisons' FROM comparisons x
-                JOIN messages m ON m.id = x.message_a_id JOIN conversations c ON c.id = m.conversation_id
-                WHERE c.agent_id = ?)
-            GROUP BY hour, kind ORDER BY hour, kind""", [agent_id, agent_id])
-
-    def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
-        """Everything the data builders need for one agent, as plain rows (dicts).
-
-        Keys: conversations, messages, ratings, comparisons (each a list of dicts, annotator by name, JSON
-        decoded) and excluded_annotators (names). ``until`` (a watermark) freezes the snapshot.
-        """
-        agent_id = self.get_agent(agent).id
-        until = until or {"rating_id": 2**62, "comparison_id": 2**62}
-        conversations = self._all("""SELECT c.id, c.system_prompt, c.source, c.created, a.name AS annotator
-                                     FROM conversations c LEFT JOIN annotators a ON a.id = c.annotator_id
-                                     WHERE c.agent_id = ? ORDER BY c.id""", [agent_id])
-        messages = self._all("""SELECT m.id, m.conversation_id, m.parent_id, m.role, m.content, m.context_key,
-                                m.policy_id, m.created FROM messages m JOIN conversations c ON c.id = m.conversation_id
-                                WHERE c.agent_id = ? ORDER BY m.id""", [agent_id])
-        ratings = self._all("""SELECT r.id, r.message_id, a.name AS annotator, r.thumb, r.score, r.flags, r.note,
-                               r.created FROM ratings r JOIN messages m ON m.id = r.message_id
-                               JOIN conversations c ON c.id = m.conversation_id
-                               LEFT JOIN annotators a ON a.id = r.annotator_id
-                               WHERE c.agent_id = ? AND r.id <= ? ORDER BY r.id""", [agent_id, until["rating_id"]])
-        for r in ratings:
-            r["flags"] = json.loads(r["flags"]) if r["flags"] is not None else None
-        comparisons = self._all("""SELECT x.id, x.message_a_id, x.message_b_id, x.policy_a_id, x.policy_b_id, x.winner,
-                                   a.name AS annotator, x.pair_id, x.created FROM comparisons x
-                                   JOIN messages m ON m.id = x.message_a_id
-                                   JOIN conversations c ON c.id = m.conversation_id
-                                   LEFT JOIN annotators a ON a.id = x.annotator_id
-                                   WHERE c.agent_id = ? AND x.id <= ? ORDER BY x.id""",
-                                [agent_id, until["comparison_id"]])
-        excluded = [r["name"] for r in self._all("SELECT name FROM annotators WHERE excluded = 1")]
-        return {"conversations": conversations, "messages": messages, "ratings": ratings,
-                "comparisons": comparisons, "excluded_annotators": excluded}

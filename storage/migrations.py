@@ -231,6 +231,14 @@ CREATE INDEX queue_assignments_annotator ON queue_assignments(annotator_id, vote
 """)
 
 
+@MIGRATIONS(name="m004_security")
+def m004_security(db: Database) -> None:
+    # API tokens may expire (issue 24): an expired token answers 401 like a revoked one; NULL = never.
+    _run(db, """
+ALTER TABLE api_tokens ADD COLUMN expires TEXT
+""")
+
+
 @MIGRATIONS(name="m007_relative_paths")
 def m007_relative_paths(db: Database) -> None:
     # A data dir that can be moved or restored (issue 28): paths under the data dir (the database file's

@@ -148,8 +148,9 @@ class QueueMixin:
                         exclude_annotators: Iterable[str] = ()) -> Comparison:
         """Record ``annotator``'s vote on an item as a comparison of its two replies.
 
-        A second vote by the same annotator returns the first (the first vote counts). A vote on an expired item,
-        or on an item that already has its votes and was never shown to this annotator, is refused (Conflict).
+        A second vote by the same annotator returns the first (the first vote counts). Only an annotator the item
+        was shown to (``next_queue_item``) may vote on it: a vote on an item never shown to them, or on an expired
+        one, is refused (Conflict) and stores nothing.
         """
         if winner not in WINNERS:
             raise InvalidInput(f"winner must be one of {list(WINNERS)}, got {winner!r}")
@@ -166,17 +167,29 @@ class QueueMixin:
             if row is None:
                 is_open = self._one(f"SELECT i.id FROM queue_items i WHERE i.id = ? AND {_OPEN}",
                                     [item.id] + self._open_params(item.agent_id, lease_seconds, exclude_annotators))
-                if is_open is None:
-                    raise Conflict(f"queue item {item.id} is closed (it has the votes it needs, or a version of it "
-                                   "was archived); nothing was stored. Ask for the next item.")
-                assignment_id = self._insert(db, "queue_assignments", {
-                    "item_id": item.id, "annotator_id": annotator_id, "reason": "direct", "created": utcnow()})
-            else:
-                assignment_id = row["id"]
-            comparison = self.record_comparison(item.message_a_id, item.message_b_id, winner, annotator)
+                state = "open" if is_open is not None else \
+                    "closed (it has the votes it needs, or a version of it was archived)"
+                raise Conflict(f"queue item {item.id} was not shown to you and is {state}: items are voted by the "
+                               "annotators they are shown to; nothing was stored. Ask for your next item "
+                               "(GET /api/v1/queue/next).")
+            comparison = self.record_comparison(item.message_a_id, item.message_b_id, winner, annotator,
+                                                queue_item_id=item.id)
             db.execute("UPDATE queue_assignments SET comparison_id = ?, voted = ? WHERE id = ?",
-                       [comparison.id, utcnow(), assignment_id])
+                       [comparison.id, utcnow(), row["id"]])
         return comparison
+
+    def queue_item_of(self, message_id: int) -> Optional[QueueItem]:
+        """The vote-queue item whose conversation holds a message (its context or a reply), or None."""
+        row = self._one("""SELECT i.* FROM queue_items i JOIN messages a ON a.id = i.message_a_id
+                           JOIN messages m ON m.conversation_id = a.conversation_id WHERE m.id = ? LIMIT 1""",
+                        [message_id])
+        return QueueItem.from_row(row) if row else None
+
+    def queue_assignment(self, item_id: int, annotator: Optional[str]) -> Optional[QueueAssignment]:
+        """The assignment of an item to ``annotator`` (None = the anonymous annotator), or None when never shown."""
+        row = self._one("""SELECT s.* FROM queue_assignments s LEFT JOIN annotators n ON n.id = s.annotator_id
+                           WHERE s.item_id = ? AND n.name IS ?""", [item_id, (annotator or "").strip() or None])
+        return QueueAssignment.from_row(row) if row else None
 
     def queue_assignments(self, item_id: int) -> list[QueueAssignment]:
         """Who was shown an item (and their comparison, once voted), oldest first."""

@@ -13,13 +13,14 @@ from sqlite_utils import Database
 
 from storage.credentials import CredentialsMixin
 from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy
-from storage.feedback import FeedbackExportMixin, FeedbackMixin
+from storage.feedback import FeedbackMixin
+from storage.feedback_rows import FeedbackExportMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
 from storage.paths import to_absolute, to_stored
 from storage.queue import QueueMixin
 from storage.records import Agent, Annotator, Policy
-from storage.util import check_text, dumps, utcnow
+from storage.util import check_slug, check_text, dumps, utcnow
 
 BUSY_TIMEOUT_S = 5.0  # the one bound on waiting for another writer (no retry loop on top)
 DEFAULT_SYSTEM_PROMPT = (
@@ -199,7 +200,7 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
     def create_agent(self, name: str, system_prompt: str, base_model: str,
                      generation: Optional[dict] = None) -> Agent:
         """A new agent with its version 0 (the base model, no adapter) active."""
-        name = check_text(name, "agent name", 64).strip()
+        name = check_slug(name, "agent name")
         system_prompt = check_text(system_prompt, "system prompt", self.max_text_chars, allow_empty=True)
         with self._tx() as db:
             if self._one("SELECT id FROM agents WHERE name = ?", [name]):

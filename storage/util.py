@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -35,4 +36,16 @@ def check_text(value: Any, what: str, limit: int, allow_empty: bool = False) -> 
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInput(f"{what} is not valid Unicode text (it contains a lone surrogate)") from None
+    return value
+
+
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_slug(value: Any, what: str) -> str:
+    """A name that is safe anywhere (a URL, a file name, a shell word): 1-64 letters, digits, '.', '_' or '-',
+    starting with a letter or digit. Anything else is refused, not cleaned up."""
+    if not isinstance(value, str) or not SLUG.fullmatch(value):
+        raise InvalidInput(f"{what} must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit "
+                           f"(e.g. 'support-bot'), got {value!r}")
     return value

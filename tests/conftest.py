@@ -106,10 +106,29 @@ def tiny_server(tiny_model_dir):
 
 @pytest.fixture
 def app_config(tmp_path, tiny_model_dir) -> AppConfig:
-    """Config for a test app: temp data dir, tiny model, no warm-up, no background scheduler."""
+    """Config for a test app: temp data dir, tiny model, no warm-up, no background scheduler. In-process test
+    clients (Starlette's TestClient) send ``Host: testserver``: the config lists that name like any other host."""
     return load_config(env={}, overrides=[
         f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}", "device=cpu", "serving.warmup=false",
-        "serving.max_new_tokens=16", "scheduler.enabled=false"])
+        "serving.max_new_tokens=16", "scheduler.enabled=false", "server.allowed_hosts=testserver"])
+
+
+# The OAuth variables a Space with `hf_oauth: true` sets (the provider URL is never fetched in tests).
+SPACE_OAUTH = {"OAUTH_CLIENT_ID": "rlhf-studio-test", "OAUTH_CLIENT_SECRET": "a-real-secret-for-tests-9f2c1e",
+               "OAUTH_SCOPES": "openid profile", "OPENID_PROVIDER_URL": "http://127.0.0.1:9"}
+
+
+@pytest.fixture
+def space_oauth(monkeypatch) -> dict:
+    """The environment of a Space with HF sign-in. Gradio reads the OAuth variables once, when it is imported (in
+    a Space, long after they are set; here, before any test runs), so they go where it keeps them too."""
+    from gradio import oauth
+
+    monkeypatch.setenv("SYSTEM", "spaces")  # Gradio's own test for "running on a Space"
+    for name, value in SPACE_OAUTH.items():
+        monkeypatch.setenv(name, value)
+        monkeypatch.setattr(oauth, name, value)
+    return dict(SPACE_OAUTH)
 
 
 @pytest.fixture
@@ -119,6 +138,14 @@ def services(app_config, tiny_server):
     s = build_services(app_config, server=tiny_server)
     yield s
     s.store.close()
+
+
+def vote_on_item(store: Store, item_id: int, winner: str, annotator, lease: float = 600.0):
+    """Hand a vote-queue item to ``annotator`` through the queue (only annotators it was shown to may vote on it),
+    then vote on it; the comparison."""
+    store.next_queue_item(store.get_queue_item(item_id).agent_id, annotator, lambda c: (item_id, "random")
+                          if item_id in {x["id"] for x in c} else None, lease)
+    return store.vote_queue_item(item_id, winner, annotator, lease)
 
 
 def free_port() -> int:
@@ -135,8 +162,9 @@ class LiveServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # proxy_headers off, as ui.server.serve runs it: forwarded headers are the app's business (ui.forwarded)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                   timeout_graceful_shutdown=1))
+                                                   timeout_graceful_shutdown=1, proxy_headers=False))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

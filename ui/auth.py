@@ -203,6 +203,7 @@ class Auth:
             return auth
         store.clear_passwords_except([])
         if config.server.space_id:
+            check_session_secret()
             return cls(store, "hf", admins=config.server.admins, throttle=throttle)
         return None
 
@@ -308,6 +309,22 @@ class Auth:
         return self.role_for(self.user_of(request))
 
 
+def check_session_secret() -> None:
+    """Refuse Hugging Face sign-in without a session secret.
+
+    Gradio signs the HF sign-in session cookie with a key derived from ``OAUTH_CLIENT_SECRET`` (read once, when
+    Gradio is imported), and with an empty one anyone can sign a cookie naming any user, admins included. A Space
+    with ``hf_oauth: true`` sets it; an unset ``${VAR}`` in a compose file gives exactly the empty string.
+    """
+    from gradio import oauth
+
+    if not (oauth.OAUTH_CLIENT_SECRET or "").strip():
+        raise AuthConfigError("Hugging Face sign-in (SPACE_ID is set) needs OAUTH_CLIENT_SECRET: without it anyone "
+                              "could forge a signed-in session, admins included. Enable `hf_oauth: true` in the "
+                              "Space's README front matter (it sets the OAuth variables), or set OAUTH_CLIENT_SECRET "
+                              "to the OAuth app's secret; refusing to start.")
+
+
 def signed_in_annotator(services: Services, request: Any, typed: Optional[str]) -> Optional[str]:
     """Who a write is attributed to: the signed-in user when auth is on (Forbidden when nobody is), else
     the name typed in the UI (None when blank)."""
@@ -391,5 +408,8 @@ class LoginThrottle:
 
 
 def login_keys(client: Optional[str], name: str) -> list[str]:
-    """The throttle keys of one sign-in attempt: the client address and the user name."""
-    return [f"ip:{client or '?'}", f"user:{name.strip()[:128]}"]
+    """The throttle keys of one sign-in attempt: the client address, and the user name *from that address*.
+
+    No key is the name alone: counted from every address, wrong guesses by anyone would lock its owner out.
+    """
+    return [f"ip:{client or '?'}", f"user:{name.strip()[:128]}@{client or '?'}"]

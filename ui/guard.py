@@ -1,6 +1,8 @@
 """The request guard: every request to the app (UI, Gradio's own routes, REST) passes these checks first.
 
 Outermost first:
+0. **Forwarded headers** — believed only from ``server.trusted_proxies`` (``ui.forwarded``), removed otherwise;
+   no check below ever sees a client-chosen address, scheme or host.
 1. **Host** — the ``Host`` header must name this app (DNS rebinding: a page on ``evil.example`` that
    resolves to 127.0.0.1 sends ``Host: evil.example``). Local mode accepts only loopback names and
    ``server.host``; with users or on a Space, ``server.allowed_hosts`` (a Space adds its own host).
@@ -8,8 +10,8 @@ Outermost first:
    ``Origin`` is neither this host nor in ``server.allowed_origins`` gets 403, on every path.
 3. **CORS** — one allow-list (``server.allowed_origins``, empty = same-origin only) on the parent app,
    which also switches off Gradio's own CORS layer (it echoes any Origin for non-localhost hosts).
-4. **/login** — failed sign-ins counted per client address and per user name before the password is
-   checked (``ui.auth.LoginThrottle``); over the limit every attempt gets the same 429; the sign-in
+4. **/login** — failed sign-ins counted per client address (and per name from that address) before the password
+   is checked (``ui.auth.LoginThrottle``); over the limit every attempt gets the same 429; the sign-in
    cookie is made ``SameSite=Lax`` (a Space keeps ``None``: it runs in huggingface.co's iframe, and the
    Origin check carries it).
 5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
@@ -31,6 +33,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from rlhf.config import AppConfig, ConfigError
 from ui.auth import RateLimiter, basic_name, login_keys
+from ui.forwarded import ForwardedHeaders, TrustedProxies
 from ui.services import Services
 
 PREFIX = "/api/v1"
@@ -40,9 +43,6 @@ PUBLIC_PATHS = {HEALTH, f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/d
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
-# Starlette's in-process TestClient names its peer so; a network peer is always an address. A request that
-# never crossed a network cannot be a rebinding attack, so it skips the Host check (and only that).
-IN_PROCESS_PEER = "testclient"
 MAX_LOGIN_BODY = 64 * 1024
 
 
@@ -138,9 +138,7 @@ class RequestPolicy:
         headers = Headers(scope=scope)
         config = self.services.config
         problem = None
-        peer = (scope.get("client") or ("",))[0]
-        if scope["path"] != HEALTH and peer != IN_PROCESS_PEER \
-                and not host_allowed(headers, config, self.services.auth is None):
+        if scope["path"] != HEALTH and not host_allowed(headers, config, self.services.auth is None):
             problem = (400, f"unknown host {headers.get('host', '')!r}: add it to server.allowed_hosts")
         elif (scope["type"] == "websocket" or scope["method"] not in SAFE_METHODS) \
                 and foreign_origin(headers, self.origins):
@@ -250,7 +248,7 @@ def gradio_login(services: Services):
 
 # ---- the whole guard ---------------------------------------------------------------------------------
 def install_security(app: FastAPI, services: Services) -> None:
-    """Install the five checks above on the parent app (call after every other middleware: the last one
+    """Install the checks above on the parent app (call after every other middleware: the last one
     added runs first). Reads ``services.auth`` per request, so local mode (None) passes 4 and 5."""
     config = services.config.server
     origins = check_origins(config.allowed_origins)
@@ -285,3 +283,4 @@ def install_security(app: FastAPI, services: Services) -> None:
     app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=["*"],
                        allow_headers=["*"], max_age=600)
     app.add_middleware(RequestPolicy, services=services, origins=origins)
+    app.add_middleware(ForwardedHeaders, proxies=TrustedProxies(config.trusted_proxies))

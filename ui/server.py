@@ -23,7 +23,7 @@ from ui.api.admin import build_admin_router
 from ui.api.arena import build_arena_router
 from ui.api.jobs import build_jobs_router
 from ui.api.queue import build_queue_router
-from ui.downloads import AdminOnlyFiles
+from ui.downloads import DOWNLOADS, AdminOnlyFiles
 from ui.guard import allowed_hosts, gradio_login, install_security
 from ui.permissions import is_admin
 from ui.services import Services
@@ -119,8 +119,13 @@ def serve(config: AppConfig) -> None:
                     "server.users_file for a team", config.server.host)
     if allowed_hosts(config, services.auth is None) is None and "*" not in config.server.allowed_hosts:
         log.warning("any Host header is accepted: list this server's names in server.allowed_hosts")
+    # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so code after run() (and atexit) may never run:
+    # the private UI exports are deleted in the shutdown step, which always runs.
+    app.router.on_shutdown.append(DOWNLOADS.clear)
     print(f"RLHF Studio on http://{config.server.host}:{config.server.port}", flush=True)
     try:
-        uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning")
+        # proxy_headers off: uvicorn would believe X-Forwarded-For from any loopback peer; ui.forwarded applies
+        # server.trusted_proxies instead.
+        uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning", proxy_headers=False)
     finally:
         services.close()

@@ -351,7 +351,13 @@ def archive(result: ExportResult, dest_dir: str | Path) -> Path:
     return Path(shutil.make_archive(str(base), "zip", root_dir=result.path))
 
 
-def default_name(fmt: str, agent: Optional[str]) -> str:
-    """A file or directory name for an export made for download."""
+def default_name(fmt: str, agent_id: Optional[int] = None) -> str:
+    """A file or directory name for an export made for download. Built from the format (one of ``FORMATS``) and
+    the agent's id only: never from text a user typed, so no name can point outside the export directory."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if agent_id is not None and (isinstance(agent_id, bool) or not isinstance(agent_id, int)):
+        raise ExportError(f"agent id must be an integer, got {agent_id!r}")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"rlhf-studio-{agent or 'all'}-{fmt}-{stamp}{SUFFIX.get(fmt, '')}"
+    who = "all" if agent_id is None else f"agent{agent_id}"
+    return f"rlhf-studio-{who}-{fmt}-{stamp}{SUFFIX.get(fmt, '')}"

@@ -188,11 +188,9 @@ def build_pairs(rows: dict, exclude_annotators: Iterable[str] = (), margin_per_s
     """Preference pairs ``{prompt, chosen, rejected, margin, source, ...}``."""
     fb = Feedback(rows, exclude_annotators)
     pairs, covered = [], set()
-    # Comparisons: an annotator's latest vote on an unordered pair of replies is the one that counts.
-    latest: dict[tuple, dict] = {}
+    # Comparisons: the rows are the ones that count (an annotator's latest vote per pair of replies), as
+    # Store.feedback_rows hands them out: the same votes the leaderboard and the exports count.
     for c in sorted(fb.comparisons, key=lambda c: c["id"]):
-        latest[(c.get("annotator"), frozenset((c["message_a_id"], c["message_b_id"])))] = c
-    for c in sorted(latest.values(), key=lambda c: c["id"]):
         if c["winner"] not in ("a", "b"):
             continue
         a, b = fb.messages[c["message_a_id"]], fb.messages[c["message_b_id"]]

@@ -1,6 +1,7 @@
-"""Nobody in through the side doors (issue #15), against the real app process (`python app.py`, tiny model):
-cross-site calls to Gradio's queue, DNS rebinding, a login flood, password guessing, user-name timing, HTML in
-chat (in Chromium), UI exports on disk, and annotators reading each other's notes.
+"""Nobody in through the side doors (issues #15 and #24), against the real app process (`python app.py`, tiny
+model): cross-site calls to Gradio's queue, DNS rebinding (also with a forged client name), a login flood,
+password guessing (also behind forged X-Forwarded-For), user-name timing, HTML and math in chat (in Chromium),
+UI exports on disk, annotators reading each other's notes, and blind arena replies.
 
 Timing checks compare medians with a baseline measured in the same test on the same machine (never an
 absolute time), with margins wide enough for a loaded 2-core box.
@@ -74,7 +75,8 @@ def token_event(app: AppProcess, headers: dict) -> dict:
     """The queue/join body of the Data tab's "Create token" event (found in /config by its input labels)."""
     config = httpx.get(app.url + "/config", headers=headers).json()
     labels = {c["id"]: c.get("props", {}).get("label") for c in config["components"]}
-    dep = next(d for d in config["dependencies"] if [labels[i] for i in d["inputs"]] == ["User", "Label (optional)"])
+    dep = next(d for d in config["dependencies"]
+               if [labels[i] for i in d["inputs"]][:2] == ["User", "Label (optional)"])
     return {"fn_index": dep["id"], "trigger_id": dep["targets"][0][0], "event_data": None}
 
 
@@ -82,7 +84,7 @@ def test_a_foreign_page_cannot_make_an_admin_token(team):
     cookie = sign_in(team, "alice", "a-pass", host=STUDIO)
     own = {"Host": STUDIO, "Cookie": cookie}
     event = token_event(team, own)
-    body = {**event, "data": ["bob", "from evil"], "session_hash": "evil0001"}
+    body = {**event, "data": ["bob", "from evil", None], "session_hash": "evil0001"}
     join = httpx.post(team.url + "/gradio_api/queue/join", json=body, headers={**own, "Origin": EVIL})
     assert join.status_code == 403 and "access-control-allow-origin" not in join.headers
     preflight = httpx.options(team.url + "/gradio_api/queue/join", headers={
@@ -93,7 +95,7 @@ def test_a_foreign_page_cannot_make_an_admin_token(team):
                       headers={**own, "Origin": EVIL}, timeout=10) as data:
         assert "access-control-allow-origin" not in data.headers  # nothing a foreign page may read
     # The same event from the app's own page works (so the refusal above is the origin, not the payload).
-    same = httpx.post(team.url + "/gradio_api/queue/join", json={**body, "data": ["bob", "own page"],
+    same = httpx.post(team.url + "/gradio_api/queue/join", json={**body, "data": ["bob", "own page", None],
                                                                   "session_hash": "own00001"},
                       headers={**own, "Origin": f"https://{STUDIO}"})
     assert same.status_code == 200
@@ -118,6 +120,13 @@ def test_a_rebinding_host_is_refused_in_local_mode(local):
     assert r.status_code == 400 and "allowed_hosts" in r.json()["error"]
     assert httpx.get(local.api + "/export", params={"format": "jsonl"}, headers=rebind).status_code == 400
     assert httpx.get(local.url + "/", headers=rebind).status_code == 400
+    # Issue #24, finding 1: a page can add X-Forwarded-For, and uvicorn believed it from a loopback peer: naming
+    # the in-process test client's peer ("testclient") used to skip the Host check. No name is trusted now.
+    for forged in ("testclient", "127.0.0.1", "testclient, 127.0.0.1"):
+        door = {**rebind, "X-Forwarded-For": forged}
+        assert httpx.post(local.api + "/tokens", json={"name": "mallory"}, headers=door).status_code == 400
+        assert httpx.get(local.api + "/export", params={"format": "jsonl"}, headers=door).status_code == 400
+        assert httpx.get(local.url + "/config", headers=door).status_code == 400
     for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
         ok = httpx.post(local.api + "/tokens", json={"name": "me"}, headers={"Host": host, "Origin": f"http://{host}"})
         assert ok.status_code == 200 and ok.json()["token"]
@@ -169,27 +178,52 @@ def test_a_login_flood_does_not_stall_health(team):
 
 
 # ---- 4. guessing is throttled, and a lock-out says nothing about the guess ------------------------------------
-def test_the_right_password_during_a_lockout_gets_429(root, tiny_model_dir):
+@pytest.fixture(scope="module")
+def throttled(root, tiny_model_dir):
+    """Users with the sign-in throttle on (5 failures in 10 minutes) and no trusted proxies (the default)."""
     app = start(root, tiny_model_dir, "throttled", {"server": {"users": USERS, "login_max_failures": 5,
                                                                "login_window_seconds": 600}})
-    try:
-        login = app.url + "/login"
-        codes = [httpx.post(login, data={"username": "alice", "password": f"guess{i}"}).status_code
+    yield app
+    app.stop()
+
+
+def client_at(address: str) -> httpx.Client:
+    """Requests from another loopback address (another 'client address' to the throttle)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=60)
+
+
+def test_the_right_password_during_a_lockout_gets_429(throttled):
+    app = throttled
+    login = app.url + "/login"
+    with client_at("127.0.0.4") as guesser:  # its own address (127.0.0.1 is the next test's)
+        codes = [guesser.post(login, data={"username": "alice", "password": f"guess{i}"}).status_code
                  for i in range(5)]
         assert codes == [400] * 5
-        wrong = httpx.post(login, data={"username": "alice", "password": "guess6"})
-        right = httpx.post(login, data={"username": "alice", "password": "a-pass"})
+        wrong = guesser.post(login, data={"username": "alice", "password": "guess6"})
+        right = guesser.post(login, data={"username": "alice", "password": "a-pass"})
         assert wrong.status_code == right.status_code == 429 and wrong.json() == right.json()
         assert 1 <= int(right.headers["retry-after"]) <= 600 and "access-token" not in str(right.cookies)
         # REST Basic shares the count: this address is locked for every name
-        assert httpx.get(app.api + "/agents", auth=("carol", "c-pass")).status_code == 429
-        # and alice's name is locked from every address
-        other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
-        assert other.post(login, data={"username": "alice", "password": "a-pass"}).status_code == 429
+        assert guesser.get(app.api + "/agents", auth=("carol", "c-pass")).status_code == 429
+    # Issue #24, finding 9: but nobody else is locked out by it, alice included, from her own address
+    with client_at("127.0.0.2") as other:
+        assert other.post(login, data={"username": "alice", "password": "a-pass"}).status_code == 200
         assert other.post(login, data={"username": "bob", "password": "b-pass"}).status_code == 200
         assert other.get(app.api + "/agents", auth=("carol", "c-pass")).status_code == 200
-    finally:
-        app.stop()
+
+
+def test_forged_forwarded_addresses_do_not_dodge_the_limit(throttled):
+    """Issue #24, finding 2: from 127.0.0.1 (a peer uvicorn believes by default), a new X-Forwarded-For per request
+    used to be a new client address to the throttle; 12 names sprayed got no 429. Now it is one address."""
+    app = throttled
+    with httpx.Client(timeout=60) as spray:  # from 127.0.0.1
+        codes = [spray.get(app.api + "/agents", auth=(f"name{i}", "guess"),
+                           headers={"X-Forwarded-For": f"198.51.100.{i + 1}", "X-Real-IP": f"198.51.100.{i + 1}",
+                                    "Forwarded": f"for=198.51.100.{i + 1}"}).status_code for i in range(12)]
+        assert codes == [401] * 5 + [429] * 7
+        forms = [spray.post(app.url + "/login", data={"username": f"form{i}", "password": "guess"},
+                            headers={"X-Forwarded-For": f"192.0.2.{i + 1}"}).status_code for i in range(3)]
+        assert forms == [429] * 3  # the sign-in page counts the same address
 
 
 # ---- 5. user names do not leak by timing ---------------------------------------------------------------
@@ -224,6 +258,7 @@ def test_html_in_chat_is_shown_as_text_in_chromium(local, tmp_path):
         "```\n<b>pwn3</b>\n```\nafter <i>pwn4</i> <script>window.__xss = 1</script>",
         f"`<b>pwn5</b>` then `unclosed <b>pwn6</b> and ``two <img src={beacon}/2.png>``",
         f"    <b>pwn7</b> indented\n~~~\n<b>pwn8</b>\n~~~\n![pwn9]({beacon}/3.png)",
+        r"$$\color{red}{\text{ADMIN NOTICE: approved}}$$ and $x^2$",  # issue #24, finding 10: no math either
     ]
     fetched = []
     with sync_playwright() as p:
@@ -250,6 +285,7 @@ def test_html_in_chat_is_shown_as_text_in_chromium(local, tmp_path):
                                && !/pwn/.test(e.textContent)))
                 .map(e => e.outerHTML).filter(h => /pwn|beacon/.test(h))""")
             shown = chat.inner_text()
+            math = chat.locator(".katex, .katex-display, math").count()
             assert page.evaluate("window.__xss") is None
         except Exception:
             page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
@@ -260,6 +296,7 @@ def test_html_in_chat_is_shown_as_text_in_chromium(local, tmp_path):
     for i in range(1, 9):
         assert re.search(rf"<(b|i|a)[^>]*>pwn{i}</", shown), (i, shown)  # the tags are on screen, as typed
     assert "![pwn9]" in shown and "```" in shown
+    assert math == 0 and r"$$\color{red}{\text{ADMIN NOTICE: approved}}$$" in shown  # text, not red math
     assert fetched == [], fetched  # and no image beacon fired
 
 
@@ -293,11 +330,51 @@ def test_an_annotator_cannot_read_another_annotators_note(team):
     api = team.api
     reply = httpx.post(api + "/chat", auth=("bob", "b-pass"), timeout=120, json={
         "messages": [{"role": "user", "content": "private question"}], "max_new_tokens": 4}).json()["message_id"]
-    for who, note in (("bob", "bob's own note"), ("carol", "carol's secret note")):
+    for who, note in (("bob", "bob's own note"), ("alice", "the admin's review note")):
         httpx.post(api + "/feedback", auth=(who, f"{who[0]}-pass"),
                    json={"message_id": reply, "note": note, "flags": ["Unsafe"]}).raise_for_status()
+    # issue #24: carol can neither rate bob's reply nor read it (his conversation is his)
+    assert httpx.post(api + "/feedback", auth=("carol", "c-pass"), json={"message_id": reply, "note": "x"}) \
+        .status_code == 404
+    assert httpx.get(f"{api}/messages/{reply}", auth=("carol", "c-pass")).status_code == 404
     mine = httpx.get(f"{api}/messages/{reply}", auth=("bob", "b-pass")).json()
     assert [r["note"] for r in mine["ratings"]] == ["bob's own note"]
     everyone = httpx.get(f"{api}/messages/{reply}", auth=("alice", "a-pass")).json()
-    assert {r["note"] for r in everyone["ratings"]} == {"bob's own note", "carol's secret note"}
+    assert {r["note"] for r in everyone["ratings"]} == {"bob's own note", "the admin's review note"}
     assert httpx.get(f"{api}/flagged", auth=("bob", "b-pass")).status_code == 403
+
+
+# ---- 9. a blind arena reply stays blind until the vote (issue #24, finding 3) --------------------------------------
+def test_a_blind_arena_reply_cannot_be_unblinded(team, tiny_model_dir, root):
+    from tests.conftest import make_adapter
+
+    store = store_of(team)
+    try:
+        base = store.active_policy("assistant")
+        if len(store.list_policies("assistant")) < 2:  # a second version for the arena, published as a job would
+            store.register_policy_version("assistant", make_adapter(tiny_model_dir, root / "team-v1", seed=5),
+                                          base.id, promote=False)
+    finally:
+        store.close()
+    api, bob = team.api, ("bob", "b-pass")
+    prompt = [{"role": "user", "content": "blind test: which reply is better?"}]
+    rnd = httpx.post(api + "/arena", auth=bob, json={"messages": prompt}, timeout=120)
+    assert rnd.status_code == 200, rnd.text
+    pair, blind = rnd.json()["pair_id"], [rnd.json()[side]["message_id"] for side in ("a", "b")]
+    for mid in blind:  # nothing about the version: not its id, latency or generation settings
+        shown = httpx.get(f"{api}/messages/{mid}", auth=bob).json()
+        assert (shown["policy_id"], shown["latency_ms"], shown["gen_params"]) == (None, None, {})
+    board = httpx.get(api + "/leaderboard", auth=bob).json()
+    for version in httpx.get(api + "/policies", auth=bob).json():  # same prompt, a chosen version, then compare
+        mine = httpx.post(api + "/chat", auth=bob, timeout=120, json={"messages": prompt, "policy_id": version["id"],
+                                                                      "max_new_tokens": 4}).json()["message_id"]
+        for other in blind:
+            r = httpx.post(api + "/comparisons", auth=bob, json={"message_a_id": mine, "message_b_id": other,
+                                                                 "winner": "a"})
+            assert r.status_code == 409 and "arena pair" in r.json()["error"]
+    assert httpx.get(api + "/leaderboard", auth=bob).json() == board  # nothing moved
+    carol = httpx.post(f"{api}/arena/{pair}/vote", auth=("carol", "c-pass"), json={"winner": "a"})
+    assert carol.status_code == 404  # someone else's round
+    vote = httpx.post(f"{api}/arena/{pair}/vote", auth=bob, json={"winner": "a"}).json()
+    revealed = httpx.get(f"{api}/messages/{blind[0]}", auth=bob).json()
+    assert revealed["policy_id"] == vote["a_policy_id"] and revealed["latency_ms"] is not None

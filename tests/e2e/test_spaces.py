@@ -16,8 +16,8 @@ SPACE_ENV = ("SPACE_ID", "HF_TOKEN", "RLHF_USERS", "RLHF_ADMINS")
 
 
 @pytest.fixture
-def space_env(monkeypatch, tiny_model_dir):
-    """The environment a Space gives the app (plus a tiny model and no background work, for speed)."""
+def space_env(monkeypatch, tiny_model_dir, space_oauth):
+    """The environment a Space with HF sign-in gives the app (plus a tiny model and no background work)."""
     import os
 
     for name in list(os.environ):
@@ -63,11 +63,13 @@ def test_app_builds_as_on_spaces_with_persistent_storage(space_env, tmp_path):
         assert services.auth is not None and services.auth.mode == "hf" and services.auth.role_for("boss") == "admin"
         text = header(services)
         assert "Hugging Face sign-in" in text and "NOT persistent" not in text
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             assert client.get("/api/v1/health").json()["status"] == "ok"
             assert client.get("/api/v1/agents").status_code == 401  # the REST API wants a token on a Space
             page = client.get("/")
             assert page.status_code == 200 and "<html" in page.text.lower()
+        gradio_app = next(r.app for r in app.routes if getattr(r, "path", None) == "")
+        assert "/login/huggingface" in {getattr(r, "path", None) for r in gradio_app.routes}  # HF sign-in is on
     finally:
         services.close()
 
@@ -114,3 +116,70 @@ def test_readme_front_matter_is_a_valid_gradio_space():
 
 
 # requirements.txt against pyproject.toml (pins, extras, the CPU engine): tests/test_requirements.py
+
+
+# ---- a Space process: HF sign-in end to end (issue #24, finding 7) -------------------------------------------------
+def space_process(tmp_path, tiny_model_dir, **env):
+    from tests.conftest import SPACE_OAUTH
+    from tests.e2e.app_process import TEST_APP, AppProcess, write_config
+
+    config = write_config(tmp_path / "space.yaml", TEST_APP, {"scheduler": {"enabled": False}})
+    space = {"SYSTEM": "spaces", "SPACE_ID": "team/rlhf-studio", "RLHF_ADMINS": "boss", "RLHF_SERVER_HOST": "127.0.0.1",
+             "RLHF_SERVER_PERSISTENT_DIR": str(tmp_path / "no-mount"), "GRADIO_TEMP_DIR": str(tmp_path / "gradio"),
+             **SPACE_OAUTH, **env}
+    return AppProcess(tmp_path / "data", tiny_model_dir, config, env=space)
+
+
+def session_cookie(secret: str, username: str) -> str:
+    """A session cookie signed the way Gradio's HF sign-in signs it (Starlette's SessionMiddleware, key
+    sha256(OAUTH_CLIENT_SECRET + "-v4")), holding the profile the OAuth callback stores."""
+    import base64
+    import hashlib
+    import json
+
+    from itsdangerous import TimestampSigner
+
+    key = hashlib.sha256((secret + "-v4").encode()).hexdigest()
+    payload = base64.b64encode(json.dumps({"oauth_info": {"userinfo": {"preferred_username": username}}}).encode())
+    return TimestampSigner(key).sign(payload).decode()
+
+
+@pytest.mark.slow
+def test_a_space_signs_in_with_a_signed_session_and_refuses_forged_ones(tmp_path, tiny_model_dir):
+    from pathlib import Path
+
+    from gradio_client import Client
+
+    from tests.conftest import SPACE_OAUTH
+
+    app = space_process(tmp_path, tiny_model_dir).start()
+    try:
+        def export_as(cookie: str):
+            client = Client(app.url + "/", headers={"Cookie": f"session={cookie}"}, download_files=False,
+                            verbose=False)
+            try:
+                return client.predict("assistant", "jsonl", api_name="/export")
+            finally:
+                client.close()
+
+        button, status = export_as(session_cookie(SPACE_OAUTH["OAUTH_CLIENT_SECRET"], "boss"))
+        assert "Exported" in status  # boss (RLHF_ADMINS) signed in through the signed session
+        folder = Path(button["value"]["path"]).parent
+        assert folder.is_dir()
+        _, forged = export_as(session_cookie("", "boss"))  # what an empty secret would have let anyone sign
+        assert "admin" in forged and "Exported" not in forged
+        _, annotator = export_as(session_cookie(SPACE_OAUTH["OAUTH_CLIENT_SECRET"], "someone"))
+        assert "admin" in annotator  # a real session of an annotator: signed in, but not an admin
+    finally:
+        app.stop()  # SIGTERM, as a Space restart sends
+    assert app.proc.returncode is not None
+    assert not folder.exists(), "the undownloaded UI export outlived SIGTERM"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("secret", ["", "   "])
+def test_a_space_without_an_oauth_secret_refuses_to_start(tmp_path, tiny_model_dir, secret):
+    app = space_process(tmp_path, tiny_model_dir, OAUTH_CLIENT_SECRET=secret)
+    app.launch()
+    assert app.wait_exit(120) == 2
+    assert "OAUTH_CLIENT_SECRET" in app.output() and "Traceback" not in app.output()

@@ -19,6 +19,12 @@ def first(candidates):
     return (candidates[0]["id"], "random") if candidates else None
 
 
+def show(store: Store, item_id: int, annotator, excluded=()) -> None:
+    """Hand ``item_id`` to ``annotator`` through the queue (a vote needs the item to have been shown)."""
+    got = store.next_queue_item("assistant", annotator, lambda c: (item_id, "random"), LEASE, excluded)
+    assert got is not None and got[0].id == item_id
+
+
 def make_items(store: Store, n: int, overlap_every: int = 0, ttl: float = 3600.0, prefix: str = "q") -> list:
     policy = store.active_policy("assistant").id
     return [store.create_queue_item("assistant", [{"role": "user", "content": f"{prefix} {i}?"}],
@@ -95,7 +101,8 @@ def test_every_nth_item_goes_to_a_second_annotator(store):
 
 def test_the_chooser_sees_votes_so_a_second_opinion_can_come_first(store):
     items = make_items(store, 3, overlap_every=3)
-    store.vote_queue_item(items[2].id, "a", "alice", LEASE)  # a direct vote, never shown through next
+    show(store, items[2].id, "alice")
+    store.vote_queue_item(items[2].id, "a", "alice", LEASE)
     seen = {}
 
     def spy(candidates):
@@ -134,12 +141,14 @@ def test_excluded_annotators_votes_are_kept_but_do_not_fill_items_or_train(store
     item = make_items(store, 1)[0]
     store.ensure_annotator("mallory")
     store.set_annotator_excluded("mallory", True)
+    show(store, item.id, "mallory")
     vote = store.vote_queue_item(item.id, "a", "mallory", LEASE)
     assert store.count("comparisons") == 1 and vote.winner == "a"  # kept in the Store
     assert store.next_queue_item("assistant", "alice", first, LEASE)[0].id == item.id  # still open for a vote
     assert build_pairs(store.feedback_rows("assistant")) == []  # and not trained on
     # the config list excludes the same way
     other = make_items(store, 1, prefix="r")[0]
+    show(store, other.id, "trudy", ["trudy"])
     store.vote_queue_item(other.id, "b", "trudy", LEASE, exclude_annotators=["trudy"])
     assert other.id in {i.id for i in store.open_queue_items("assistant", LEASE, ["trudy"])}
     assert other.id not in {i.id for i in store.open_queue_items("assistant", LEASE)}
@@ -207,3 +216,27 @@ def test_an_existing_database_gets_the_queue_tables(tmp_path):
     assert "queue_items" in old.db.table_names() and old.schema_version() >= 3
     assert make_items(old, 1)[0].id == 1
     old.close()
+
+
+def test_only_annotators_an_item_was_shown_to_vote_on_it(store):
+    """Issue #24, finding 4: a vote by item id alone (never shown to the voter) is refused and stores nothing."""
+    item = make_items(store, 2)[0]
+    with pytest.raises(Conflict, match="not shown to you"):
+        store.vote_queue_item(item.id, "a", "mallory", LEASE)
+    assert store.count("comparisons") == 0 and store.count("queue_assignments") == 0
+    show(store, item.id, "alice")
+    assert store.vote_queue_item(item.id, "a", "alice", LEASE).winner == "a"
+    assert store.queue_assignment(item.id, "alice").voted is not None
+    assert store.queue_assignment(item.id, "mallory") is None and store.queue_item_of(item.message_b_id).id == item.id
+
+
+def test_queue_replies_are_compared_only_inside_their_item(store):
+    """Issue #24, findings 4-5: a queue reply paired by hand (POST /comparisons) is refused, so a queue vote and a
+    hand-made comparison of the same pair cannot both count."""
+    item = make_items(store, 1)[0]
+    conv = store.create_conversation("assistant", "alice", messages=[{"role": "user", "content": "q 0?"}])
+    mine = store.record_reply(store.leaf(conv.id).id, "my own reply", item.policy_a_id)
+    for a, b in ((item.message_a_id, item.message_b_id), (mine.id, item.message_a_id)):
+        with pytest.raises(Conflict, match="vote-queue item"):
+            store.record_comparison(a, b, "a", "alice")
+    assert store.count("comparisons") == 0

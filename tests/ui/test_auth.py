@@ -76,7 +76,7 @@ def test_env_names_map_to_config(tmp_path):
     assert "a:b" not in cfg.to_json() and "hf_secret" not in cfg.to_json()  # secrets never reach job configs
 
 
-def test_from_config_modes_and_hashes(store, tmp_path, tiny_model_dir):
+def test_from_config_modes_and_hashes(store, tmp_path, tiny_model_dir, space_oauth):
     assert Auth.from_config(team_config(tmp_path, tiny_model_dir), store) is None
     auth = Auth.from_config(team_config(tmp_path, tiny_model_dir, f"server.users={USERS}"), store)
     assert auth.mode == "users" and auth.roles == {"alice": "admin", "bob": "annotator"}
@@ -90,6 +90,18 @@ def test_from_config_modes_and_hashes(store, tmp_path, tiny_model_dir):
     hf = Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio", "server.admins=boss"),
                           store)
     assert hf.mode == "hf" and hf.role_for("boss") == "admin" and hf.role_for("someone") == "annotator"
+
+
+@pytest.mark.parametrize("secret", [None, "", "  "])
+def test_hf_sign_in_refuses_to_start_without_a_session_secret(store, tmp_path, tiny_model_dir, space_oauth,
+                                                              monkeypatch, secret):
+    """Issue #24, finding 7: Gradio signs HF sessions with sha256(secret + "-v4"); with an empty secret anyone could
+    sign a cookie naming an admin, so the app does not start."""
+    from gradio import oauth
+
+    monkeypatch.setattr(oauth, "OAUTH_CLIENT_SECRET", secret)
+    with pytest.raises(AuthConfigError, match="OAUTH_CLIENT_SECRET"):
+        Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio"), store)
 
 
 def test_gradio_requests_and_oauth_session(store):

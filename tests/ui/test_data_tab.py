@@ -74,9 +74,9 @@ def test_flagged_replies_and_admin_tools_need_admin(rated):
     assert "included again" in data_tab.set_excluded(rated, "carol", False, ADMIN)
     button, status = data_tab.run_export(rated, "assistant", "jsonl", ANNOTATOR)
     assert "admin" in status and button.visible is False
-    assert "admin" in data_tab.make_token(rated, "bob", "", ANNOTATOR)
-    assert "not a configured user" in data_tab.make_token(rated, "zed", "", ADMIN)
-    made = data_tab.make_token(rated, "bob", "laptop", ADMIN)
+    assert "admin" in data_tab.make_token(rated, "bob", "", request=ANNOTATOR)
+    assert "not a configured user" in data_tab.make_token(rated, "zed", "", request=ADMIN)
+    made = data_tab.make_token(rated, "bob", "laptop", request=ADMIN)
     token = made.split("```\n")[1].split("\n")[0]
     assert rated.store.token_owner(token) == "bob"
     note, *buttons = data_tab.admin_gate(rated, 3, ANNOTATOR)

@@ -45,11 +45,12 @@ class ExcludeBody(Strict):
 class TokenBody(Strict):
     name: str
     label: str = ""
+    expires_in_days: Optional[float] = None
 
 
 def build_admin_router(services: Services) -> APIRouter:
     """POST/PATCH /agents, GET /export, GET /quality, GET /flagged, POST /annotators/{name}/exclude,
-    POST /tokens, GET /me."""
+    POST/GET /tokens, DELETE /tokens/{id}, GET /me."""
     r = APIRouter(prefix=PREFIX)
     store = services.store
 
@@ -75,11 +76,10 @@ def build_admin_router(services: Services) -> APIRouter:
         require_admin(services, request)
         if format not in FORMATS:
             raise InvalidInput(f"unknown format {format!r}; choose one of: {', '.join(FORMATS)}")
-        if agent is not None:
-            store.get_agent(agent)  # 404 before any work
+        agent_id = store.get_agent(agent).id if agent is not None else None  # 404 before any work
         work = Path(tempfile.mkdtemp(prefix="rlhf-export-"))
         try:
-            result = export(store, services.config, format, work / default_name(format, agent), agent)
+            result = export(store, services.config, format, work / default_name(format, agent_id), agent)
             path = archive(result, work)
         except ExportError as exc:
             shutil.rmtree(work, ignore_errors=True)
@@ -113,7 +113,23 @@ def build_admin_router(services: Services) -> APIRouter:
         auth = services.auth
         if auth is not None and auth.mode == "users" and auth.role_for(body.name) is None:
             raise NotFound(f"{body.name!r} is not a configured user; add them to server.users or the users file")
-        return {"name": body.name, "token": store.create_api_token(body.name, body.label)}
+        token = store.create_api_token(body.name, body.label, body.expires_in_days)
+        return {"name": body.name, "token": token, "expires": store.list_api_tokens(body.name)[-1]["expires"]}
+
+    @r.get("/tokens")
+    def tokens(request: Request):
+        """API tokens without their secrets: every user's for admins, the caller's own for everyone else."""
+        if is_admin(services, request):
+            return store.list_api_tokens()
+        return store.list_api_tokens(current_user(services, request) or "")
+
+    @r.delete("/tokens/{token_id}")
+    def revoke_token(token_id: int, request: Request):
+        """Revoke a token (admins: anyone's; users: their own; someone else's is 404). Kept for the record."""
+        if not is_admin(services, request) and store.api_token_user(token_id) != current_user(services, request):
+            raise NotFound(f"unknown API token {token_id}")
+        store.revoke_api_token(token_id)
+        return next(t for t in store.list_api_tokens() if t["id"] == token_id)
 
     return r
 

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 from fastapi import APIRouter, Request
 
 from ui import views
-from ui.flows import arena
+from ui.flows import access, arena
 from ui.permissions import require_admin
 from ui.api.core import PREFIX, ChatMessage, Strict, rest_annotator
 from ui.services import Services
@@ -37,6 +37,8 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.post("/arena")
     def arena_round(body: ArenaBody, request: Request):
+        if body.continue_pair_id is not None:  # only the round's own player continues it
+            access.pair_for(store, access.caller_of(services, request), body.continue_pair_id)
         rnd = arena.open_round(services, body.agent, [m.model_dump() for m in body.messages],
                                rest_annotator(services, request, body.annotator), body.continue_pair_id)
         try:
@@ -50,6 +52,7 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.post("/arena/{pair_id}/vote")
     def arena_vote(pair_id: str, body: VoteBody, request: Request):
+        access.pair_for(store, access.caller_of(services, request), pair_id)  # someone else's round: 404
         vote = arena.cast_vote(store, pair_id, body.winner, rest_annotator(services, request, body.annotator))
         return {"comparison_id": vote.id, "a_policy_id": vote.policy_a_id, "b_policy_id": vote.policy_b_id}
 

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 
 from rlhf.serving.server import Busy
 from storage import Conflict, InvalidInput, StoreError
+from ui.flows import access
 from ui.flows import chat as chatflow
 from ui.permissions import Forbidden, current_user, sees_all_feedback
 from ui.services import Services
@@ -115,16 +116,16 @@ def rest_annotator(services: Services, request: Request, given: Optional[str]) -
 ALL = object()  # message_json's default viewer: every annotator's ratings
 
 
-def message_json(services: Services, message_id: int, viewer: Any = ALL) -> dict:
+def message_json(services: Services, message_id: int, viewer: Any = ALL,
+                 caller: Optional[access.Caller] = None) -> dict:
     """A stored message with its rating events, as returned by GET /messages/{id}: every annotator's, or only
-    ``viewer``'s (a name; None sees none)."""
+    ``viewer``'s (a name; None sees none). A blind reply (``ui.flows.access``) hides its version, latency and
+    generation settings from ``caller`` (default: everyone, as for an arena round nobody voted on)."""
     store = services.store
     msg = store.get_message(message_id)
-    out = {k: v for k, v in msg.to_dict().items() if k != "context_key"}
+    out = access.shown_message(store, caller or access.Caller(None, False), msg)
     ratings = store.ratings_for(message_id) if viewer is ALL else store.ratings_by(message_id, viewer)
     out["ratings"] = [r.to_dict() for r in ratings] if msg.role == "assistant" else []
-    if msg.role == "assistant" and store.is_blind(message_id):
-        out["policy_id"] = None  # an arena reply stays anonymous until its pair is voted on
     return out
 
 
@@ -169,39 +170,39 @@ def build_router(services: Services) -> APIRouter:
         return [{k: p.to_dict()[k] for k in ("id", "agent_id", "version", "parent_id", "status", "created",
                                               "metrics", "error")} for p in rows]
 
-    @r.post("/chat")
-    def chat(body: ChatBody, request: Request):
+    def user_turn(body: ChatBody, request: Request):
+        """The steps /chat and /chat/stream share: agent, version, settings, and the user turn(s) stored in the
+        caller's conversation (a new one without ``conversation_id``; someone else's is 404)."""
         agent = store.get_agent(body.agent)  # None = the default (first) agent
         policy = chatflow.resolve_policy(store, agent, body.policy_id)
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
                                      body.seed)
+        messages = chatflow.check_turns(services.config, [m.model_dump() for m in body.messages])
+        if body.conversation_id is not None:
+            access.conversation_for(store, access.caller_of(services, request), body.conversation_id)
         server = services.server_for(agent)
-        user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
-                                          body.conversation_id, rest_annotator(services, request, body.annotator),
-                                          source="api")
-        return reply_json(chatflow.begin_reply(store, server, user_msg.id, policy, params).save())
+        user_msg = chatflow.add_user_turn(store, agent, messages, body.conversation_id,
+                                          rest_annotator(services, request, body.annotator), source="api")
+        return chatflow.begin_reply(store, server, user_msg.id, policy, params)
+
+    @r.post("/chat")
+    def chat(body: ChatBody, request: Request):
+        return reply_json(user_turn(body, request).save())
 
     @r.post("/chat/stream")
     def chat_stream(body: ChatBody, request: Request):
         """/chat streamed as NDJSON; errors before the first byte (bad input, busy) are ordinary JSON errors."""
-        agent = store.get_agent(body.agent)  # the same steps as /chat
-        policy = chatflow.resolve_policy(store, agent, body.policy_id)
-        params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
-                                     body.seed)
-        server = services.server_for(agent)
-        user_msg = chatflow.add_user_turn(store, agent, [m.model_dump() for m in body.messages],
-                                          body.conversation_id, rest_annotator(services, request, body.annotator),
-                                          source="api")
-        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
-        return StreamingResponse(ndjson_reply(pending), media_type="application/x-ndjson")
+        return StreamingResponse(ndjson_reply(user_turn(body, request)), media_type="application/x-ndjson")
 
     @r.post("/messages/{message_id}/regenerate")
-    def regenerate(message_id: int, body: RegenerateBody):
+    def regenerate(message_id: int, body: RegenerateBody, request: Request):
+        original = access.message_for(store, access.caller_of(services, request), message_id)
         if store.is_blind(message_id):
             raise Conflict("this reply is part of an arena round that has not been voted on yet; vote first")
+        if store.queue_item_of(message_id) is not None:
+            raise Conflict("this reply belongs to a vote-queue item; items are voted on, not regenerated")
         parent = chatflow.sibling_parent(store, message_id)
         agent = chatflow.agent_of(store, parent)
-        original = store.get_message(message_id)
         policy = chatflow.resolve_policy(store, agent, body.policy_id if body.policy_id is not None
                                          else original.policy_id)
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
@@ -209,21 +210,28 @@ def build_router(services: Services) -> APIRouter:
 
     @r.get("/messages/{message_id}")
     def get_message(message_id: int, request: Request):
-        """The message with the caller's own ratings (every annotator's for admins or with open_feedback)."""
+        """A message of the caller's conversation (or of a vote-queue item shown to them) with the caller's own
+        ratings (every annotator's for admins or with open_feedback); blind replies hide their version."""
+        caller = access.caller_of(services, request)
+        access.message_for(store, caller, message_id, reading=True)
         if sees_all_feedback(services, request):
-            return message_json(services, message_id)
-        return message_json(services, message_id, current_user(services, request))
+            return message_json(services, message_id, caller=caller)
+        return message_json(services, message_id, current_user(services, request), caller)
 
     @r.post("/feedback")
     def feedback(body: FeedbackBody, request: Request):
         if body.thumb is None and body.score is None and body.flags is None and body.note is None:
             raise InvalidInput("feedback needs at least one of thumb, score, flags, note")
+        access.message_for(store, access.caller_of(services, request), body.message_id)
         rating = store.record_rating(body.message_id, rest_annotator(services, request, body.annotator),
                                      thumb=body.thumb, score=body.score, flags=body.flags, note=body.note)
         return {"id": rating.id}
 
     @r.post("/comparisons")
     def comparisons(body: ComparisonBody, request: Request):
+        caller = access.caller_of(services, request)
+        for message_id in (body.message_a_id, body.message_b_id):
+            access.message_for(store, caller, message_id)
         comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner,
                                        rest_annotator(services, request, body.annotator))
         return {"id": comp.id}

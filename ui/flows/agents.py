@@ -6,6 +6,7 @@ from typing import Optional
 from rlhf.models import ModelNotFound, resolve_model
 from rlhf.serving.server import GenParams
 from storage import InvalidInput
+from storage.util import check_slug
 from ui.services import Services
 
 GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "seed")
@@ -40,6 +41,7 @@ def check_base_model(services: Services, base_model: Optional[str]) -> str:
 def create_agent(services: Services, name: str, system_prompt: str, base_model: Optional[str] = None,
                  generation: Optional[dict] = None):
     """A new agent (version 0 = its base model) after validating its base model and generation defaults."""
+    check_slug(name, "agent name")  # before the base model is looked for: a bad name fails at once
     base = check_base_model(services, base_model)
     return services.store.create_agent(name, system_prompt, base, check_generation(services, generation))
 

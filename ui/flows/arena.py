@@ -63,6 +63,7 @@ def open_round(services: Services, agent_name: Optional[str], messages: list[dic
                continue_pair_id: Optional[str] = None, rng: Optional[np.random.Generator] = None) -> Round:
     """Record the user turn(s) and start both replies (queued on the one PolicyServer)."""
     store = services.store
+    chatflow.check_turns(services.config, messages)
     if continue_pair_id is not None:
         parent = continuation_parent(store, continue_pair_id)
         agent = chatflow.agent_of(store, parent)

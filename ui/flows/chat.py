@@ -81,6 +81,14 @@ def begin_reply(store: Store, server: PolicyServer, parent_id: int, policy: Poli
     return PendingReply(store, parent, policy, params, stream)
 
 
+def check_turns(config: AppConfig, messages: list) -> list:
+    """The messages of one request, refused (InvalidInput) beyond ``serving.max_messages``."""
+    limit = config.serving.max_messages
+    if isinstance(messages, list) and len(messages) > limit:
+        raise InvalidInput(f"{len(messages)} messages in one request; the limit is {limit} (serving.max_messages)")
+    return messages
+
+
 def add_user_turn(store: Store, agent: Agent, messages: list, conversation_id: Optional[int] = None,
                   annotator: Optional[str] = None, source: str = "chat") -> Message:
     """Append ``messages`` (ending with a user turn) to a conversation, new when no id is given."""

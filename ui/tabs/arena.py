@@ -120,8 +120,10 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     state = gr.State(empty_state())
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
     with gr.Row(equal_height=True):
-        chat_a = gr.Chatbot(label="Model A", height=380, allow_tags=False, placeholder="Model A's reply")
-        chat_b = gr.Chatbot(label="Model B", height=380, allow_tags=False, placeholder="Model B's reply")
+        chat_a = gr.Chatbot(label="Model A", height=380, allow_tags=False, latex_delimiters=[],
+                            placeholder="Model A's reply")
+        chat_b = gr.Chatbot(label="Model B", height=380, allow_tags=False, latex_delimiters=[],
+                            placeholder="Model B's reply")
     with gr.Row():
         buttons = [gr.Button(label, interactive=False) for _, label in VOTES]
     status = gr.Markdown(HINT)

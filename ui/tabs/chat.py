@@ -219,6 +219,7 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
         agent = gr.Dropdown(agents, value=agents[0], label="Agent", scale=1)
         version = gr.Dropdown(choices, value=active, label="Version", scale=1)
     chatbot = gr.Chatbot(feedback_options=FEEDBACK_OPTIONS, height=420, label="Conversation", allow_tags=False,
+                         latex_delimiters=[],  # text is text: no $$ math
                          placeholder="Say something: replies stream in, and every rating is stored at once.")
     with gr.Row():
         text = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5,

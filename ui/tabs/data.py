@@ -125,7 +125,8 @@ def run_export(services: Services, agent: str, fmt: str, request: gr.Request = N
     try:
         require_admin(services, request)
         work = DOWNLOADS.new_dir()
-        result = export(services.store, services.config, fmt, work / default_name(fmt, agent), agent)
+        agent_id = services.store.get_agent(agent).id if agent else None
+        result = export(services.store, services.config, fmt, work / default_name(fmt, agent_id), agent)
         path = archive(result, work)
         DOWNLOADS.seal(work)
     except BaseException as exc:
@@ -141,8 +142,8 @@ def run_export(services: Services, agent: str, fmt: str, request: gr.Request = N
             f"Exported {counts}. The file is kept for {minutes} min or until downloaded.")
 
 
-def make_token(services: Services, name: str, label: str, request: gr.Request = None) -> str:
-    """Create an API token for a user; it is shown once."""
+def make_token(services: Services, name: str, label: str, expires_in_days=None, request: gr.Request = None) -> str:
+    """Create an API token for a user (optionally expiring after some days); it is shown once."""
     try:
         require_admin(services, request)
         name = (name or "").strip()
@@ -151,12 +152,39 @@ def make_token(services: Services, name: str, label: str, request: gr.Request = 
         auth = services.auth
         if auth is not None and auth.mode == "users" and auth.role_for(name) is None:
             raise NotFound(f"{name!r} is not a configured user")
-        token = services.store.create_api_token(name, label or "")
-    except (Forbidden, StoreError) as exc:
+        days = None if expires_in_days in (None, "", 0) else float(expires_in_days)
+        token = services.store.create_api_token(name, label or "", days)
+    except (Forbidden, StoreError, ValueError) as exc:
         gr.Warning(str(exc))
         return f"⚠️ {exc}"
+    until = f" It expires in {days:g} day(s)." if days else ""
     return (f"Token for **{literal_html(name)}** (shown only now; send it as `Authorization: Bearer <token>`):\n\n"
-            f"```\n{token}\n```")
+            f"```\n{token}\n```{until}")
+
+
+def token_table(services: Services, request: gr.Request = None) -> pd.DataFrame:
+    """Every API token without its secret (admins only; others get an empty table)."""
+    columns = ["id", "user", "label", "created", "expires", "state"]
+    if not is_admin(services, request):
+        return pd.DataFrame(columns=columns)
+    rows = [{**t, "state": "revoked" if t["revoked"] else "expired" if t["expired"] else "active"}
+            for t in services.store.list_api_tokens()]
+    return pd.DataFrame(rows, columns=[*columns, "revoked", "expired"])[columns]
+
+
+def revoke_token(services: Services, token_id, request: gr.Request = None) -> str:
+    """Revoke an API token by id (admins): it stops working at once."""
+    try:
+        require_admin(services, request)
+        if token_id in (None, ""):
+            return "Type the id of the token to revoke (see the table)."
+        token_id = int(token_id)
+        user = services.store.api_token_user(token_id)
+        services.store.revoke_api_token(token_id)
+    except (Forbidden, StoreError, ValueError) as exc:
+        gr.Warning(str(exc))
+        return f"⚠️ {exc}"
+    return f"Token #{token_id} of **{literal_html(user)}** is revoked."
 
 
 def admin_gate(services: Services, n_controls: int, request: gr.Request = None):
@@ -213,9 +241,14 @@ def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
         with gr.Row():
             token_user = gr.Textbox(label="User", max_length=64)
             token_label = gr.Textbox(label="Label (optional)", max_length=200)
+            token_days = gr.Number(label="Expires in days (blank = never)", minimum=0)
             token_button = gr.Button("Create token")
         token_out = gr.Markdown()
-        admin_only.append(token_button)
+        tokens = gr.Dataframe(label="Tokens (no secrets)", interactive=False)
+        with gr.Row():
+            revoke_id = gr.Number(label="Token id", precision=0, scale=1)
+            revoke_button = gr.Button("Revoke", variant="stop", scale=1)
+        admin_only += [token_button, revoke_button]
 
     inputs = [agent, who, kind, flag, text]
     outputs = [table, count, who, stats, agreement, speed, alpha, flagged, pick]
@@ -233,4 +266,9 @@ def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
     include.click(bind(set_excluded, services), [pick, gr.State(False)], [exclude_status], api_name="include_annotator") \
         .then(refresh, inputs, outputs, api_name=False)
     run.click(bind(run_export, services), [agent, fmt], [download, export_status], api_name="export")
-    token_button.click(bind(make_token, services), [token_user, token_label], [token_out], api_name=False)
+    list_tokens = bind(token_table, services)
+    token_button.click(bind(make_token, services), [token_user, token_label, token_days], [token_out],
+                       api_name=False).then(list_tokens, None, [tokens], api_name=False)
+    revoke_button.click(bind(revoke_token, services), [revoke_id], [token_out], api_name=False).then(
+        list_tokens, None, [tokens], api_name=False)
+    gr.on(None, list_tokens, None, [tokens], api_name=False)  # on load

@@ -70,10 +70,11 @@ def build_vote(services: Services, annotator: Optional[gr.Textbox] = None, tab: 
         annotator = gr.Textbox(label="Your name", max_length=64)
     state = gr.State(empty_state())
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
-    context = gr.Chatbot(label="Context", height=220, allow_tags=False, placeholder="The conversation so far")
+    context = gr.Chatbot(label="Context", height=220, allow_tags=False, latex_delimiters=[],
+                         placeholder="The conversation so far")
     with gr.Row(equal_height=True):
-        reply_a = gr.Chatbot(label="Reply A", height=320, allow_tags=False, placeholder="Reply A")
-        reply_b = gr.Chatbot(label="Reply B", height=320, allow_tags=False, placeholder="Reply B")
+        reply_a = gr.Chatbot(label="Reply A", height=320, allow_tags=False, latex_delimiters=[], placeholder="Reply A")
+        reply_b = gr.Chatbot(label="Reply B", height=320, allow_tags=False, latex_delimiters=[], placeholder="Reply B")
     with gr.Row():
         buttons = [gr.Button(label, interactive=False, elem_id=f"vote-{winner}") for winner, label in VOTES]
     status = gr.Markdown("Open this tab to get a pair to vote on.")

@@ -12,7 +12,7 @@ from rlhf.config import apply_overrides
 from rlhf.jobs.refill import QueueRefill, prompt_pool, queue_versions
 from rlhf.serving.server import AdapterRef, GenParams
 from storage import Store
-from tests.conftest import make_adapter
+from tests.conftest import make_adapter, vote_on_item
 
 SMALL = {"queue.low_water": 2, "queue.target_ready": 4, "queue.batch_size": 2, "queue.max_new_tokens": 6,
          "queue.temperature": 1.0}
@@ -41,7 +41,7 @@ def test_refill_stocks_the_queue_from_the_pool_and_stops_at_the_target(world):
     assert a.gen_params["temperature"] == 1.0 and a.gen_params["max_new_tokens"] == 6
     assert refill.tick(agent) == 0  # at the target: nothing more
     for item in items[:3]:  # three votes: the unseen items drop below low water, the queue refills
-        store.vote_queue_item(item.id, "a", "alice", 600)
+        vote_on_item(store, item.id, "a", "alice")
     assert refill.tick(agent) == 3
     assert store.queue_stats(agent.id, 600)["fresh"] == 4
 
@@ -120,15 +120,15 @@ def test_items_are_scored_by_a_head_refit_on_the_stores_pairs(world):
     assert refill.score(agent) == 0  # no pairs yet: nothing scored, items are handed out at random
     items = store.open_queue_items(agent.id, 600)
     for item, winner in zip(items[:3], "aba"):
-        store.vote_queue_item(item.id, winner, "alice", 600)
+        vote_on_item(store, item.id, winner, "alice")
     assert refill.tick(agent) == 3  # refilled, and every open item scored by a head on the 3 pairs
     open_items = store.open_queue_items(agent.id, 600)
     assert open_items and all(i.scored_pairs == 3 and 0 <= i.uncertainty <= 1 for i in open_items)
     assert refill.counts["refits"] == 1
-    store.vote_queue_item(open_items[0].id, "b", "alice", 600)
+    vote_on_item(store, open_items[0].id, "b", "alice")
     refill.tick(agent)  # one new pair: fewer than refit_every, the same head
     assert refill.counts["refits"] == 1
-    store.vote_queue_item(open_items[1].id, "a", "alice", 600)
+    vote_on_item(store, open_items[1].id, "a", "alice")
     refill.tick(agent)
     assert refill.counts["refits"] == 2
     assert {i.scored_pairs for i in store.open_queue_items(agent.id, 600)} == {5}

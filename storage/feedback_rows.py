@@ -1,0 +1,75 @@
+"""Read-only views of an agent's feedback for the data builders (training, exports, stats, the scheduler)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+
+class FeedbackExportMixin:
+    """Read-only views of an agent's feedback for the data builders (training, exports, stats)."""
+
+    def feedback_watermark(self, agent: int | str) -> dict:
+        """Highest rating and comparison ids of an agent: a snapshot of 'the feedback used so far'."""
+        agent_id = self.get_agent(agent).id
+        r = self._one("""SELECT COALESCE(MAX(r.id), 0) AS m FROM ratings r JOIN messages m ON m.id = r.message_id
+                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
+        c = self._one("""SELECT COALESCE(MAX(x.id), 0) AS m FROM comparisons x JOIN messages m ON m.id = x.message_a_id
+                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
+        return {"rating_id": r["m"], "comparison_id": c["m"]}
+
+    def count_feedback_since(self, agent: int | str, watermark: Optional[dict]) -> int:
+        """Ratings + comparisons of an agent newer than a watermark (None = all)."""
+        if not watermark:
+            watermark = {"rating_id": 0, "comparison_id": 0}
+        agent_id = self.get_agent(agent).id
+        r = self._one("""SELECT COUNT(*) AS n FROM ratings r JOIN messages m ON m.id = r.message_id
+                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND r.id > ?""",
+                      [agent_id, watermark.get("rating_id", 0)])["n"]
+        x = self._one("""SELECT COUNT(*) AS n FROM comparisons x JOIN messages m ON m.id = x.message_a_id
+                         JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND x.id > ?""",
+                      [agent_id, watermark.get("comparison_id", 0)])["n"]
+        return r + x
+
+    def feedback_volume(self, agent: int | str) -> list[dict]:
+        """Ratings and comparisons of an agent per UTC hour: dicts with hour ('YYYY-MM-DDTHH'), kind, n."""
+        agent_id = self.get_agent(agent).id
+        # created is an ISO string, so its first 13 characters are the hour bucket.
+        return self._all("""
+            SELECT hour, kind, COUNT(*) AS n FROM (
+                SELECT substr(r.created, 1, 13) AS hour, 'ratings' AS kind FROM ratings r
+                JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
+                WHERE c.agent_id = ?
+                UNION ALL
+                SELECT substr(x.created, 1, 13), 'comparisons' FROM comparisons x
+                JOIN messages m ON m.id = x.message_a_id JOIN conversations c ON c.id = m.conversation_id
+                WHERE c.agent_id = ?)
+            GROUP BY hour, kind ORDER BY hour, kind""", [agent_id, agent_id])
+
+    def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
+        """Everything the data builders need for one agent, as plain rows (dicts).
+
+        Keys: conversations, messages, ratings, comparisons (each a list of dicts, annotator by name, JSON
+        decoded; the comparisons that count, as ``list_comparisons`` gives them) and excluded_annotators (names).
+        ``until`` (a watermark) freezes the snapshot.
+        """
+        agent_id = self.get_agent(agent).id
+        until = until or {"rating_id": 2**62, "comparison_id": 2**62}
+        conversations = self._all("""SELECT c.id, c.system_prompt, c.source, c.created, a.name AS annotator
+                                     FROM conversations c LEFT JOIN annotators a ON a.id = c.annotator_id
+                                     WHERE c.agent_id = ? ORDER BY c.id""", [agent_id])
+        messages = self._all("""SELECT m.id, m.conversation_id, m.parent_id, m.role, m.content, m.context_key,
+                                m.policy_id, m.created FROM messages m JOIN conversations c ON c.id = m.conversation_id
+                                WHERE c.agent_id = ? ORDER BY m.id""", [agent_id])
+        ratings = self._all("""SELECT r.id, r.message_id, a.name AS annotator, r.thumb, r.score, r.flags, r.note,
+                               r.created FROM ratings r JOIN messages m ON m.id = r.message_id
+                               JOIN conversations c ON c.id = m.conversation_id
+                               LEFT JOIN annotators a ON a.id = r.annotator_id
+                               WHERE c.agent_id = ? AND r.id <= ? ORDER BY r.id""", [agent_id, until["rating_id"]])
+        for r in ratings:
+            r["flags"] = json.loads(r["flags"]) if r["flags"] is not None else None
+        keys = ("id", "message_a_id", "message_b_id", "policy_a_id", "policy_b_id", "winner", "annotator", "pair_id",
+                "created")
+        comparisons = [{k: r[k] for k in keys} for r in self._counted_comparisons(agent_id, until["comparison_id"])]
+        excluded = [r["name"] for r in self._all("SELECT name FROM annotators WHERE excluded = 1")]
+        return {"conversations": conversations, "messages": messages, "ratings": ratings,
+                "comparisons": comparisons, "excluded_annotators": excluded}
