@@ -175,8 +175,10 @@ class FeedbackMixin:
         return ids
 
     def record_reply(self, parent_id: int, content: str, policy_id: Optional[int],
-                     gen_params: Optional[dict] = None, latency_ms: Optional[float] = None) -> Message:
-        """Store a generated assistant reply to the user message ``parent_id`` (a sibling if one exists)."""
+                     gen_params: Optional[dict] = None, latency_ms: Optional[float] = None,
+                     n_tokens: Optional[int] = None) -> Message:
+        """Store a generated assistant reply to the user message ``parent_id`` (a sibling if one exists);
+        ``n_tokens``: how many tokens were generated (a reply that reached max_new_tokens was cut)."""
         parent = self.get_message(parent_id)
         if parent.role != "user":
             raise InvalidInput(f"message {parent_id} is not a user message; replies answer user messages")
@@ -188,8 +190,33 @@ class FeedbackMixin:
             new_id = self._insert(db, "messages", {
                 "conversation_id": parent.conversation_id, "parent_id": parent_id, "role": "assistant",
                 "content": content, "context_key": key, "policy_id": policy_id,
-                "gen_params": dumps(gen_params or {}), "latency_ms": latency_ms, "created": utcnow()})
+                "gen_params": dumps(gen_params or {}), "latency_ms": latency_ms, "created": utcnow(),
+                "n_tokens": None if n_tokens is None else int(n_tokens)})
         return self.get_message(new_id)
+
+    def list_conversations(self, agent: int | str, annotator: Optional[str], sources: Iterable[str] = ("chat", "api"),
+                           limit: int = 50) -> list[dict]:
+        """One annotator's conversations with an agent, most recently active first: dicts with id, created,
+        updated (the newest message), title (the first user turn), turns (user messages), messages, and
+        unanswered (the newest message is a user turn without a reply). None or an unknown name: none."""
+        agent_id = self.get_agent(agent).id
+        if annotator is None or not annotator.strip():
+            return []
+        row = self._one("SELECT id FROM annotators WHERE name = ?", [annotator.strip()])
+        if row is None:
+            return []
+        sources = list(sources)
+        return self._all(f"""
+            SELECT c.id, c.created, last.created AS updated, first.content AS title,
+                   (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id AND m.role = 'user') AS turns,
+                   (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS messages,
+                   last.role = 'user' AS unanswered
+            FROM conversations c
+            JOIN messages last ON last.id = (SELECT MAX(id) FROM messages m WHERE m.conversation_id = c.id)
+            JOIN messages first ON first.id = (SELECT MIN(id) FROM messages m WHERE m.conversation_id = c.id
+                                               AND m.role = 'user')
+            WHERE c.annotator_id = ? AND c.agent_id = ? AND c.source IN ({", ".join("?" for _ in sources)})
+            ORDER BY last.id DESC LIMIT ?""", [row["id"], agent_id, *sources, int(limit)])
 
     # ---- ratings -----------------------------------------------------------------------------
     def record_rating(self, message_id: int, annotator: Optional[str] = None, thumb: Any = None,
@@ -391,20 +418,23 @@ class FeedbackExportMixin:
                       [agent_id, watermark.get("comparison_id", 0)])["n"]
         return r + x
 
-    def feedback_volume(self, agent: int | str) -> list[dict]:
-        """Ratings and comparisons of an agent per UTC hour: dicts with hour ('YYYY-MM-DDTHH'), kind, n."""
+    def feedback_volume(self, agent: int | str, per: str = "hour") -> list[dict]:
+        """Ratings and comparisons of an agent per UTC hour (or ``per="minute"``): dicts with hour
+        ('YYYY-MM-DDTHH', or 'YYYY-MM-DDTHH:MM' per minute), kind, n."""
+        if per not in ("hour", "minute"):
+            raise InvalidInput(f"per must be 'hour' or 'minute', got {per!r}")
         agent_id = self.get_agent(agent).id
-        # created is an ISO string, so its first 13 characters are the hour bucket.
+        width = 13 if per == "hour" else 16  # created is an ISO string: its first 13 (16) characters are the bucket
         return self._all("""
             SELECT hour, kind, COUNT(*) AS n FROM (
-                SELECT substr(r.created, 1, 13) AS hour, 'ratings' AS kind FROM ratings r
+                SELECT substr(r.created, 1, ?) AS hour, 'ratings' AS kind FROM ratings r
                 JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
                 WHERE c.agent_id = ?
                 UNION ALL
-                SELECT substr(x.created, 1, 13), 'comparisons' FROM comparisons x
+                SELECT substr(x.created, 1, ?), 'comparisons' FROM comparisons x
                 JOIN messages m ON m.id = x.message_a_id JOIN conversations c ON c.id = m.conversation_id
                 WHERE c.agent_id = ?)
-            GROUP BY hour, kind ORDER BY hour, kind""", [agent_id, agent_id])
+            GROUP BY hour, kind ORDER BY hour, kind""", [width, agent_id, width, agent_id])
 
     def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
         """Everything the data builders need for one agent, as plain rows (dicts).

@@ -231,6 +231,18 @@ CREATE INDEX queue_assignments_annotator ON queue_assignments(annotator_id, vote
 """)
 
 
+@MIGRATIONS(name="m005_annotator_day")
+def m005_annotator_day(db: Database) -> None:
+    # An annotator's day in the browser (issue 23): per-agent annotation guidelines; a reply's generated token
+    # count (a reply that stopped at max_new_tokens is marked as cut); a skipped vote-queue item (it goes to
+    # others, never back to the one who skipped it); and the index behind each user's conversation list.
+    _run(db, """
+ALTER TABLE agents ADD COLUMN guidelines TEXT NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN n_tokens INTEGER;
+ALTER TABLE queue_assignments ADD COLUMN skipped TEXT;
+CREATE INDEX conversations_annotator ON conversations(annotator_id, agent_id, id)
+""")
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))
