@@ -107,6 +107,12 @@ def test_agents_panel_creates_and_edits(services, tmp_path, tokenizer):
     assert status.startswith("⚠️") and "temperature" in status
     name, prompt, base, *_ = agents_ui.load_agent(services, "poet")
     assert (name, prompt, base.interactive) == ("poet", "Answer in haiku.", False)
+    _, status = agents_ui.save_agent(services, "poet", "poet", "Answer in haiku.", "", None, None, None, None,
+                                     "Vote for the better *rhyme*.")
+    assert "guidelines" in status and agents_ui.load_agent(services, "poet")[-1] == "Vote for the better *rhyme*."
+    from ui.tabs.common import guidelines_markdown
+    assert guidelines_markdown(services, "poet") == "Vote for the better *rhyme*."
+    assert "No guidelines" in guidelines_markdown(services, "assistant")
     team(services)
     _, status = agents_ui.save_agent(services, agents_ui.NEW, "sneaky", "x", "", None, None, None, ANNOTATOR)
     assert "admin" in status and "sneaky" not in [a.name for a in services.store.list_agents()]
@@ -125,6 +131,12 @@ def test_rest_agents_quality_export_and_server_for(services, tmp_path, tokenizer
                                                    "generation": {"beam": 2}}).status_code == 422
         edited = client.patch("/api/v1/agents/second", json={"system_prompt": "Be kind."})
         assert edited.status_code == 200 and edited.json()["system_prompt"] == "Be kind."
+        assert edited.json()["guidelines"] == ""
+        guided = client.patch("/api/v1/agents/second", json={"guidelines": "Prefer *kind* replies."})
+        assert guided.status_code == 200 and guided.json()["system_prompt"] == "Be kind."
+        listed = {a["name"]: a for a in client.get("/api/v1/agents").json()}
+        assert listed["second"]["guidelines"] == "Prefer *kind* replies." and listed["assistant"]["guidelines"] == ""
+        assert client.patch("/api/v1/agents/second", json={"guidelines": 3}).status_code == 422
         reply = client.post("/api/v1/chat", json={"agent": "second", "annotator": "ann", "temperature": 0,
                                                   "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200

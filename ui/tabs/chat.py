@@ -54,6 +54,12 @@ def check_message(services: Services, text: Optional[str]) -> str:
     return text
 
 
+def cut_hint(reply) -> str:
+    """What the status line adds under a reply that stopped at its token limit."""
+    return " · ✂️ cut at its token limit: raise *Max new tokens* under Generation settings for longer replies" \
+        if chatflow.is_cut(reply) else ""
+
+
 def _viewer(services: Services, request, annotator: Optional[str]) -> Optional[str]:
     """Whose ratings the form shows: the signed-in user, or the typed name (None: nobody's)."""
     if services.auth is not None:
@@ -160,7 +166,7 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
     try:
         yield from _stream(pending, history, state)
         state.update(ids=[pending.saved.id], selected=pending.saved.id)
-        status = cv.rating_summary(store, pending.saved.id, name)
+        status = cv.rating_summary(store, pending.saved.id, name) + cut_hint(pending.saved)
     except Exception as exc:  # a failed generation: the turn stays, marked unanswered; the app stays usable
         state["selected"] = None
         status = f"⚠️ The reply failed ({exc}); your message is kept: press Regenerate to answer it."
@@ -211,7 +217,7 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         state.update(ids=[reply.id], selected=reply.id)
         n = len(store.siblings(reply.id))
         status = (f"Alternative {n} stored. " if replaced is not None else "Answered. ") + \
-            cv.rating_summary(store, reply.id, name)
+            cv.rating_summary(store, reply.id, name) + cut_hint(reply)
     except Exception as exc:
         state["selected"] = None
         status = f"⚠️ The reply failed ({exc}); press Regenerate to try again."

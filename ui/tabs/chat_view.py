@@ -20,9 +20,7 @@ def cut_badge(message: Message) -> str:
     """The mark under a reply that stopped at its token limit (empty for one that ended by itself)."""
     if not is_cut(message):
         return ""
-    limit = message.gen_params.get("max_new_tokens")
-    return (f"\n\n✂️ *cut at the {limit}-token limit (raise Max new tokens under Generation settings for longer "
-            "replies)*")
+    return f"\n\n✂️ *cut: the reply stopped at its {message.gen_params.get('max_new_tokens')}-token limit*"
 
 
 def shown(message: Message) -> dict:
