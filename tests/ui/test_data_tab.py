@@ -47,6 +47,8 @@ def test_views_by_hand():
               "votes": {"alpha": -0.25, "units": 2, "metric": "nominal"}}
     text = data_tab.alpha_markdown(report)
     assert "**0.500** on 3 item(s)" in text and "**–** on 0 item(s) (too few" in text and "**-0.250**" in text
+    assert "judged by two or more annotators" in text  # an empty figure says why
+    assert "No agreement yet" in data_tab.agreement_chart(stats) and "No timings yet" in data_tab.speed_chart(stats)
 
 
 def test_refresh_shows_filtered_feedback_and_stats(rated):
@@ -56,7 +58,10 @@ def test_refresh_shows_filtered_feedback_and_stats(rated):
     assert who.value == "carol" and {"alice", "bob", "carol"} <= set(c[0] for c in who.choices)
     assert list(stats["annotator"]) == ["alice", "bob", "carol"]
     assert stats.set_index("annotator").loc["carol", "agreement with majority"] == "0%"
-    assert len(agreement) and list(agreement.columns) == ["annotator", "agreement"] and "thumbs (nominal)" in alpha
+    assert ">carol</text>" in agreement and "thumbs (nominal)" in alpha
+    assert list(table.columns) == data_tab.FEEDBACK_COLUMNS and set(table["label"]) == {"👎"}
+    assert set(data_tab.refresh_data(rated, "assistant", "bob", "all", "all", "", None)[0]["label"]) == {"👍", "A better"}
+    assert all(ids.startswith("#") for ids in table["ids"])
     assert len(flagged) == 2  # local mode: everyone is admin
     only_unsafe = data_tab.refresh_data(rated, "assistant", "all", "rating", "Unsafe", "", None)[0]
     assert len(only_unsafe) == 2 and set(only_unsafe["flags"]) == {"Unsafe"}

@@ -141,6 +141,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
                              interactive=False, wrap=True)
         matrix = gr.Dataframe(label="Win rate of the row version against the column version (ties count half)",
                               interactive=False)
+        gr.Markdown(views.BT_VS_ELO)
 
     chats = [chat_a, chat_b]
     play = bind(play_round, services)
