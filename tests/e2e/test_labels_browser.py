@@ -235,3 +235,21 @@ def test_flag_icon_ticks_the_checkbox_and_regenerate_answers_the_selected_reply(
     status_text(page, rf"Selected reply #{first}\b")
     expect(user_bubbles(page)).to_have_count(2)
     expect(user_bubbles(page).last).to_contain_text("two")
+
+
+def test_an_over_long_message_is_refused_whole_and_kept_not_cut(studio, page_of):
+    from playwright.sync_api import expect
+
+    _, store = studio
+    page = page_of("lena")
+    box = page.get_by_placeholder(MESSAGE_BOX)
+    long_text = "word " * 4000  # 20,000 characters; the limit is 8,000
+    box.fill(long_text)
+    expect(box).to_have_value(long_text)  # the browser keeps all of it
+    box.press("Enter")
+    status_text(page, r"Your message is 20,000 characters; the limit is 8,000")
+    expect(box).to_have_value(long_text)
+    assert user_message(store, long_text) is None and user_message(store, long_text[:8000]) is None
+    box.fill("   ")
+    box.press("Enter")
+    status_text(page, "Type a message first")

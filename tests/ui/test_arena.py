@@ -285,3 +285,9 @@ def test_arena_replies_stay_blind_over_rest_and_cannot_be_voted_twice(services, 
     client.post(f"/api/v1/arena/{pair['pair_id']}/vote", json={"winner": "b"}).raise_for_status()
     assert client.get(f"/api/v1/messages/{a}").json()["policy_id"] is not None
     assert services.store.count("comparisons") == 1
+
+
+@pytest.mark.parametrize("text, problem", [(" ", "Type a message first"), ("y" * 8001, "8,001 characters")])
+def test_arena_refuses_an_empty_or_over_long_prompt_with_a_reason(services, versions, text, problem):
+    *_, status, a, b, tie, bad = drain(arena.play_round(services, text, arena.empty_state(), "assistant", "alice"))[-1]
+    assert problem in status and services.store.count("messages") == 0

@@ -71,7 +71,7 @@ def build_agents_panel(services: Services, admin_only: Optional[list] = None) ->
         name = gr.Textbox(label="Name", max_length=64, scale=1)
         base = gr.Textbox(label="Base model (shipped name, hub id or local dir)", value=services.config.base_model,
                           scale=2)
-    prompt = gr.Textbox(label="System prompt", lines=3, max_length=services.config.serving.max_message_chars)
+    prompt = gr.Textbox(label="System prompt", lines=3)  # the Store refuses an over-long one with a reason
     with gr.Row():
         max_tokens = gr.Number(label="Max new tokens (blank = app default)", precision=0)
         temperature = gr.Number(label="Temperature (blank = default)")

@@ -16,7 +16,7 @@ from ui.flows.arena import cast_vote, close_round, open_round, stream_round
 from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
-from ui.tabs.common import guidelines_markdown, labeller
+from ui.tabs.common import check_message, guidelines_markdown, labeller
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
 HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
@@ -47,6 +47,7 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
     pair_id = state.get("pair_id")
     try:
         name = labeller(services, request, annotator)
+        check_message(services, text)
         if pair_id is not None and store.arena_vote(pair_id) is None:
             raise Conflict("Vote on the current round first (or Start over).")
         rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
@@ -133,7 +134,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     gr.Markdown(KEYS)
     with gr.Row():
         text = gr.Textbox(placeholder="Type a prompt (or a follow-up after voting) and press Enter", show_label=False,
-                          scale=5, max_length=services.config.serving.max_message_chars)
+                          scale=5)  # no max_length: a long paste is refused with a reason, never cut
         send = gr.Button("Send", variant="primary", scale=1)
     again = gr.Button("Start over")
     with gr.Accordion("Leaderboard", open=True):

@@ -13,12 +13,12 @@ from typing import Optional
 import gradio as gr
 
 from rlhf.serving.server import Busy
-from storage import FLAGS, InvalidInput, StoreError
+from storage import FLAGS, StoreError
 from ui.flows import chat as chatflow
 from ui.permissions import Forbidden, current_user
 from ui.services import Services, bind
 from ui.tabs import chat_view as cv
-from ui.tabs.common import guidelines_markdown, labeller
+from ui.tabs.common import check_message, guidelines_markdown, labeller
 from ui.views import literal_html
 
 FEEDBACK_OPTIONS = ("Like", "Dislike") + FLAGS
@@ -41,17 +41,6 @@ def version_choices(store, agent_name: str) -> tuple[list[tuple[str, int]], Opti
 
 branch_view = cv.branch_view  # kept importable from here
 rating_summary = cv.rating_summary
-
-
-def check_message(services: Services, text: Optional[str]) -> str:
-    """The message to send, or InvalidInput in the annotator's words (the text stays in the box)."""
-    limit = services.config.serving.max_message_chars
-    if not text or not text.strip():
-        raise InvalidInput("Type a message first.")
-    if len(text) > limit:
-        raise InvalidInput(f"Your message is {len(text):,} characters; the limit is {limit:,}. Nothing was sent "
-                           "and nothing was cut: shorten it (it is still in the box) and send again.")
-    return text
 
 
 def cut_hint(reply) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from storage import StoreError
+from storage import InvalidInput, StoreError
 from ui.auth import signed_in_annotator
 from ui.permissions import Forbidden
 from ui.services import Services
@@ -29,3 +29,15 @@ def guidelines_markdown(services: Services, agent_name: Optional[str]) -> str:
     except StoreError:
         return NO_GUIDELINES
     return text.strip() or NO_GUIDELINES
+
+
+def check_message(services: Services, text: Optional[str]) -> str:
+    """A message to send, or InvalidInput in the annotator's words. Nothing is cut: a message over the limit is
+    refused whole and stays in the box (a browser-side max length would cut a paste without a word)."""
+    limit = services.config.serving.max_message_chars
+    if not text or not text.strip():
+        raise InvalidInput("Type a message first.")
+    if len(text) > limit:
+        raise InvalidInput(f"Your message is {len(text):,} characters; the limit is {limit:,}. Nothing was sent "
+                           "and nothing was cut: shorten it (it is still in the box) and send again.")
+    return text
