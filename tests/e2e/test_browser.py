@@ -95,7 +95,8 @@ def test_the_whole_loop_in_a_browser(studio):
             # Training: retrain now, watch the job run to its end
             open_tab(page, "Training")
             page.get_by_role("button", name="Retrain now").click()
-            job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ queued")).group(1))
+            page.get_by_role("button", name="Yes, retrain").click()  # it asks first
+            job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ is in the queue")).group(1))
             expect(page.get_by_text(re.compile(rf"Job {job_id} · retrain · succeeded"))).to_be_visible(
                 timeout=600_000)
             job = store.get_job(job_id)
