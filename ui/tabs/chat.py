@@ -107,8 +107,9 @@ def _status_only(status: str) -> tuple:
     return (gr.skip(), gr.skip(), gr.skip(), status) + (gr.skip(),) * (N_OUT - 4)
 
 
-def _stream(pending: chatflow.PendingReply, history: list, state: dict):
-    """Yield outputs while the reply streams (only the chat changes), then store it; cancel it when left."""
+def _stream(pending: chatflow.PendingReply, history: list):
+    """Yield outputs while the reply streams into the last bubble (only the chat changes), then store it; cancel
+    it when the page is left."""
     so_far = ""
     try:
         for delta in pending:
@@ -149,11 +150,12 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         gr.Warning(str(exc))
         yield _status_only(f"⚠️ {exc}")
         return
-    history, ids = cv.branch_view(store, user_msg.id)  # ends with the placeholder the reply streams into
+    history, ids = cv.branch_view(store, user_msg.id)  # ends with the bubble the reply streams into
+    history[-1]["content"] = ""
     state.update(conversation_id=user_msg.conversation_id, ids=ids)
     yield (history, dict(state), "", STREAMING) + (gr.skip(),) * 6 + _locks(False)
     try:
-        yield from _stream(pending, history, state)
+        yield from _stream(pending, history)
         state.update(ids=[pending.saved.id], selected=pending.saved.id)
         status = cv.rating_summary(store, pending.saved.id, name) + cut_hint(pending.saved)
     except Exception as exc:  # a failed generation: the turn stays, marked unanswered; the app stays usable
@@ -198,10 +200,11 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         gr.Warning(str(exc))
         yield _status_only(f"⚠️ {exc}")
         return
-    history, ids = cv.branch_view(store, parent_id)
+    history, _ = cv.branch_view(store, parent_id)  # ends with the bubble the reply streams into
+    history[-1]["content"] = ""
     yield (history, gr.skip(), gr.skip(), "Regenerating…") + (gr.skip(),) * 6 + _locks(False)
     try:
-        yield from _stream(pending, history, state)
+        yield from _stream(pending, history)
         reply = pending.saved
         state.update(ids=[reply.id], selected=reply.id)
         n = len(store.siblings(reply.id))
