@@ -80,12 +80,20 @@ def pick_version(page, label_start: str, timeout: float = 90.0) -> None:
 
 
 def set_max_tokens(page, n: int) -> None:
-    """The Chat tab's "Max new tokens" setting (opens the Generation settings)."""
-    field = page.get_by_label("number input for Max new tokens")
-    if not field.is_visible():
+    """The Chat tab's "Max new tokens" setting (opens the Generation settings), checked on the slider itself."""
+    from playwright.sync_api import expect
+
+    number = page.get_by_label("number input for Max new tokens")
+    slider = page.get_by_label("range slider for Max new tokens")
+    if not number.is_visible():
         page.get_by_role("button", name=re.compile("^Generation settings")).click()
-    field.fill(str(n))
-    field.press("Tab")
+    if str(n) == slider.get_attribute("max"):
+        slider.press("End")  # the slider's own key: the value moves with the knob
+    else:
+        number.fill(str(n))
+        number.press("Enter")
+    expect(slider).to_have_value(str(n))
+    expect(number).to_have_value(str(n))
 
 
 def send_chat(page, text: str) -> int:
