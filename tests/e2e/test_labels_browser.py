@@ -130,21 +130,28 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
     status_text(page, r"Selected reply #\d+")
     expect(box).to_have_value("typed while it streams")
 
-    box.fill("a long second answer please")
-    box.press("Enter")
-    status_text(page, "Generating")
-    box.fill("sent while it streams")
-    box.press("Enter")
-    second = user_message(store, "a long second answer please")
-    sent_mid_stream = not replies_to(store, second.id)  # the second reply was not stored yet: really mid-stream
-    third = wait_until(lambda: user_message(store, "sent while it streams"), SLOW / 1000, "the third message")
-    answer = wait_until(lambda: replies_to(store, third.id), SLOW / 1000, "the reply to the third message")
-    assert sent_mid_stream
-    (second_reply,) = replies_to(store, second.id)
-    assert third.parent_id == second_reply.id and third.conversation_id == second.conversation_id
-    status_text(page, rf"Selected reply #{answer[0].id}\b")
-    expect(box).to_have_value("")
-    expect(user_bubbles(page)).to_have_count(3)
+    # Enter while a reply streams: the message goes out when the reply ends. Whether Enter really lands before the
+    # reply's end depends on the machine's load, so the round is tried again (up to 3 times) until it does.
+    mid_stream = []
+    for attempt in range(3):
+        long_one, follow_up = f"a long answer please ({attempt})", f"sent while it streams ({attempt})"
+        box.fill(long_one)
+        box.press("Enter")
+        status_text(page, "Generating")
+        box.fill(follow_up)
+        box.press("Enter")
+        asked = user_message(store, long_one)
+        mid_stream.append(not replies_to(store, asked.id))  # its reply was not stored yet: Enter came mid-stream
+        sent = wait_until(lambda: user_message(store, follow_up), SLOW / 1000, "the message sent while streaming")
+        answer = wait_until(lambda: replies_to(store, sent.id), SLOW / 1000, "the reply to it")
+        (long_reply,) = replies_to(store, asked.id)
+        assert sent.parent_id == long_reply.id and sent.conversation_id == asked.conversation_id
+        status_text(page, rf"Selected reply #{answer[0].id}\b")
+        expect(box).to_have_value("")
+        expect(user_bubbles(page)).to_have_count(3 + 2 * attempt)
+        if mid_stream[-1]:
+            break
+    assert any(mid_stream), "Enter never landed while a reply streamed"
 
 
 def test_the_trash_icon_starts_a_new_conversation(studio, page_of):

@@ -5,6 +5,7 @@ holds the pair id: which version wrote which side is looked up in the Store afte
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import gradio as gr
@@ -16,7 +17,7 @@ from ui.flows.arena import cast_vote, close_round, open_round, stream_round
 from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
-from ui.tabs.common import check_message, guidelines_markdown, labeller
+from ui.tabs.common import PAINT_SECONDS, check_message, guidelines_markdown, labeller
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
 HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
@@ -63,8 +64,12 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
     # The first update also resets the labels a previous reveal set.
     yield (gr.Chatbot(value=chat_a, label="Model A"), gr.Chatbot(value=chat_b, label="Model B"), state, "",
            answering, *_vote_buttons(False))
+    painted = 0.0
     try:
         for text_a, text_b in stream_round(rnd):
+            if time.monotonic() - painted < PAINT_SECONDS:  # at most ~20 repaints a second
+                continue
+            painted = time.monotonic()
             chat_a, chat_b = _sides(shared, text_a, text_b)
             yield (chat_a, chat_b, state, "", answering, *_vote_buttons(False))
         pair = close_round(store, rnd)

@@ -8,6 +8,7 @@ then goes out when the reply ends. The view logic lives in ``ui.tabs.chat_view``
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import gradio as gr
@@ -18,7 +19,7 @@ from ui.flows import chat as chatflow
 from ui.permissions import Forbidden, current_user
 from ui.services import Services, bind
 from ui.tabs import chat_view as cv
-from ui.tabs.common import check_message, guidelines_markdown, labeller
+from ui.tabs.common import PAINT_SECONDS, check_message, guidelines_markdown, labeller
 from ui.views import literal_html
 
 FEEDBACK_OPTIONS = ("Like", "Dislike") + FLAGS
@@ -108,14 +109,17 @@ def _status_only(status: str) -> tuple:
 
 
 def _stream(pending: chatflow.PendingReply, history: list):
-    """Yield outputs while the reply streams into the last bubble (only the chat changes), then store it; cancel
-    it when the page is left."""
-    so_far = ""
+    """Yield outputs while the reply streams into the last bubble (only the chat changes), at most one repaint per
+    ``PAINT_SECONDS`` (a browser re-renders the whole bubble each time), then store it; cancel it when the page is
+    left."""
+    so_far, painted = "", 0.0
     try:
         for delta in pending:
             so_far += delta
-            history[-1]["content"] = literal_html(so_far)
-            yield (history,) + (gr.skip(),) * (N_OUT - 1)
+            if time.monotonic() - painted >= PAINT_SECONDS:
+                history[-1]["content"] = literal_html(so_far)
+                painted = time.monotonic()
+                yield (history,) + (gr.skip(),) * (N_OUT - 1)
         pending.save()
     finally:
         if pending.saved is None:  # the page was left or reloaded: stop generating for nobody

@@ -10,6 +10,7 @@ from ui.services import Services
 
 NAME_FIRST = ("Type your name in the box at the top first: every label is stored under it (asked once, then "
               "remembered in this browser).")
+PAINT_SECONDS = 0.05  # while a reply streams, at most ~20 repaints a second (the browser re-renders the bubble)
 NO_GUIDELINES = "*No guidelines for this agent yet. Admins write them in Data → Agents.*"
 
 
