@@ -216,3 +216,12 @@ def test_formatting_and_reveal():
 
 def test_frames_are_pandas():
     assert isinstance(views.leaderboard_view(views.board([], [V0], n_boot=0)), pd.DataFrame)
+
+
+def test_gate_verdict_is_shown_not_dashed():
+    m = {"gate/verdict": "promote", "eval/win_rate": 0.8, "gate/low": 0.7, "gate/high": 0.9}
+    assert views.gate_text(m) == "promote 0.80 [0.70–0.90]"
+    assert views.gate_text({**m, "gate/verdict": "inconclusive"}).endswith(": needs arena votes")
+    assert views.gate_text({}) == views.DASH
+    row = views.versions_table([pol(2, 1, metrics=m)], {}, views.board([], [pol(2, 1)], n_boot=0)).iloc[0]
+    assert row["Gate"] == "promote 0.80 [0.70–0.90]"
