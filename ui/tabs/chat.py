@@ -40,10 +40,6 @@ def version_choices(store, agent_name: str) -> tuple[list[tuple[str, int]], Opti
     return choices, store.active_policy(agent_name).id
 
 
-branch_view = cv.branch_view  # kept importable from here
-rating_summary = cv.rating_summary
-
-
 def cut_hint(reply) -> str:
     """What the status line adds under a reply that stopped at its token limit."""
     return " · ✂️ cut at its token limit: raise *Max new tokens* under Generation settings for longer replies" \
