@@ -181,8 +181,10 @@ class FeedbackMixin:
         return ids
 
     def record_reply(self, parent_id: int, content: str, policy_id: Optional[int],
-                     gen_params: Optional[dict] = None, latency_ms: Optional[float] = None) -> Message:
-        """Store a generated assistant reply to the user message ``parent_id`` (a sibling if one exists)."""
+                     gen_params: Optional[dict] = None, latency_ms: Optional[float] = None,
+                     n_tokens: Optional[int] = None) -> Message:
+        """Store a generated assistant reply to the user message ``parent_id`` (a sibling if one exists);
+        ``n_tokens``: how many tokens were generated (a reply that reached max_new_tokens was cut)."""
         parent = self.get_message(parent_id)
         if parent.role != "user":
             raise InvalidInput(f"message {parent_id} is not a user message; replies answer user messages")
@@ -194,8 +196,33 @@ class FeedbackMixin:
             new_id = self._insert(db, "messages", {
                 "conversation_id": parent.conversation_id, "parent_id": parent_id, "role": "assistant",
                 "content": content, "context_key": key, "policy_id": policy_id,
-                "gen_params": dumps(gen_params or {}), "latency_ms": latency_ms, "created": utcnow()})
+                "gen_params": dumps(gen_params or {}), "latency_ms": latency_ms, "created": utcnow(),
+                "n_tokens": None if n_tokens is None else int(n_tokens)})
         return self.get_message(new_id)
+
+    def list_conversations(self, agent: int | str, annotator: Optional[str], sources: Iterable[str] = ("chat", "api"),
+                           limit: int = 50) -> list[dict]:
+        """One annotator's conversations with an agent, most recently active first: dicts with id, created,
+        updated (the newest message), title (the first user turn), turns (user messages), messages, and
+        unanswered (the newest message is a user turn without a reply). None or an unknown name: none."""
+        agent_id = self.get_agent(agent).id
+        if annotator is None or not annotator.strip():
+            return []
+        row = self._one("SELECT id FROM annotators WHERE name = ?", [annotator.strip()])
+        if row is None:
+            return []
+        sources = list(sources)
+        return self._all(f"""
+            SELECT c.id, c.created, last.created AS updated, first.content AS title,
+                   (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id AND m.role = 'user') AS turns,
+                   (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS messages,
+                   last.role = 'user' AS unanswered
+            FROM conversations c
+            JOIN messages last ON last.id = (SELECT MAX(id) FROM messages m WHERE m.conversation_id = c.id)
+            JOIN messages first ON first.id = (SELECT MIN(id) FROM messages m WHERE m.conversation_id = c.id
+                                               AND m.role = 'user')
+            WHERE c.annotator_id = ? AND c.agent_id = ? AND c.source IN ({", ".join("?" for _ in sources)})
+            ORDER BY last.id DESC LIMIT ?""", [row["id"], agent_id, *sources, int(limit)])
 
     # ---- ratings -----------------------------------------------------------------------------
     def record_rating(self, message_id: int, annotator: Optional[str] = None, thumb: Any = None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+from storage.errors import InvalidInput
+
 
 class FeedbackExportMixin:
     """Read-only views of an agent's feedback for the data builders (training, exports, stats)."""
@@ -30,20 +32,23 @@ class FeedbackExportMixin:
                       [agent_id, watermark.get("comparison_id", 0)])["n"]
         return r + x
 
-    def feedback_volume(self, agent: int | str) -> list[dict]:
-        """Ratings and comparisons of an agent per UTC hour: dicts with hour ('YYYY-MM-DDTHH'), kind, n."""
+    def feedback_volume(self, agent: int | str, per: str = "hour") -> list[dict]:
+        """Ratings and comparisons of an agent per UTC hour (or ``per="minute"``): dicts with hour
+        ('YYYY-MM-DDTHH', or 'YYYY-MM-DDTHH:MM' per minute), kind, n."""
+        if per not in ("hour", "minute"):
+            raise InvalidInput(f"per must be 'hour' or 'minute', got {per!r}")
         agent_id = self.get_agent(agent).id
-        # created is an ISO string, so its first 13 characters are the hour bucket.
+        width = 13 if per == "hour" else 16  # created is an ISO string: its first 13 (16) characters are the bucket
         return self._all("""
             SELECT hour, kind, COUNT(*) AS n FROM (
-                SELECT substr(r.created, 1, 13) AS hour, 'ratings' AS kind FROM ratings r
+                SELECT substr(r.created, 1, ?) AS hour, 'ratings' AS kind FROM ratings r
                 JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
                 WHERE c.agent_id = ?
                 UNION ALL
-                SELECT substr(x.created, 1, 13), 'comparisons' FROM comparisons x
+                SELECT substr(x.created, 1, ?), 'comparisons' FROM comparisons x
                 JOIN messages m ON m.id = x.message_a_id JOIN conversations c ON c.id = m.conversation_id
                 WHERE c.agent_id = ?)
-            GROUP BY hour, kind ORDER BY hour, kind""", [agent_id, agent_id])
+            GROUP BY hour, kind ORDER BY hour, kind""", [width, agent_id, width, agent_id])
 
     def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
         """Everything the data builders need for one agent, as plain rows (dicts).

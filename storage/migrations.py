@@ -239,6 +239,19 @@ ALTER TABLE api_tokens ADD COLUMN expires TEXT
 """)
 
 
+@MIGRATIONS(name="m005_annotator_day")
+def m005_annotator_day(db: Database) -> None:
+    # An annotator's day in the browser (issue 23): per-agent annotation guidelines; a reply's generated token
+    # count (a reply that stopped at max_new_tokens is marked as cut); a skipped vote-queue item (it goes to
+    # others, never back to the one who skipped it); and the index behind each user's conversation list.
+    _run(db, """
+ALTER TABLE agents ADD COLUMN guidelines TEXT NOT NULL DEFAULT '';
+ALTER TABLE messages ADD COLUMN n_tokens INTEGER;
+ALTER TABLE queue_assignments ADD COLUMN skipped TEXT;
+CREATE INDEX conversations_annotator ON conversations(annotator_id, agent_id, id)
+""")
+
+
 @MIGRATIONS(name="m007_relative_paths")
 def m007_relative_paths(db: Database) -> None:
     # A data dir that can be moved or restored (issue 28): paths under the data dir (the database file's

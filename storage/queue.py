@@ -23,7 +23,7 @@ ANONYMOUS = "(anonymous)"
 _HOLDS = """(SELECT COUNT(*) FROM queue_assignments s LEFT JOIN annotators n ON n.id = s.annotator_id
              WHERE s.item_id = i.id AND COALESCE(n.excluded, 0) = 0
                AND COALESCE(n.name, '') NOT IN (SELECT value FROM json_each(?))
-               AND (s.voted IS NOT NULL OR s.created > ?))"""
+               AND (s.voted IS NOT NULL OR (s.created > ? AND s.skipped IS NULL)))"""
 # Counted votes already cast on the item. Parameter: excluded names (JSON list).
 _VOTES = """(SELECT COUNT(*) FROM queue_assignments s LEFT JOIN annotators n ON n.id = s.annotator_id
              WHERE s.item_id = i.id AND s.voted IS NOT NULL AND COALESCE(n.excluded, 0) = 0
@@ -121,7 +121,8 @@ class QueueMixin:
         excluded = sorted(set(exclude_annotators))
         with self._tx() as db:
             held = self._one(f"""SELECT s.* FROM queue_assignments s JOIN queue_items i ON i.id = s.item_id
-                                 WHERE i.agent_id = ? AND s.annotator_id IS ? AND s.voted IS NULL AND s.created > ?
+                                 WHERE i.agent_id = ? AND s.annotator_id IS ? AND s.voted IS NULL
+                                   AND s.skipped IS NULL AND s.created > ?
                                    AND i.expires > ? AND {_SERVABLE} ORDER BY s.id LIMIT 1""",
                              [agent_id, annotator_id, iso_after(-lease_seconds), utcnow()])
             if held is not None:
@@ -190,6 +191,34 @@ class QueueMixin:
         row = self._one("""SELECT s.* FROM queue_assignments s LEFT JOIN annotators n ON n.id = s.annotator_id
                            WHERE s.item_id = ? AND n.name IS ?""", [item_id, (annotator or "").strip() or None])
         return QueueAssignment.from_row(row) if row else None
+
+    def skip_queue_item(self, item_id: int, annotator: Optional[str]) -> QueueAssignment:
+        """``annotator`` passes on an item they were shown: it goes to others at once and never back to them
+        (a skip after their vote changes nothing)."""
+        item = self.get_queue_item(item_id)
+        annotator_id = self.annotator_id(annotator)
+        with self._tx() as db:
+            row = self._one("SELECT * FROM queue_assignments WHERE item_id = ? AND annotator_id IS ?",
+                            [item.id, annotator_id])
+            if row is None:
+                raise Conflict(f"queue item {item.id} was never shown to this annotator; nothing to skip")
+            if row["voted"] is None and row["skipped"] is None:
+                db.execute("UPDATE queue_assignments SET skipped = ? WHERE id = ?", [utcnow(), row["id"]])
+        return QueueAssignment.from_row(self._one("SELECT * FROM queue_assignments WHERE id = ?", [row["id"]]))
+
+    def queue_left(self, agent: int | str, annotator: Optional[str], lease_seconds: float,
+                   exclude_annotators: Iterable[str] = ()) -> int:
+        """Items ``annotator`` can still vote on now: their held one plus open items they were never shown."""
+        agent_id = self.get_agent(agent).id
+        annotator_id = self.annotator_id(annotator)
+        held = self._one(f"""SELECT COUNT(*) AS n FROM queue_assignments s JOIN queue_items i ON i.id = s.item_id
+                             WHERE i.agent_id = ? AND s.annotator_id IS ? AND s.voted IS NULL AND s.skipped IS NULL
+                               AND s.created > ? AND i.expires > ? AND {_SERVABLE}""",
+                         [agent_id, annotator_id, iso_after(-lease_seconds), utcnow()])["n"]
+        fresh = self._one(f"""SELECT COUNT(*) AS n FROM queue_items i WHERE {_OPEN} AND NOT EXISTS (
+                                 SELECT 1 FROM queue_assignments s WHERE s.item_id = i.id AND s.annotator_id IS ?)""",
+                          self._open_params(agent_id, lease_seconds, exclude_annotators) + [annotator_id])["n"]
+        return held + fresh
 
     def queue_assignments(self, item_id: int) -> list[QueueAssignment]:
         """Who was shown an item (and their comparison, once voted), oldest first."""

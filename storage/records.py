@@ -49,6 +49,7 @@ class Agent(Record):
     generation: dict
     created: str
     updated: str
+    guidelines: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Message(Record):
     gen_params: dict
     latency_ms: Optional[float]
     created: str
+    n_tokens: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -195,3 +197,4 @@ class QueueAssignment(Record):
     comparison_id: Optional[int]
     created: str
     voted: Optional[str]
+    skipped: Optional[str] = None

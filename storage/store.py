@@ -214,10 +214,15 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
         return self.get_agent(agent_id)
 
     def update_agent(self, name: str, system_prompt: Optional[str] = None,
-                     generation: Optional[dict] = None) -> Agent:
-        """Change an agent's system prompt or generation defaults (its versions stay)."""
+                     generation: Optional[dict] = None, guidelines: Optional[str] = None) -> Agent:
+        """Change an agent's system prompt, generation defaults or annotation guidelines (its versions stay)."""
         agent = self.get_agent(name)
+        if guidelines is not None:
+            check_text(guidelines, "guidelines", self.max_text_chars, allow_empty=True)
         with self._tx() as db:
+            if guidelines is not None:
+                db.execute("UPDATE agents SET guidelines = ?, updated = ? WHERE id = ?",
+                           [guidelines, utcnow(), agent.id])
             if system_prompt is not None:
                 check_text(system_prompt, "system prompt", self.max_text_chars, allow_empty=True)
                 db.execute("UPDATE agents SET system_prompt = ?, updated = ? WHERE id = ?",

@@ -22,6 +22,37 @@ EPHEMERAL = ("\n\n> ⚠️ **Data is NOT persistent here.** This Space has no pe
 NO_OAUTH = ("\n\n> ⚠️ Hugging Face sign-in needs `gradio[oauth]` (listed in requirements.txt); it is not "
             "installed, so nobody can sign in and ratings cannot be stored.")
 
+# Keyboard shortcuts, active while no text field has the focus: the tab on screen decides what a key does.
+# Vote and Arena: A/1, B/2, T/3 (tie), X/4 (both bad), and S (skip) in Vote; Chat: 1-5 score, S saves the rating.
+SHORTCUTS = """() => {
+  if (window.__rlhfShortcuts) return;
+  window.__rlhfShortcuts = true;
+  const shown = (el) => el !== null && el.offsetParent !== null;
+  const press = (el) => { if (shown(el) && !el.disabled) { el.click(); return true; } return false; };
+  const byId = (id) => document.getElementById(id);
+  const votes = {a: "a", "1": "a", b: "b", "2": "b", t: "tie", "3": "tie", x: "both_bad", "4": "both_bad"};
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
+    const target = event.target;
+    const typing = target && (target.isContentEditable || target.tagName === "TEXTAREA" || target.tagName === "SELECT"
+      || (target.tagName === "INPUT" && !["radio", "checkbox", "button"].includes(target.type)));
+    if (typing) return;
+    const key = event.key.toLowerCase();
+    let done = false;
+    if (shown(byId("vote-a"))) {
+      done = key === "s" ? press(byId("vote-skip")) : (key in votes && press(byId("vote-" + votes[key])));
+    } else if (shown(byId("arena-a"))) {
+      done = key in votes && press(byId("arena-" + votes[key]));
+    } else if (shown(byId("chat-score"))) {
+      if (key === "s") done = press(byId("chat-save"));
+      else if ("12345".includes(key) && key.length === 1) {
+        done = press(document.querySelector('#chat-score input[type="radio"][value="' + key + '"]'));
+      }
+    }
+    if (done) event.preventDefault();
+  });
+}"""
+
 
 def oauth_available() -> bool:
     """True when Gradio's OAuth extras (authlib, itsdangerous) are installed."""
@@ -63,8 +94,9 @@ def build_ui(services: Services) -> gr.Blocks:
                 elif services.auth.mode == "users":
                     gr.Button("Log out", link="/logout", scale=1)
         else:
-            annotator = gr.Textbox(label="Your name (stored with every rating)", placeholder="e.g. alice",
-                                   max_length=64)
+            annotator = gr.Textbox(label="Your name (required: every rating and vote is stored under it; "
+                                         "remembered in this browser)", placeholder="e.g. alice", max_length=64,
+                                   elem_id="annotator-name")
             remembered = gr.BrowserState("", storage_key="rlhf-studio-annotator", secret="rlhf-studio")
         with gr.Tab("Chat & Rate"):
             build_chat(services, annotator)
@@ -78,6 +110,7 @@ def build_ui(services: Services) -> gr.Blocks:
             build_training(services)
         with gr.Tab("Data") as data_tab:
             build_data_tab(services, data_tab)
+        demo.load(None, None, None, js=SHORTCUTS, api_name=False)
         if team:
             demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
 import pandas as pd
@@ -130,20 +131,45 @@ def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> li
     return out
 
 
+BT_VS_ELO = ("**Reading the ratings.** *BT* (Bradley–Terry) fits all votes at once, so their order does not "
+             "matter, and its 95% interval comes from resampling the votes; *Elo* updates vote by vote, so the latest "
+             "votes weigh most and the same votes in another order give another number. With few votes the two "
+             "disagree: go by BT and its interval. Versions whose intervals overlap share a *rank*; one vote gives "
+             "no interval yet.")
+
+
+def has_interval(low: Any, high: Any) -> bool:
+    """True for a bootstrap interval with width (one vote, or none, gives a point or nothing)."""
+    return not missing(low) and not missing(high) and float(high) - float(low) >= 0.5
+
+
+def interval_text(low: Any, high: Any, votes: int) -> str:
+    """"950 – 1050", or why there is no interval: no votes yet, or too few for the votes to vary."""
+    if has_interval(low, high):
+        return f"{low:.0f} – {high:.0f}"
+    if not votes:
+        return "no votes yet"
+    return f"no interval yet ({votes} vote{'' if votes == 1 else 's'})"
+
+
+def shared_ranks(table: pd.DataFrame) -> list[int]:
+    """Ranks in the table's order where ties are ties: 1 + the versions whose interval lies wholly above this
+    one's (a version without an interval counts as the point at its rating), as LMArena ranks models."""
+    spans = [(float(r.ci_low), float(r.ci_high)) if has_interval(r.ci_low, r.ci_high) else (float(r.bt),) * 2
+             for r in table.itertuples(index=False)]
+    return [1 + sum(1 for low, _ in spans if low > high + 1e-9) for _, high in spans]
+
+
 def leaderboard_view(table: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard as shown in the Arena tab (best BT rating first)."""
+    """The leaderboard as shown in the Arena tab (best BT rating first; overlapping intervals share a rank)."""
     rows = []
-    for rank, row in enumerate(table.itertuples(index=False), start=1):
-        rows.append({"#": rank, "Version": f"v{row.version}", "Status": row.status,
-                     "BT rating": fmt(row.bt, 0), "95% CI": _ci(row.ci_low, row.ci_high), "Elo": fmt(row.elo, 0),
-                     "Votes": int(row.votes), "W / L / T": f"{row.wins} / {row.losses} / {row.ties}",
+    for rank, row in zip(shared_ranks(table), table.itertuples(index=False)):
+        rows.append({"Rank": rank, "Version": f"v{row.version}", "Status": row.status,
+                     "BT rating": fmt(row.bt, 0), "95% CI": interval_text(row.ci_low, row.ci_high, int(row.votes)),
+                     "Elo": fmt(row.elo, 0), "Votes": int(row.votes), "W / L / T": f"{row.wins} / {row.losses} / {row.ties}",
                      "Both bad": int(row.both_bad), "Win rate": fmt(row.win_rate, 0, percent=True)})
-    return pd.DataFrame(rows, columns=["#", "Version", "Status", "BT rating", "95% CI", "Elo", "Votes", "W / L / T",
+    return pd.DataFrame(rows, columns=["Rank", "Version", "Status", "BT rating", "95% CI", "Elo", "Votes", "W / L / T",
                                        "Both bad", "Win rate"])
-
-
-def _ci(low: Any, high: Any) -> str:
-    return DASH if missing(low) or missing(high) else f"{low:.0f} – {high:.0f}"
 
 
 def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> pd.DataFrame:
@@ -160,7 +186,7 @@ def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> 
 
 # ---- dashboard -------------------------------------------------------------------------------------
 VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "RM accuracy", "Gate", "Eval reward",
-                   "KL to base", "Elo", "BT [95% CI]", "Votes"]
+                   "KL to base", "BT [95% CI]", "Elo", "Votes"]
 
 
 def rm_accuracy_text(m: dict) -> Optional[str]:
@@ -176,7 +202,7 @@ def rm_accuracy_text(m: dict) -> Optional[str]:
 def gate_text(m: dict) -> str:
     """The retrain gate's verdict and win-rate interval, e.g. "inconclusive 0.55 [0.40–0.70]: needs arena votes"."""
     verdict = m.get("gate/verdict")
-    if missing(verdict):
+    if not isinstance(verdict, str) or not verdict:
         return DASH
     text = f"{verdict} {fmt(m.get('eval/win_rate'))} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
     return text + (": needs arena votes" if verdict == "inconclusive" else "")
@@ -199,8 +225,10 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
         parent = by_id.get(p.parent_id)
         r = ratings.get(p.id, {})
         bt = fmt(r.get("bt"), 0)
-        if bt != DASH and not missing(r.get("ci_low")):
-            bt += f" [{r['ci_low']:.0f}, {r['ci_high']:.0f}]"
+        if bt != DASH:
+            votes = int(r.get("votes", 0))
+            bt += f" [{r['ci_low']:.0f}, {r['ci_high']:.0f}]" if has_interval(r.get("ci_low"), r.get("ci_high")) \
+                else (" (no votes)" if not votes else " (no interval yet)")
         used = m.get("feedback_used")
         rows.append({"Version": version_label(p), "Parent": f"v{parent.version}" if parent else DASH,
                      "Created": short_time(p.created), "Status": p.status,
@@ -213,42 +241,21 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
 
 
 PALETTE = ("#3b82f6", "#f97316", "#10b981", "#ef4444", "#8b5cf6", "#eab308", "#06b6d4", "#ec4899")
-TICK_HALF_WIDTH = 0.18  # half width of the BT tick, in versions
 
 
-def rating_plot_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """Error-bar glyphs for a LinePlot: per version a vertical 95% CI line and a horizontal tick at the BT rating.
-
-    Columns: x (version number, the tick spread around it), rating, series (``v3`` for the CI line,
-    ``v3 BT`` for the tick: one line each), point, elo. A version without an interval gets its tick only.
-    """
+def rating_rows(table: pd.DataFrame) -> list[dict]:
+    """The rating chart's columns (``ui.charts.interval_chart``), oldest version first: BT with its interval when
+    there is one, and how many votes it rests on."""
     rows = []
-    for row in table.sort_values("version").itertuples(index=False):
-        label, n = f"v{row.version}", float(row.version)
-        base = {"elo": round(float(row.elo), 1)}
-        if not missing(row.ci_low) and not missing(row.ci_high):
-            rows += [{"x": n, "rating": float(row.ci_low), "series": label, "point": "CI low", **base},
-                     {"x": n, "rating": float(row.ci_high), "series": label, "point": "CI high", **base}]
-        rows += [{"x": n + dx, "rating": float(row.bt), "series": f"{label} BT", "point": "BT", **base}
-                 for dx in (-TICK_HALF_WIDTH, TICK_HALF_WIDTH)]
-    return pd.DataFrame(rows, columns=["x", "rating", "series", "point", "elo"])
-
-
-def rating_plot_colors(frame: pd.DataFrame) -> dict[str, str]:
-    """One colour per version, shared by its CI line and its BT tick."""
-    versions = sorted({s.split(" ")[0] for s in frame["series"]}, key=lambda v: int(v[1:]))
-    colors = {}
-    for i, v in enumerate(versions):
-        colors[v] = colors[f"{v} BT"] = PALETTE[i % len(PALETTE)]
-    return colors
-
-
-def padded_limits(values: Iterable[float], pad: float = 20.0) -> Optional[list[float]]:
-    """A y range around the values (None when there are none)."""
-    values = [float(v) for v in values if not missing(v)]
-    if not values:
-        return None
-    return [math.floor(min(values) - pad), math.ceil(max(values) + pad)]
+    for i, row in enumerate(table.sort_values("version").itertuples(index=False)):
+        votes = int(row.votes)
+        interval = has_interval(row.ci_low, row.ci_high)
+        note = "no votes" if not votes else f"{votes} vote{'' if votes == 1 else 's'}" + ("" if interval else
+                                                                                          ", no interval")
+        rows.append({"label": f"v{row.version}", "value": float(row.bt), "note": note,
+                     "low": float(row.ci_low) if interval else None, "high": float(row.ci_high) if interval else None,
+                     "color": PALETTE[i % len(PALETTE)]})
+    return rows
 
 
 def metric_keys(metric_rows: list[dict]) -> list[str]:
@@ -264,13 +271,14 @@ def default_curve_keys(keys: list[str]) -> list[str]:
     return chosen or keys[:2]
 
 
-def curve_frame(metric_rows: list[dict], keys: Iterable[str]) -> pd.DataFrame:
-    """Training curves: one (step, value, metric) row per logged value of the chosen keys."""
-    keys = set(keys)
-    rows = [{"step": int(r["step"]), "value": float(r["value"]), "metric": r["key"]} for r in metric_rows
-            if r["key"] in keys and not missing(r["value"])]
-    frame = pd.DataFrame(rows, columns=["step", "value", "metric"])
-    return frame.sort_values(["metric", "step"], kind="stable").reset_index(drop=True)
+def curve_series(metric_rows: list[dict], keys: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
+    """Training curves for ``ui.charts.small_multiples``: per chosen key (in the given order), (step, value)."""
+    keys = list(keys)
+    series: dict[str, list[tuple[int, float]]] = {k: [] for k in keys}
+    for r in metric_rows:
+        if r["key"] in series and not missing(r["value"]):
+            series[r["key"]].append((int(r["step"]), float(r["value"])))
+    return {k: sorted(v) for k, v in series.items() if v}
 
 
 def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
@@ -279,18 +287,44 @@ def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
             for j in sorted(jobs, key=lambda j: j.id, reverse=True)]
 
 
-def volume_frame(rows: list[dict], max_hours: int = 72) -> pd.DataFrame:
-    """Feedback volume bars (period, kind, n): one bar per hour for short spans, else per day."""
-    frame = pd.DataFrame(rows, columns=["hour", "kind", "n"])
-    if frame.empty:
-        return pd.DataFrame(columns=["period", "kind", "n"]).astype({"n": "int64"})
-    hours = pd.to_datetime(frame["hour"], format="%Y-%m-%dT%H")
-    if (hours.max() - hours.min()).total_seconds() / 3600 >= max_hours:
-        frame["period"] = hours.dt.strftime("%Y-%m-%d")
-    else:
-        frame["period"] = hours.dt.strftime("%Y-%m-%d %H:00")
-    frame = frame.groupby(["period", "kind"], as_index=False)["n"].sum().astype({"n": "int64"})
-    return frame[["period", "kind", "n"]]
+BIN_MINUTES = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080)
+MAX_BINS = 36
+
+
+def _bin_name(minutes: int) -> str:
+    if minutes % 1440 == 0:
+        return "day" if minutes == 1440 else ("week" if minutes == 10080 else f"{minutes // 1440} days")
+    if minutes % 60 == 0:
+        return "hour" if minutes == 60 else f"{minutes // 60} hours"
+    return "minute" if minutes == 1 else f"{minutes} minutes"
+
+
+def volume_bins(rows: list[dict], now: datetime) -> tuple[list[str], dict[str, list[int]], str]:
+    """Feedback per time bin, from the first feedback to ``now``, for ``ui.charts.bar_chart``: (bin labels,
+    counts per kind, caption). The bin width is the smallest of ``BIN_MINUTES`` that gives at most ``MAX_BINS`` bars;
+    empty bins are zeros. Rows: ``Store.feedback_volume(per="minute")`` (hour = 'YYYY-MM-DDTHH:MM', kind, n)."""
+    if not rows:
+        return [], {}, ""
+    minute = lambda stamp: int(datetime.strptime(stamp[:16], "%Y-%m-%dT%H:%M").replace(  # noqa: E731
+        tzinfo=timezone.utc).timestamp() // 60)
+    first = min(minute(r["hour"]) for r in rows)
+    last = max(max(minute(r["hour"]) for r in rows), int(now.timestamp() // 60))
+    width = next((w for w in BIN_MINUTES if last // w - first // w + 1 <= MAX_BINS), BIN_MINUTES[-1])
+    start = max(first // width, last // width - MAX_BINS + 1)
+    n = last // width - start + 1
+    kinds = [k for k in ("ratings", "comparisons") if any(r["kind"] == k for r in rows)]
+    kinds += sorted({r["kind"] for r in rows} - set(kinds))
+    stacks = {k: [0] * n for k in kinds}
+    for r in rows:
+        i = minute(r["hour"]) // width - start
+        if 0 <= i < n:
+            stacks[r["kind"]][i] += int(r["n"])
+    stamps = [datetime.fromtimestamp((start + i) * width * 60, timezone.utc) for i in range(n)]
+    same_day = stamps[0].date() == stamps[-1].date()
+    fmt_ = "%Y-%m-%d" if width >= 1440 else ("%H:%M" if same_day else "%m-%d %H:%M")
+    caption = f"UTC{' ' + stamps[0].strftime('%Y-%m-%d') if same_day and width < 1440 else ''} · one bar per " \
+              f"{_bin_name(width)}"
+    return [t.strftime(fmt_) for t in stamps], stacks, caption
 
 
 def prompt_text(prompt: Any) -> str:

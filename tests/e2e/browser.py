@@ -1,14 +1,40 @@
-"""Shared steps for driving the app in Debian's Chromium with Playwright (the browser test and the
-README screenshot script)."""
+"""Shared steps for driving the app in Debian's Chromium with Playwright (the browser tests and the README
+screenshot script). Every wait is for a condition on the page or in the Store, never a fixed sleep."""
 from __future__ import annotations
 
+import os
 import re
 import time
+from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
-SLOW = 120_000  # ms: generous waits for a loaded 2-core machine (an answer, not a timing goal)
+# ms: generous waits for a loaded 2-core machine (an answer, not a timing goal); RLHF_E2E_WAIT_MS shortens them
+# to see quickly which steps fail.
+SLOW = int(os.environ.get("RLHF_E2E_WAIT_MS", "120000"))
+MESSAGE_BOX = "Type a message and press Enter"
+NAME_BOX = "e.g. alice"
+
+
+def sync_playwright_or_skip():
+    """Playwright's sync API, or a skip (a failure under RLHF_REQUIRE_BROWSER=1) naming what is missing."""
+    import pytest
+
+    missing = []
+    if not Path(CHROMIUM).is_file():
+        missing.append(f"{CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+        missing.append("the playwright package (pip install playwright)")
+    if missing:
+        reason = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("RLHF_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason + "; RLHF_REQUIRE_BROWSER=1 requires it")
+        pytest.skip(reason)
+    return sync_playwright
 
 
 def status_text(page, pattern: str, timeout: int = SLOW) -> str:
@@ -22,6 +48,20 @@ def status_text(page, pattern: str, timeout: int = SLOW) -> str:
 
 def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
+
+
+def open_app(browser, url: str, name: str | None = None, viewport=(1280, 1100)):
+    """A fresh page (own cookies and local storage) on the app, with the annotator name typed when given."""
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+    page = context.new_page()
+    page.goto(url + "/")
+    box = page.get_by_placeholder(NAME_BOX)
+    expect(box).to_be_visible(timeout=SLOW)
+    if name is not None:
+        box.fill(name)
+    return page
 
 
 def pick_version(page, label_start: str, timeout: float = 90.0) -> None:
@@ -39,12 +79,44 @@ def pick_version(page, label_start: str, timeout: float = 90.0) -> None:
         page.wait_for_timeout(2000)
 
 
+def set_max_tokens(page, n: int) -> None:
+    """The Chat tab's "Max new tokens" setting (opens the Generation settings), checked on the slider itself."""
+    from playwright.sync_api import expect
+
+    number = page.get_by_label("number input for Max new tokens")
+    slider = page.get_by_label("range slider for Max new tokens")
+    if not number.is_visible():
+        page.get_by_role("button", name=re.compile("^Generation settings")).click()
+    if str(n) == slider.get_attribute("max"):
+        slider.press("End")  # the slider's own key: the value moves with the knob
+    else:
+        number.fill(str(n))
+        number.press("Enter")
+    expect(slider).to_have_value(str(n))
+    expect(number).to_have_value(str(n))
+
+
 def send_chat(page, text: str) -> int:
     """Type a message in the Chat tab and wait for the reply; the reply's message id."""
-    box = page.get_by_placeholder("Type a message and press Enter")
+    box = page.get_by_placeholder(MESSAGE_BOX)
+    before = page.get_by_text(re.compile(r"Selected reply #\d+")).all_inner_texts()
     box.fill(text)
     box.press("Enter")
-    return int(re.search(r"#(\d+)", status_text(page, r"Selected reply #\d+")).group(1))
+    deadline = time.monotonic() + SLOW / 1000
+    while True:  # a new "Selected reply #N" line: the reply is stored
+        line = status_text(page, r"Selected reply #\d+")
+        if [line] != before[-1:] or time.monotonic() > deadline:
+            return int(re.search(r"#(\d+)", line).group(1))
+        page.wait_for_timeout(100)
+
+
+def bot_bubbles(page):
+    """The visible chat tab's reply bubbles, oldest first."""
+    return page.locator('[data-testid="bot"]:visible')
+
+
+def user_bubbles(page):
+    return page.locator('[data-testid="user"]:visible')
 
 
 def arena_vote_a(page, text: str) -> int:

@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 
 from tests.e2e.app_process import TEST_APP, AppProcess, write_config
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, arena_vote_a, open_tab, send_chat, status_text
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, open_tab, send_chat, status_text
 
 TABS = ("chat", "arena", "dashboard", "training", "data")
 
 
 def shoot(url: str, out: Path) -> None:
-    """Chat and rate, vote once in the arena, then a full-page picture of every tab."""
-    from playwright.sync_api import sync_playwright
+    """Chat and rate, vote once in the arena, then a full-page picture of every tab once its content is in."""
+    from playwright.sync_api import expect, sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -31,21 +31,24 @@ def shoot(url: str, out: Path) -> None:
         try:
             page.goto(url + "/")
             page.get_by_placeholder("e.g. alice").fill("alice")
-            send_chat(page, "How do I keep basil fresh?")
+            page.get_by_role("button", name="Annotation guidelines").first.click()
+            reply = send_chat(page, "How do I keep basil fresh?")
             page.get_by_role("button", name="Like", exact=True).last.click()
             page.get_by_role("radio", name="5").click()
             page.get_by_label("Note").fill("Short and practical.")
             page.get_by_role("button", name="Save rating").click()
-            status_text(page, r"Saved\. Selected reply")
+            status_text(page, rf"Saved\. Selected reply #{reply}\b")
             page.screenshot(path=str(out / "chat.png"), full_page=True)
 
             arena_vote_a(page, "Give me one tip for learning to cook.")
             page.screenshot(path=str(out / "arena.png"), full_page=True)
 
-            for tab, name in (("Dashboard", "dashboard"), ("Training", "training"), ("Data", "data")):
+            ready = {"Dashboard": 'svg[aria-label="ratings per version"]', "Training": "text=/Job \\d+ ·/",
+                     "Data": "text=/\\d+ of \\d+ feedback events/"}
+            for tab, selector in ready.items():
                 open_tab(page, tab)
-                page.wait_for_timeout(5000)  # plots and tables fill in after the tab opens
-                page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                expect(page.locator(selector).first).to_be_visible(timeout=SLOW)
+                page.screenshot(path=str(out / f"{tab.lower()}.png"), full_page=True)
         finally:
             browser.close()
 

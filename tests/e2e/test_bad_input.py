@@ -272,13 +272,13 @@ def vote(w, pair):
 def like(w, index):
     """Chat tab: thumbs-up icon on message ``index`` of a two-message conversation; returns the status line."""
     state = {"conversation_id": None, "ids": [w["user"], w["reply"]], "selected": None}
-    return chat.like_reply(w["services"], state, "mallory", gr.LikeData(None, {"index": index, "value": "",
-                                                                              "liked": True}))[1]
+    return chat.like_reply(w["services"], state, "mallory", None, None, [], "", "assistant",
+                           gr.LikeData(None, {"index": index, "value": "", "liked": True}))[3]
 
 
 UI_CASES = [
-    ("send-empty", lambda w: send(w, ""), "empty"),
-    ("send-whitespace", lambda w: send(w, " \n\t "), "empty"),
+    ("send-empty", lambda w: send(w, ""), "Type a message first"),
+    ("send-whitespace", lambda w: send(w, " \n\t "), "Type a message first"),
     ("send-100k", lambda w: send(w, "x" * 100_000), "limit"),
     ("send-nul", lambda w: send(w, "a\x00b"), "NUL"),
     ("send-lone-surrogate", lambda w: send(w, "hi \ud800"), "Unicode"),
@@ -295,7 +295,7 @@ UI_CASES = [
     ("flag-unknown", lambda w: rate(w, flags=["Evil"]), "flags"),
     ("like-user-message", lambda w: like(w, 0), "only replies"),
     ("like-out-of-range", lambda w: like(w, 7), "not part of this conversation"),
-    ("arena-empty", lambda w: ask_arena(w, "   "), "empty"),
+    ("arena-empty", lambda w: ask_arena(w, "   "), "Type a message first"),
     ("arena-100k", lambda w: ask_arena(w, "y" * 100_000), "limit"),
     ("arena-nul", lambda w: ask_arena(w, "\x00"), "NUL"),
     ("vote-archived-version", lambda w: vote(w, "pair_archived"), "archived"),
@@ -317,8 +317,8 @@ def test_ui_handlers_warn_and_store_nothing(world, name, act, problem):
 
 def test_ui_stores_html_verbatim_and_shows_it_escaped(world):
     store = world["services"].store
-    history, state, _, _ = last(chat.send_message(world["services"], HTML, chat.empty_state(), "assistant", None,
-                                                  "mallory", *GEN))
+    history, state = last(chat.send_message(world["services"], HTML, chat.empty_state(), "assistant", None,
+                                            "mallory", *GEN))[:2]
     user = store.get_message(state["ids"][0])
     assert user.content == HTML  # stored as text
     shown = history[0]["content"]

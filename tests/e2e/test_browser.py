@@ -7,9 +7,7 @@ RLHF_REQUIRE_BROWSER=1 (CI) makes that a failure.
 """
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -17,30 +15,12 @@ from storage import Store
 from tests.conftest import make_adapter
 from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, seed_preferences, write_config
 from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, open_tab, pick_version, send_chat,
-                               status_text)
+                               status_text, sync_playwright_or_skip)
 
 pytestmark = pytest.mark.browser
 
 HTML = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2"> <b>bold?</b>'
 NOTE = "<b>keep</b> me & <i>you</i>"
-
-
-def sync_playwright_or_skip():
-    """Playwright's sync API, or a skip (a failure under RLHF_REQUIRE_BROWSER=1) naming what is missing."""
-    missing = []
-    if not Path(CHROMIUM).is_file():
-        missing.append(f"{CHROMIUM} (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-        missing.append("the playwright package (pip install playwright)")
-    if missing:
-        reason = "the browser test needs " + " and ".join(missing)
-        if os.environ.get("RLHF_REQUIRE_BROWSER") == "1":
-            pytest.fail(reason + "; RLHF_REQUIRE_BROWSER=1 requires it")
-        pytest.skip(reason)
-    return sync_playwright
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +95,8 @@ def test_the_whole_loop_in_a_browser(studio):
             # Training: retrain now, watch the job run to its end
             open_tab(page, "Training")
             page.get_by_role("button", name="Retrain now").click()
-            job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ queued")).group(1))
+            page.get_by_role("button", name="Yes, retrain").click()  # it asks first
+            job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ is in the queue")).group(1))
             expect(page.get_by_text(re.compile(rf"Job {job_id} · retrain · succeeded"))).to_be_visible(
                 timeout=600_000)
             job = store.get_job(job_id)

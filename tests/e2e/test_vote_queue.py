@@ -9,8 +9,7 @@ import pytest
 
 from storage import Store
 from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, status_text
-from tests.e2e.test_browser import sync_playwright_or_skip
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, status_text, sync_playwright_or_skip
 
 pytestmark = pytest.mark.browser
 

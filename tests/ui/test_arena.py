@@ -144,7 +144,8 @@ def test_tab_is_blind_until_the_vote_then_reveals(services, versions):
     chat_a, chat_b, state, box, status, *buttons = updates[-1]
     assert box == "" and all(b.interactive for b in buttons) and "vote" in status.lower()
     pair = store.get_arena_pair(state["pair_id"])
-    assert chat_a[-1]["content"] == store.get_message(pair.message_a_id).content
+    reply_a = store.get_message(pair.message_a_id)
+    assert chat_a[-1]["content"] == reply_a.content + arena.cut_badge(reply_a)  # a reply cut at its limit is marked
     assert store.arena_vote(pair.id) is None
 
     chat_a, chat_b, reveal, *buttons = arena.submit_vote(services, "b", state, "alice")
@@ -169,7 +170,7 @@ def test_tab_asks_for_the_vote_before_continuing(services, versions):
 
 
 def test_tab_warns_when_there_is_one_version(services):
-    updates = drain(arena.play_round(services, "hi", arena.empty_state(), "assistant", ""))
+    updates = drain(arena.play_round(services, "hi", arena.empty_state(), "assistant", "alice"))
     *_, status, a, b, tie, bad = updates[-1]
     assert "two versions" in status and not a.interactive and services.store.count("messages") == 0
 
@@ -284,3 +285,9 @@ def test_arena_replies_stay_blind_over_rest_and_cannot_be_voted_twice(services, 
     client.post(f"/api/v1/arena/{pair['pair_id']}/vote", json={"winner": "b"}).raise_for_status()
     assert client.get(f"/api/v1/messages/{a}").json()["policy_id"] is not None
     assert services.store.count("comparisons") == 1
+
+
+@pytest.mark.parametrize("text, problem", [(" ", "Type a message first"), ("y" * 8001, "8,001 characters")])
+def test_arena_refuses_an_empty_or_over_long_prompt_with_a_reason(services, versions, text, problem):
+    *_, status, a, b, tie, bad = drain(arena.play_round(services, text, arena.empty_state(), "assistant", "alice"))[-1]
+    assert problem in status and services.store.count("messages") == 0

@@ -46,14 +46,10 @@ def test_overview_table_plots_and_default_picks(services, published):
     assert (row["Status"], row["Parent"], row["Feedback used"], row["RM accuracy"]) == ("active", "v0", "32", "80%")
     assert (row["Eval reward"], row["KL to base"], row["Elo"], row["Votes"]) == ("0.250", "1.50", "1016", 1)
     assert table.set_index("Version").loc["v2", "Eval reward"] == views.DASH
-    frame = ratings  # plot values go out alone; their props follow from them (rating_plot_style)
-    assert set(frame["series"]) == {"v0", "v1", "v0 BT", "v1 BT", "v2 BT"}  # v2 has no votes: no CI bar
-    style = dashboard.rating_plot_style(frame)
-    assert style["colors_in_legend"] == ["v0", "v1"] and style["x_lim"] == [-0.5, 2.5]
-    assert style["color_map"]["v1"] == style["color_map"]["v1 BT"] != style["color_map"]["v0"]
-    lo, hi = style["y_lim"]
-    assert lo < frame["rating"].min() and hi > frame["rating"].max()
-    assert sorted(volume["kind"]) == ["comparisons", "ratings"]
+    # the rating chart: one column per version on a categorical axis, an interval bar only with an interval
+    assert [ratings.count(f">{v}</text>") for v in ("v0", "v1", "v2")] == [1, 1, 1]
+    assert "no votes" in ratings and "1 vote, no interval" in ratings and ratings.count("<circle") == 3
+    assert "ratings" in volume and "comparisons" in volume and "one bar per minute" in volume
     assert pick_a.constructor_args["value"] == v1.id  # the active version
     assert pick_b.constructor_args["value"] == v2.id  # the newest other one
     assert pick_job.constructor_args["value"] == job.id
@@ -68,18 +64,17 @@ def test_overview_keeps_the_picks_that_still_exist(services, published):
     assert pick_admin.constructor_args["value"] == v2.id
 
 
-def test_curves_default_to_reward_and_kl_and_follow_the_pick(services, published):
+def test_curves_default_to_reward_and_kl_one_panel_each_and_follow_the_pick(services, published):
     job = published[3]
     plot, keys = dashboard.show_curves(services, job.id, None)
     assert keys.constructor_args["value"] == ["reward/mean", "ppo/kl"]
     assert keys.constructor_args["choices"] == ["loss/value", "ppo/kl", "reward/mean"]
-    frame = plot.constructor_args["value"]
-    assert frame[frame["metric"] == "reward/mean"]["value"].tolist() == [0.1, 0.4, 0.7]
+    assert plot.count("<svg") == 2 and 'aria-label="reward/mean"' in plot and 'aria-label="ppo/kl"' in plot
+    assert "reward/mean at step 2: 0.7" in plot  # every logged value, on whole-number steps
     plot, keys = dashboard.show_curves(services, job.id, ["loss/value", "gone/key"])
-    assert keys.constructor_args["value"] == ["loss/value"] and set(plot.constructor_args["value"]["metric"]) == \
-        {"loss/value"}
+    assert keys.constructor_args["value"] == ["loss/value"] and plot.count("<svg") == 1
     plot, keys = dashboard.show_curves(services, None, None)
-    assert plot.constructor_args["value"].empty
+    assert "No training curves yet" in plot
 
 
 def test_side_by_side_eval_replies(services, published):
@@ -88,6 +83,21 @@ def test_side_by_side_eval_replies(services, published):
     assert frame.values.tolist() == [["What is 2+2?", "base 0", "-0.500", "tuned 0", "0.500"],
                                      ["Say hi.", "base 1", "-0.500", "tuned 1", "0.500"]]
     assert dashboard.show_side_by_side(services, v1.id, v2.id)["v2 reply"].tolist() == [views.DASH] * 2
+
+
+def test_admin_actions_ask_first(services, published):
+    store = services.store
+    v0, v1, v2, _ = published
+    box, text, *yes, status = dashboard.ask(services, "promote", "assistant", v2.id)
+    assert box.visible and "Promote v2?" in text and "v1 (active now)" in text
+    assert [b.visible for b in yes] == [True, False, False]
+    box, text, *yes, status = dashboard.ask(services, "rollback", "assistant", None)
+    assert "Roll back to v0 · base?" in text and [b.visible for b in yes] == [False, True, False]
+    box, text, *yes, status = dashboard.ask(services, "archive", "assistant", v2.id)
+    assert "Archive v2?" in text and [b.visible for b in yes] == [False, False, True]
+    box, text, *yes, status = dashboard.ask(services, "promote", "assistant", v1.id)  # already active
+    assert not box.visible and "not the active one" in status
+    assert [p.status for p in store.list_policies("assistant")] == ["candidate", "active", "candidate"]
 
 
 def test_admin_promote_rollback_archive(services, published):

@@ -47,6 +47,8 @@ def test_views_by_hand():
               "votes": {"alpha": -0.25, "units": 2, "metric": "nominal"}}
     text = data_tab.alpha_markdown(report)
     assert "**0.500** on 3 item(s)" in text and "**–** on 0 item(s) (too few" in text and "**-0.250**" in text
+    assert "judged by two or more annotators" in text  # an empty figure says why
+    assert "No agreement yet" in data_tab.agreement_chart(stats) and "No timings yet" in data_tab.speed_chart(stats)
 
 
 def test_refresh_shows_filtered_feedback_and_stats(rated):
@@ -56,7 +58,10 @@ def test_refresh_shows_filtered_feedback_and_stats(rated):
     assert who.value == "carol" and {"alice", "bob", "carol"} <= set(c[0] for c in who.choices)
     assert list(stats["annotator"]) == ["alice", "bob", "carol"]
     assert stats.set_index("annotator").loc["carol", "agreement with majority"] == "0%"
-    assert len(agreement) and list(agreement.columns) == ["annotator", "agreement"] and "thumbs (nominal)" in alpha
+    assert ">carol</text>" in agreement and "thumbs (nominal)" in alpha
+    assert list(table.columns) == data_tab.FEEDBACK_COLUMNS and set(table["label"]) == {"👎"}
+    assert set(data_tab.refresh_data(rated, "assistant", "bob", "all", "all", "", None)[0]["label"]) == {"👍", "A better"}
+    assert all(ids.startswith("#") for ids in table["ids"])
     assert len(flagged) == 2  # local mode: everyone is admin
     only_unsafe = data_tab.refresh_data(rated, "assistant", "all", "rating", "Unsafe", "", None)[0]
     assert len(only_unsafe) == 2 and set(only_unsafe["flags"]) == {"Unsafe"}
@@ -107,6 +112,12 @@ def test_agents_panel_creates_and_edits(services, tmp_path, tokenizer):
     assert status.startswith("⚠️") and "temperature" in status
     name, prompt, base, *_ = agents_ui.load_agent(services, "poet")
     assert (name, prompt, base.interactive) == ("poet", "Answer in haiku.", False)
+    _, status = agents_ui.save_agent(services, "poet", "poet", "Answer in haiku.", "", None, None, None, None,
+                                     "Vote for the better *rhyme*.")
+    assert "guidelines" in status and agents_ui.load_agent(services, "poet")[-1] == "Vote for the better *rhyme*."
+    from ui.tabs.common import guidelines_markdown
+    assert guidelines_markdown(services, "poet") == "Vote for the better *rhyme*."
+    assert "No guidelines" in guidelines_markdown(services, "assistant")
     team(services)
     _, status = agents_ui.save_agent(services, agents_ui.NEW, "sneaky", "x", "", None, None, None, ANNOTATOR)
     assert "admin" in status and "sneaky" not in [a.name for a in services.store.list_agents()]
@@ -125,6 +136,12 @@ def test_rest_agents_quality_export_and_server_for(services, tmp_path, tokenizer
                                                    "generation": {"beam": 2}}).status_code == 422
         edited = client.patch("/api/v1/agents/second", json={"system_prompt": "Be kind."})
         assert edited.status_code == 200 and edited.json()["system_prompt"] == "Be kind."
+        assert edited.json()["guidelines"] == ""
+        guided = client.patch("/api/v1/agents/second", json={"guidelines": "Prefer *kind* replies."})
+        assert guided.status_code == 200 and guided.json()["system_prompt"] == "Be kind."
+        listed = {a["name"]: a for a in client.get("/api/v1/agents").json()}
+        assert listed["second"]["guidelines"] == "Prefer *kind* replies." and listed["assistant"]["guidelines"] == ""
+        assert client.patch("/api/v1/agents/second", json={"guidelines": 3}).status_code == 422
         reply = client.post("/api/v1/chat", json={"agent": "second", "annotator": "ann", "temperature": 0,
                                                   "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200

@@ -122,3 +122,19 @@ def test_the_vote_tab_votes_and_shows_the_next_item_at_once(services):
     with pytest.warns(UserWarning):
         out = vote_tab.submit_vote(services, "a", state, "assistant", "erin")
     assert "expired" in out[4]
+
+
+def test_the_vote_tab_skips_counts_what_is_left_and_needs_a_name(services):
+    items = add_items(services, 3)
+    out = vote_tab.load_next(services, vote_tab.empty_state(), "assistant", "")
+    assert "Type your name" in out[4] and services.store.queue_stats("assistant", 600)["votes"] == {}
+    out = vote_tab.load_next(services, vote_tab.empty_state(), "assistant", "sky")
+    first = out[3]["item_id"]
+    assert "3 left for you" in out[4] and "reward model" not in out[4]
+    out = vote_tab.skip(services, out[3], "assistant", "sky")
+    assert f"Skipped item #{first}" in out[4] and "2 left for you" in out[4] and out[3]["item_id"] != first
+    # a skipped item goes to others at once, never back to the one who skipped it
+    assert vote_tab.load_next(services, vote_tab.empty_state(), "assistant", "sky")[3]["item_id"] != first
+    other = [vote_tab.load_next(services, vote_tab.empty_state(), "assistant", f"o{i}")[3]["item_id"] for i in range(3)]
+    assert first in other
+    assert services.store.count("comparisons") == 0 and len(items) == 3

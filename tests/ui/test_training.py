@@ -23,13 +23,35 @@ def client(services):
         yield c
 
 
-def test_retrain_now_refuses_without_data_then_queues_once(services):
-    assert "Not enough data" in training.retrain_now(services, "assistant", None)
+def test_retrain_asks_first_refuses_without_data_then_queues_once(services):
+    box, text, status = training.ask_retrain(services, "assistant", None)
+    assert "Not enough data" in status and not box.visible
+    assert "Not enough data" in training.retrain_now(services, "assistant", None)[0]
     assert services.store.count("jobs") == 0
     seed_pairs(services.store, 16)
-    first = training.retrain_now(services, "assistant", None)
-    second = training.retrain_now(services, "assistant", None)
-    assert "queued" in first and first == second and services.store.count("jobs") == 1
+    box, text, status = training.ask_retrain(services, "assistant", None)
+    assert box.visible and "Retrain assistant now?" in text and "16 ratings and votes" in text
+    assert services.store.count("jobs") == 0  # asking stores nothing
+    (first, pick), (second, _) = (training.retrain_now(services, "assistant", None) for _ in range(2))
+    job = services.store.list_jobs()[0]
+    assert f"job #{job.id}" in first and first == second and services.store.count("jobs") == 1
+    assert pick.value == job.id and job.config["estimated_minutes"] > 0  # the panel follows the new job
+
+
+def test_time_left_from_the_estimate_then_from_the_pace():
+    from datetime import datetime, timezone
+
+    from storage.records import Job
+
+    def job(progress, status="running", config=None):
+        return Job(1, "retrain", 1, status, progress, "ppo", "", config or {}, {}, None, None, 0, None,
+                   "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00", None, None)
+
+    now = datetime(2026, 1, 1, 0, 1, 0, tzinfo=timezone.utc)  # one minute in
+    assert training.time_left(job(0.03, config={"estimated_minutes": 5}), now) == "1m00s elapsed · about 4 min left"
+    assert training.time_left(job(0.5), now) == "1m00s elapsed · about 1 min left"
+    assert "estimating" in training.time_left(job(0.01), now)
+    assert training.time_left(job(1.0, "succeeded"), now) == ""
 
 
 def test_refresh_shows_estimate_jobs_progress_and_curves(services):
@@ -40,14 +62,17 @@ def test_refresh_shows_estimate_jobs_progress_and_curves(services):
     services.store.log_job(job.id, "[ppo] PPO step 2/8")
     services.store.log_metrics(job.id, 1, {"reward/mean": 0.1, "ppo/kl": 0.5, "loss/policy": 0.3})
     services.store.log_metrics(job.id, 2, {"reward/mean": 0.4, "ppo/kl": 0.7, "loss/policy": 0.2})
-    estimate, jobs, pick, progress, reward, kl, losses, log, sched = training.refresh(services, "assistant", None)
+    estimate, jobs, pick, progress, curves, log, sched, cancel = training.refresh(services, "assistant", None)
     assert "pairs:** 3" in estimate and "Not enough data" in estimate
     assert "CPU budget" in estimate and "no job is running" in estimate
     assert list(jobs["job"]) == [job.id] and jobs["progress"][0] == "40%"
-    assert "width:40.0%" in progress and "ppo" in progress
-    assert list(reward["value"]) == [0.1, 0.4] and list(kl["value"]) == [0.5, 0.7]
-    assert set(losses["metric"]) == {"loss/policy"}
-    assert "PPO step 2/8" in log and "not running" in sched
+    assert "width:40.0%" in progress and "ppo" in progress and "elapsed" in progress
+    # one panel per metric, whole-number steps
+    assert [curves.count(f'aria-label="{k}"') for k in ("reward/mean", "ppo/kl", "loss/policy")] == [1, 1, 1]
+    assert ">1.5<" not in curves and ">1<" in curves and ">2<" in curves
+    assert "PPO step 2/8" in log and "not running" in sched and cancel.interactive
+    services.store.finish_job(job.id, "succeeded")
+    assert not training.refresh(services, "assistant", job.id)[-1].interactive  # nothing left to cancel
 
 
 def test_progress_html_escapes_messages():

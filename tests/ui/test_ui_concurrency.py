@@ -24,5 +24,5 @@ def test_concurrent_ui_chats_reach_the_engine_together(live_app, services):
         # With a concurrency limit of 1, the 2nd and 3rd chats would wait in Gradio's queue for the 1st.
         wait_until(lambda: server.engine.stats.submitted - before == 3, "three chats in the engine at once")
     results = [job.result(timeout=120) for job in jobs]
-    assert all(len(history) == 2 for history, _, _ in results)
+    assert all(len(history) == 2 for history, *_ in results)
     assert services.store.count("messages") == 6

@@ -75,7 +75,7 @@ def test_win_rate_view_counts_ties_half():
 def test_leaderboard_view_rows():
     view = views.leaderboard_view(views.board([comp(2, 1, "a"), comp(2, 1, "tie")], [V0, V1], n_boot=20))
     first = view.iloc[0]
-    assert first["Version"] == "v1" and first["#"] == 1 and first["W / L / T"] == "1 / 0 / 1"
+    assert first["Version"] == "v1" and first["Rank"] == 1 and first["W / L / T"] == "1 / 0 / 1"
     assert first["Win rate"] == "75%" and " – " in first["95% CI"]
 
 
@@ -92,28 +92,48 @@ def test_versions_table_metrics_lineage_and_dashes():
     assert (r1["Parent"], r1["Feedback used"], r1["RM accuracy"]) == ("v0", "40", "75%")
     assert (r1["Eval reward"], r1["KL to base"], r1["Elo"], r1["Votes"]) == ("0.432", "1.23", "1016", 1)
     bt = table.set_index("policy_id").loc[2, "bt"]
-    assert r1["BT [95% CI]"].startswith(f"{bt:.0f} [")
+    assert r1["BT [95% CI]"] == f"{bt:.0f} (no interval yet)"  # one vote: every resample is the same
     assert r2["RM accuracy"] == "90%" and r2["Eval reward"] == views.DASH and r2["Feedback used"] == views.DASH
     assert r0["Parent"] == views.DASH and r0["Created"] == "2024-01-02 03:04" and r0["Status"] == "active"
-    assert r2["BT [95% CI]"] == "1000"  # no votes: no interval to show
+    assert r2["BT [95% CI]"] == "1000 (no votes)"  # no votes: no interval to show
 
 
-def test_rating_plot_frame_draws_a_ci_bar_and_a_bt_tick_per_version():
+def test_rating_rows_have_an_interval_only_when_the_votes_vary():
     table = views.board([comp(2, 1, "a"), comp(1, 2, "b"), comp(1, 2, "a")], [V0, V1, V2], n_boot=50)
-    frame = views.rating_plot_frame(table)
+    rows = {r["label"]: r for r in views.rating_rows(table)}
+    assert list(rows) == ["v0", "v1", "v2"]  # by version: a categorical axis
     bt = table.set_index("policy_id")["bt"]
-    bar = frame[frame["series"] == "v1"]
-    assert list(bar["point"]) == ["CI low", "CI high"] and set(bar["x"]) == {1.0}  # vertical at x = version
-    assert bar["rating"].iloc[0] < bt[2] < bar["rating"].iloc[1]
-    tick = frame[frame["series"] == "v1 BT"]
-    assert list(tick["rating"]) == [bt[2], bt[2]] and list(tick["x"]) == [1 - views.TICK_HALF_WIDTH,
-                                                                         1 + views.TICK_HALF_WIDTH]
-    assert set(frame[frame["x"].between(1.5, 2.5)]["series"]) == {"v2 BT"}  # no votes: no interval
-    colors = views.rating_plot_colors(frame)
-    assert colors["v1"] == colors["v1 BT"] != colors["v0"] and set(frame["series"]) <= set(colors)
-    lo, hi = views.padded_limits(frame["rating"])
-    assert lo < frame["rating"].min() and hi > frame["rating"].max()
-    assert views.padded_limits([]) is None
+    assert rows["v1"]["low"] < bt[2] == rows["v1"]["value"] < rows["v1"]["high"] and rows["v1"]["note"] == "3 votes"
+    assert rows["v2"]["low"] is None and rows["v2"]["note"] == "no votes"
+    one = {r["label"]: r for r in views.rating_rows(views.board([comp(2, 1, "a")], [V0, V1], n_boot=50))}
+    assert one["v1"]["low"] is None and one["v1"]["note"] == "1 vote, no interval"  # a zero-width interval
+
+
+def test_ties_share_a_rank_and_missing_intervals_say_why():
+    even = views.leaderboard_view(views.board([], [V0, V1], n_boot=20))
+    assert list(even["Rank"]) == [1, 1] and list(even["95% CI"]) == ["no votes yet"] * 2
+    one = views.leaderboard_view(views.board([comp(2, 1, "a")], [V0, V1], n_boot=20))
+    assert list(one["95% CI"]) == ["no interval yet (1 vote)"] * 2 and list(one["Rank"]) == [1, 2]
+    many = [comp(2, 1, w) for w in ("a", "b") * 6]  # an even record: overlapping intervals
+    assert list(views.leaderboard_view(views.board(many, [V0, V1], n_boot=50))["Rank"]) == [1, 1]
+    lopsided = [comp(2, 1, "a")] * 12 + [comp(2, 1, "b")] * 2 + [comp(3, 1, "a")] * 12 + [comp(3, 1, "b")] * 2
+    ranks = views.leaderboard_view(views.board(lopsided, [V0, V1, V2], n_boot=100)).set_index("Version")["Rank"]
+    assert ranks["v1"] == ranks["v2"] == 1 and ranks["v0"] == 3
+    assert "Elo" in views.BT_VS_ELO and "order" in views.BT_VS_ELO
+
+
+def test_chart_svgs_by_hand():
+    from ui import charts
+
+    assert charts.nice_ticks(0, 1, 6, integer=True) == [0, 1]
+    assert charts.nice_ticks(1, 8, 6, integer=True) == [0, 2, 4, 6, 8]
+    assert charts.nice_ticks(0.03, 0.97) == [0, 0.25, 0.5, 0.75, 1.0]
+    svg = charts.interval_chart([{"label": "v0 <b>", "value": 1000.0, "low": None, "high": None, "note": "no votes"},
+                                 {"label": "v1", "value": 1100.0, "low": 1050.0, "high": 1150.0, "note": "9 votes"}])
+    assert "v0 &lt;b&gt;" in svg and "<b>" not in svg and svg.count('fill="none"') == 1  # hollow: no interval
+    bars = charts.bar_chart(["10:00", "10:05"], {"ratings": [2, 0], "comparisons": [1, 3]}, caption="UTC")
+    assert bars.count("<rect") == 3 + 2 and "10:05: 3 comparisons" in bars  # 3 bars + 2 legend keys
+    assert "nothing logged" in charts.line_panel("kl", [], "#000")
 
 
 def test_curves_keys_and_frame():
@@ -125,10 +145,9 @@ def test_curves_keys_and_frame():
     assert views.default_curve_keys(keys) == ["reward/mean", "ppo/kl"]
     assert views.default_curve_keys(["objective/kl", "loss/policy"]) == ["objective/kl"]
     assert views.default_curve_keys(["a", "b", "c"]) == ["a", "b"]
-    frame = views.curve_frame(rows, ["reward/mean", "ppo/kl"])
-    assert frame.to_dict(orient="records") == [{"step": 0, "value": 0.0, "metric": "ppo/kl"},
-                                               {"step": 0, "value": 0.1, "metric": "reward/mean"},
-                                               {"step": 1, "value": 0.3, "metric": "reward/mean"}]
+    assert views.curve_series(rows, ["reward/mean", "ppo/kl"]) == {"reward/mean": [(0, 0.1), (1, 0.3)],
+                                                                    "ppo/kl": [(0, 0.0)]}
+    assert views.curve_series(rows, ["gone"]) == {}
 
 
 def test_job_choices_newest_first():
@@ -140,19 +159,20 @@ def test_job_choices_newest_first():
     assert views.job_choices([job(3, "retrain")])[0][0].startswith("#3 retrain · succeeded")
 
 
-def test_volume_frame_hours_then_days():
-    rows = [{"hour": "2024-01-02T03", "kind": "ratings", "n": 4},
-            {"hour": "2024-01-02T03", "kind": "comparisons", "n": 2},
-            {"hour": "2024-01-02T05", "kind": "ratings", "n": 1}]
-    frame = views.volume_frame(rows)
-    assert list(frame["period"]) == ["2024-01-02 03:00", "2024-01-02 03:00", "2024-01-02 05:00"]
-    rows.append({"hour": "2024-01-09T10", "kind": "ratings", "n": 3})
-    frame = views.volume_frame(rows)  # more than three days: one bar per day
-    assert frame.to_dict(orient="records") == [{"period": "2024-01-02", "kind": "comparisons", "n": 2},
-                                               {"period": "2024-01-02", "kind": "ratings", "n": 5},
-                                               {"period": "2024-01-09", "kind": "ratings", "n": 3}]
-    empty = views.volume_frame([])
-    assert empty.empty and list(empty.columns) == ["period", "kind", "n"]
+def test_volume_bins_even_bins_up_to_now():
+    from datetime import datetime, timezone
+
+    rows = [{"hour": "2024-01-02T03:01", "kind": "ratings", "n": 4},
+            {"hour": "2024-01-02T03:01", "kind": "comparisons", "n": 2},
+            {"hour": "2024-01-02T03:07", "kind": "ratings", "n": 1}]
+    labels, stacks, caption = views.volume_bins(rows, datetime(2024, 1, 2, 3, 10, tzinfo=timezone.utc))
+    assert labels == [f"03:{m:02d}" for m in range(1, 11)] and caption == "UTC 2024-01-02 · one bar per minute"
+    assert stacks == {"ratings": [4, 0, 0, 0, 0, 0, 1, 0, 0, 0], "comparisons": [2] + [0] * 9}
+    labels, stacks, caption = views.volume_bins(rows, datetime(2024, 1, 2, 9, 0, tzinfo=timezone.utc))
+    assert caption.endswith("one bar per 15 minutes") and labels[0] == "03:00" and stacks["ratings"][0] == 5
+    labels, stacks, caption = views.volume_bins(rows, datetime(2024, 3, 1, tzinfo=timezone.utc))
+    assert caption.endswith("one bar per 2 days") and labels[0] == "2024-01-02" and len(labels) <= views.MAX_BINS
+    assert views.volume_bins([], datetime(2024, 1, 1, tzinfo=timezone.utc)) == ([], {}, "")
 
 
 def test_side_by_side_aligns_prompts_and_marks_missing():
@@ -195,5 +215,13 @@ def test_formatting_and_reveal():
 
 
 def test_frames_are_pandas():
-    assert isinstance(views.curve_frame([], []), pd.DataFrame)
-    assert isinstance(views.rating_plot_frame(views.board([], [V0], n_boot=0)), pd.DataFrame)
+    assert isinstance(views.leaderboard_view(views.board([], [V0], n_boot=0)), pd.DataFrame)
+
+
+def test_gate_verdict_is_shown_not_dashed():
+    m = {"gate/verdict": "promote", "eval/win_rate": 0.8, "gate/low": 0.7, "gate/high": 0.9}
+    assert views.gate_text(m) == "promote 0.80 [0.70–0.90]"
+    assert views.gate_text({**m, "gate/verdict": "inconclusive"}).endswith(": needs arena votes")
+    assert views.gate_text({}) == views.DASH
+    row = views.versions_table([pol(2, 1, metrics=m)], {}, views.board([], [pol(2, 1)], n_boot=0)).iloc[0]
+    assert row["Gate"] == "promote 0.80 [0.70–0.90]"

@@ -36,6 +36,7 @@ class AgentBody(Strict):
 class AgentPatch(Strict):
     system_prompt: Optional[str] = None
     generation: Optional[dict[str, Any]] = None
+    guidelines: Optional[str] = None  # annotation guidelines shown in Chat, Arena and Vote (Markdown)
 
 
 class ExcludeBody(Strict):
@@ -68,7 +69,8 @@ def build_admin_router(services: Services) -> APIRouter:
     @r.patch("/agents/{name}")
     def edit_agent(name: str, body: AgentPatch, request: Request):
         require_admin(services, request)
-        agent = store.update_agent(name, body.system_prompt, check_generation(services, body.generation))
+        agent = store.update_agent(name, body.system_prompt, check_generation(services, body.generation),
+                                   body.guidelines)
         return agent_json(services, agent)
 
     @r.get("/export")

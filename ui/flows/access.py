@@ -17,7 +17,7 @@ from storage import ArenaPair, Conversation, Message, NotFound, Store
 from ui.permissions import current_user, is_admin
 from ui.services import Services
 
-BLIND_FIELDS = {"policy_id": None, "latency_ms": None, "gen_params": {}}
+BLIND_FIELDS = {"policy_id": None, "latency_ms": None, "gen_params": {}, "n_tokens": None}
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,15 @@ class PendingReply:
         if self.saved is None:
             text = self.stream.text()
             self.saved = self.store.record_reply(self.parent.id, text, self.policy.id, self.params.to_dict(),
-                                                 round(self.stream.latency_ms, 1))
+                                                 round(self.stream.latency_ms, 1), self.stream.n_tokens)
         return self.saved
+
+
+def is_cut(message: Message) -> bool:
+    """True for a reply that stopped because it reached its max_new_tokens (not at its natural end)."""
+    limit = (message.gen_params or {}).get("max_new_tokens")
+    return message.role == "assistant" and message.n_tokens is not None and limit is not None \
+        and message.n_tokens >= int(limit)
 
 
 def begin_reply(store: Store, server: PolicyServer, parent_id: int, policy: Policy,
@@ -90,14 +97,15 @@ def check_turns(config: AppConfig, messages: list) -> list:
 
 
 def add_user_turn(store: Store, agent: Agent, messages: list, conversation_id: Optional[int] = None,
-                  annotator: Optional[str] = None, source: str = "chat") -> Message:
-    """Append ``messages`` (ending with a user turn) to a conversation, new when no id is given."""
+                  annotator: Optional[str] = None, source: str = "chat", parent_id: Optional[int] = None) -> Message:
+    """Append ``messages`` (ending with a user turn) to a conversation, new when no id is given; under
+    ``parent_id`` when given (the branch being viewed), else after the conversation's newest message."""
     if conversation_id is None:
         conv = store.create_conversation(agent.id, annotator, source=source, messages=messages)
         return store.leaf(conv.id)
     if store.get_conversation(conversation_id).agent_id != agent.id:
         raise InvalidInput(f"conversation {conversation_id} belongs to another agent")
-    return store.append_messages(conversation_id, messages)[-1]
+    return store.append_messages(conversation_id, messages, parent_id=parent_id)[-1]
 
 
 def sibling_parent(store: Store, message_id: int) -> Message:

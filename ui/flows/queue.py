@@ -61,6 +61,18 @@ def cast_vote(services: Services, item_id: int, winner: str, annotator: Optional
     return comparison
 
 
+def skip_item(services: Services, item_id: int, annotator: Optional[str]) -> None:
+    """The annotator passes on an item shown to them: it goes to others, never back to them."""
+    services.store.skip_queue_item(item_id, annotator)
+    _poke(services)
+
+
+def left_for(services: Services, agent_name: Optional[str], annotator: Optional[str]) -> int:
+    """How many items ``annotator`` can still vote on right now (their current one included)."""
+    store = services.store
+    return store.queue_left(store.get_agent(agent_name).id, annotator, _lease(services), _excluded(services))
+
+
 def stats(services: Services, agent_name: Optional[str]) -> dict:
     """Pool size (prompts the queue can ask about), items made, ready (open for a vote), fresh (never shown),
     scored, expired, and votes per annotator."""

@@ -34,26 +34,30 @@ def agent_choices(services: Services) -> list[str]:
 def load_agent(services: Services, pick: str):
     """The form filled with the picked agent (empty for a new one; the base model is fixed once created)."""
     if pick in (None, NEW):
-        return "", "", gr.Textbox(value=services.config.base_model, interactive=True), None, None, None
+        return "", "", gr.Textbox(value=services.config.base_model, interactive=True), None, None, None, ""
     a = services.store.get_agent(pick)
     g = a.generation or {}
     return (a.name, a.system_prompt, gr.Textbox(value=a.base_model, interactive=False), g.get("max_new_tokens"),
-            g.get("temperature"), g.get("top_p"))
+            g.get("temperature"), g.get("top_p"), a.guidelines)
 
 
 def save_agent(services: Services, pick: str, name: str, system_prompt: str, base_model: str, max_new_tokens,
-               temperature, top_p, request: gr.Request = None):
-    """Create the agent (when "new" is picked) or save the picked agent's system prompt and defaults."""
+               temperature, top_p, request: gr.Request = None, guidelines: str = ""):
+    """Create the agent (when "new" is picked) or save the picked agent's system prompt, defaults and guidelines."""
     try:
         require_admin(services, request)
         generation = generation_of(max_new_tokens, temperature, top_p)
         if pick in (None, NEW):
             agent = create_agent(services, (name or "").strip(), system_prompt or "", (base_model or "").strip() or None,
                                  generation)
+            if guidelines:
+                agent = services.store.update_agent(agent.name, guidelines=guidelines)
             message = f"Created agent **{agent.name}** on `{agent.base_model}` (version 0 = the base model)."
         else:
-            agent = services.store.update_agent(pick, system_prompt or "", check_generation(services, generation))
-            message = f"Saved agent **{agent.name}**: new conversations use the new system prompt and defaults."
+            agent = services.store.update_agent(pick, system_prompt or "", check_generation(services, generation),
+                                                guidelines or "")
+            message = (f"Saved agent **{agent.name}**: new conversations use the new system prompt and defaults; "
+                       "annotators see the guidelines in Chat, Arena and Vote.")
     except (Forbidden, StoreError, ValueError) as exc:
         gr.Warning(str(exc))
         return gr.Dropdown(), f"⚠️ {exc}"
@@ -67,18 +71,21 @@ def build_agents_panel(services: Services, admin_only: Optional[list] = None) ->
         name = gr.Textbox(label="Name", max_length=64, scale=1)
         base = gr.Textbox(label="Base model (shipped name, hub id or local dir)", value=services.config.base_model,
                           scale=2)
-    prompt = gr.Textbox(label="System prompt", lines=3, max_length=services.config.serving.max_message_chars)
+    prompt = gr.Textbox(label="System prompt", lines=3)  # the Store refuses an over-long one with a reason
     with gr.Row():
         max_tokens = gr.Number(label="Max new tokens (blank = app default)", precision=0)
         temperature = gr.Number(label="Temperature (blank = default)")
         top_p = gr.Number(label="Top-p (blank = default)")
+    guidelines = gr.Textbox(label="Annotation guidelines (Markdown): what a good reply is, when to flag, how to vote",
+                            lines=5, placeholder="e.g. Prefer short, correct replies. Flag anything unsafe. Vote "
+                            "*Both bad* when neither answers the question.")
     save = gr.Button("Save agent", variant="primary")
     status = gr.Markdown("Pick an agent to edit it, or fill in the form to create one.")
     if admin_only is not None:
         admin_only.append(save)
-    pick.change(bind(load_agent, services), [pick], [name, prompt, base, max_tokens, temperature, top_p],
+    pick.change(bind(load_agent, services), [pick], [name, prompt, base, max_tokens, temperature, top_p, guidelines],
                 api_name=False)
     pick.focus(lambda current: gr.Dropdown(choices=agent_choices(services), value=current), [pick], [pick],
                api_name=False)
-    save.click(bind(save_agent, services), [pick, name, prompt, base, max_tokens, temperature, top_p],
+    save.click(bind(save_agent, services), [pick, name, prompt, base, max_tokens, temperature, top_p, guidelines],
                [pick, status], api_name="save_agent")

@@ -5,6 +5,7 @@ holds the pair id: which version wrote which side is looked up in the Store afte
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import gradio as gr
@@ -13,12 +14,14 @@ from rlhf.serving.server import Busy
 from storage import Conflict, StoreError
 from ui import views
 from ui.flows.arena import cast_vote, close_round, open_round, stream_round
-from ui.auth import signed_in_annotator
 from ui.permissions import Forbidden
 from ui.services import Services, bind
+from ui.tabs.chat_view import cut_badge
+from ui.tabs.common import PAINT_SECONDS, check_message, guidelines_markdown, labeller
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
 HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
+KEYS = "Keys (when not typing): **A**/1 A is better · **B**/2 B is better · **T**/3 tie · **X**/4 both are bad"
 
 
 # ---- handlers --------------------------------------------------------------------------------------
@@ -30,11 +33,11 @@ def _vote_buttons(enabled: bool) -> list:
     return [gr.Button(interactive=enabled) for _ in VOTES]
 
 
-def _sides(shared: list[dict], text_a: str, text_b: str) -> tuple[list[dict], list[dict]]:
-    """Both chat views: the shared context, then each side's reply (HTML shown as typed)."""
+def _sides(shared: list[dict], text_a: str, text_b: str, mark_a: str = "", mark_b: str = "") -> tuple[list, list]:
+    """Both chat views: the shared context, then each side's reply (HTML shown as typed, a cut reply marked)."""
     shared = views.literal_chat(shared)
-    return (shared + [{"role": "assistant", "content": views.literal_html(text_a)}],
-            shared + [{"role": "assistant", "content": views.literal_html(text_b)}])
+    return (shared + [{"role": "assistant", "content": views.literal_html(text_a) + mark_a}],
+            shared + [{"role": "assistant", "content": views.literal_html(text_b) + mark_b}])
 
 
 def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,
@@ -44,7 +47,8 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
     state = dict(state or empty_state())
     pair_id = state.get("pair_id")
     try:
-        name = signed_in_annotator(services, request, annotator)
+        name = labeller(services, request, annotator)
+        check_message(services, text)
         if pair_id is not None and store.arena_vote(pair_id) is None:
             raise Conflict("Vote on the current round first (or Start over).")
         rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
@@ -60,8 +64,12 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
     # The first update also resets the labels a previous reveal set.
     yield (gr.Chatbot(value=chat_a, label="Model A"), gr.Chatbot(value=chat_b, label="Model B"), state, "",
            answering, *_vote_buttons(False))
+    painted = 0.0
     try:
         for text_a, text_b in stream_round(rnd):
+            if time.monotonic() - painted < PAINT_SECONDS:  # at most ~20 repaints a second
+                continue
+            painted = time.monotonic()
             chat_a, chat_b = _sides(shared, text_a, text_b)
             yield (chat_a, chat_b, state, "", answering, *_vote_buttons(False))
         pair = close_round(store, rnd)
@@ -71,7 +79,8 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
                *_vote_buttons(False))
         return
     state["pair_id"] = pair.id
-    chat_a, chat_b = _sides(shared, rnd.a.saved.content, rnd.b.saved.content)
+    chat_a, chat_b = _sides(shared, rnd.a.saved.content, rnd.b.saved.content, cut_badge(rnd.a.saved),
+                            cut_badge(rnd.b.saved))
     yield (chat_a, chat_b, state, "", "Which reply is better? Your vote reveals the versions.", *_vote_buttons(True))
 
 
@@ -82,7 +91,7 @@ def submit_vote(services: Services, winner: str, state: dict, annotator: str, re
     if pair_id is None:
         return (gr.Chatbot(), gr.Chatbot(), "Play a round first: ask something.", *_vote_buttons(False))
     try:
-        vote = cast_vote(store, pair_id, winner, signed_in_annotator(services, request, annotator))
+        vote = cast_vote(store, pair_id, winner, labeller(services, request, annotator))
     except (StoreError, Forbidden) as exc:
         gr.Warning(str(exc))
         return (gr.Chatbot(), gr.Chatbot(), f"⚠️ {exc} Start over for a new round.", *_vote_buttons(False))
@@ -119,17 +128,20 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
         annotator = gr.Textbox(label="Your name", max_length=64)
     state = gr.State(empty_state())
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
+    with gr.Accordion("Annotation guidelines", open=False):
+        guide = gr.Markdown(guidelines_markdown(services, agents[0]))
     with gr.Row(equal_height=True):
         chat_a = gr.Chatbot(label="Model A", height=380, allow_tags=False, latex_delimiters=[],
                             placeholder="Model A's reply")
         chat_b = gr.Chatbot(label="Model B", height=380, allow_tags=False, latex_delimiters=[],
                             placeholder="Model B's reply")
     with gr.Row():
-        buttons = [gr.Button(label, interactive=False) for _, label in VOTES]
+        buttons = [gr.Button(label, interactive=False, elem_id=f"arena-{winner}") for winner, label in VOTES]
     status = gr.Markdown(HINT)
+    gr.Markdown(KEYS)
     with gr.Row():
         text = gr.Textbox(placeholder="Type a prompt (or a follow-up after voting) and press Enter", show_label=False,
-                          scale=5, max_length=services.config.serving.max_message_chars)
+                          scale=5)  # no max_length: a long paste is refused with a reason, never cut
         send = gr.Button("Send", variant="primary", scale=1)
     again = gr.Button("Start over")
     with gr.Accordion("Leaderboard", open=True):
@@ -137,6 +149,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
                              interactive=False, wrap=True)
         matrix = gr.Dataframe(label="Win rate of the row version against the column version (ties count half)",
                               interactive=False)
+        gr.Markdown(views.BT_VS_ELO)
 
     chats = [chat_a, chat_b]
     play = bind(play_round, services)
@@ -151,6 +164,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     again.click(start_over, None, chats + [state, status] + buttons, api_name=False)
     agent.change(start_over, None, chats + [state, status] + buttons, api_name=False)
     gr.on(None, tables, [agent], [board, matrix], api_name=False)  # on load and on agent change
+    gr.on(None, bind(guidelines_markdown, services), [agent], [guide], api_name=False)
     gr.Timer(10).tick(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
     if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
         tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")

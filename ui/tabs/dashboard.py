@@ -5,18 +5,18 @@ admin in single-user local mode). Everything shown is read from the Store and re
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Optional
 
 import gradio as gr
 
 from storage import StoreError
-from ui import views
+from ui import charts, views
 from ui.permissions import Forbidden, is_admin, require_admin
-from ui.plots import by_color, keep_fresh
 from ui.services import Services, bind
 
 REFRESH_SECONDS = 10
-ADMIN_NOTE = "Admin actions change which version the agent serves and what the arena offers."
+ADMIN_NOTE = "Admin actions change which version the agent serves and what the arena offers; each asks first."
 VIEW_ONLY = "You can view the dashboard; promoting, rolling back and archiving need the admin role."
 
 
@@ -27,33 +27,26 @@ def _keep(current, choices: list[tuple[str, int]], fallback=None):
 
 
 def refresh_overview(services: Services, agent_name: str, pick_a, pick_b, pick_admin, pick_job):
-    """Versions table, rating and feedback plots, and every version/job picker (keeping the picks)."""
+    """Versions table, rating and feedback charts, and every version/job picker (keeping the picks)."""
     store = services.store
     policies = store.list_policies(agent_name)
     comparisons = store.list_comparisons(agent_name)
     table = views.board(comparisons, policies)
     reward_models = {rm.id: rm for rm in store.list_reward_models(agent_name)}
     versions = views.versions_table(policies, reward_models, table)
-    ratings = views.rating_plot_frame(table)
-    volume = views.volume_frame(store.feedback_volume(agent_name))
+    ratings = charts.interval_chart(views.rating_rows(table))
+    labels, stacks, caption = views.volume_bins(store.feedback_volume(agent_name, per="minute"),
+                                                datetime.now(timezone.utc))
+    volume = charts.bar_chart(labels, stacks, "ratings + votes", caption)
     choices = views.version_choices(policies)
     active = store.active_policy(agent_name).id
     newest_other = next((c[1] for c in choices if c[1] != active), None)
     jobs = views.job_choices(store.list_jobs(agent_name))
-    return (versions,
-            ratings,  # values only: keep_fresh sends the props that follow from them
-            volume,
+    return (versions, ratings, volume,
             gr.Dropdown(choices=choices, value=_keep(pick_a, choices, active)),
             gr.Dropdown(choices=choices, value=_keep(pick_b, choices, newest_other)),
             gr.Dropdown(choices=choices, value=_keep(pick_admin, choices, newest_other)),
             gr.Dropdown(choices=jobs, value=_keep(pick_job, jobs)))
-
-
-def rating_plot_style(frame) -> dict:
-    """The rating plot's props: one colour per version (CI bar and BT tick alike), the y range, one slot per version."""
-    return {"color_map": views.rating_plot_colors(frame),
-            "colors_in_legend": sorted({s for s in frame["series"] if " " not in s}),
-            "y_lim": views.padded_limits(frame["rating"]), "x_lim": [-0.5, round(frame["x"].max()) + 0.5]}
 
 
 def first_paint(services: Services, agent_name: str):
@@ -62,13 +55,13 @@ def first_paint(services: Services, agent_name: str):
 
 
 def show_curves(services: Services, job_id, keys):
-    """Training curves of one job for the chosen metric keys (defaults: mean reward and KL)."""
+    """Training curves of one job for the chosen metric keys (defaults: mean reward and KL), one panel each."""
     if job_id is None:
-        return gr.LinePlot(value=views.curve_frame([], [])), gr.Dropdown(choices=[], value=[], multiselect=True)
+        return charts.small_multiples({}), gr.Dropdown(choices=[], value=[], multiselect=True)
     rows = services.store.job_metrics(int(job_id))
     available = views.metric_keys(rows)
     chosen = [k for k in (keys or []) if k in available] or views.default_curve_keys(available)
-    return (gr.LinePlot(value=views.curve_frame(rows, chosen)),
+    return (charts.small_multiples(views.curve_series(rows, chosen)),
             gr.Dropdown(choices=available, value=chosen, multiselect=True))
 
 
@@ -129,6 +122,52 @@ def archive_version(services: Services, policy_id, request: gr.Request) -> str:
     return _admin_action(services, request, act)
 
 
+ACTIONS = ("promote", "rollback", "archive")
+
+
+def confirm_text(services: Services, action: str, agent_name: str, policy_id) -> Optional[str]:
+    """What an admin action will change, asked before it runs; None when there is nothing to ask about."""
+    store = services.store
+    active = store.active_policy(agent_name)
+    if action == "rollback":
+        target = views.rollback_target(store.list_policies(agent_name))
+        if target is None:
+            return None
+        return (f"**Roll back to {views.version_label(target)}?** It becomes the version everyone chats with and the "
+                f"arena compares against; {views.version_label(active)} (active now) stays as a candidate.")
+    if policy_id is None:
+        return None
+    p = store.get_policy(int(policy_id))
+    if action == "promote":
+        if p.id == active.id:
+            return None
+        return (f"**Promote {views.version_label(p)}?** It becomes the version everyone chats with and the arena "
+                f"compares against; {views.version_label(active)} (active now) stays as a candidate.")
+    return (f"**Archive {views.version_label(p)}?** It is no longer served, offered in the arena or asked about in "
+            "the vote queue; its data stays (promote it to bring it back).")
+
+
+def ask(services: Services, action: str, agent_name: str, policy_id, request: gr.Request = None):
+    """Show the confirmation of ``action`` (the matching "Yes" button), or say why there is nothing to do."""
+    hidden = (gr.Group(visible=False), "", *[gr.Button(visible=False) for _ in ACTIONS])
+    if not is_admin(services, request):
+        return (*hidden, VIEW_ONLY)
+    try:
+        text = confirm_text(services, action, agent_name, policy_id)
+    except StoreError as exc:
+        return (*hidden, f"⚠️ {exc}")
+    if text is None:
+        why = {"rollback": "Nothing to roll back to: the active version has no usable older version.",
+               "promote": "Pick a version that is not the active one."}.get(action, "Pick a version first.")
+        return (*hidden, why)
+    return (gr.Group(visible=True), text, *[gr.Button(visible=a == action) for a in ACTIONS], gr.skip())
+
+
+def dismiss():
+    """Hide the confirmation (cancelled, done, or the pick changed under it)."""
+    return (gr.Group(visible=False), "", *[gr.Button(visible=False) for _ in ACTIONS])
+
+
 def regenerate_eval(services: Services, agent_name: str, policy_id, request: gr.Request) -> str:
     """Queue a job that writes the version's replies to the eval prompts again."""
     def act():
@@ -178,24 +217,29 @@ def build_version_download(services: Services, pick: gr.Dropdown) -> None:
 
 
 # ---- layout ----------------------------------------------------------------------------------------
+VERSION_WIDTHS = ["7%", "6%", "10%", "8%", "7%", "12%", "15%", "7%", "6%", "11%", "5%", "6%"]  # VERSION_COLUMNS
+
+
 def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
     """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
     store = services.store
     agents = [a.name for a in store.list_agents()]
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
     versions = gr.Dataframe(label="Versions (newest first) · missing values show as –", interactive=False,
-                            wrap=True)
+                            wrap=True, column_widths=VERSION_WIDTHS)
     with gr.Row():
-        ratings = gr.LinePlot(x="x", y="rating", color="series", title="Arena rating per version: BT tick, 95% CI bar",
-                              x_title="version", y_title="rating (Elo scale)",
-                              tooltip=["series", "point", "rating", "elo"], height=300)
-        volume = gr.BarPlot(x="period", y="n", color="kind", title="Feedback volume", x_title="UTC time",
-                            y_title="events", y_lim=[0, None], height=300, x_label_angle=-30)
+        with gr.Column():
+            gr.Markdown("**Arena rating per version** (BT with its 95% interval; hollow: no interval yet)")
+            ratings = gr.HTML(charts.empty_chart("Loading…"))
+        with gr.Column():
+            gr.Markdown("**Feedback volume** (ratings and votes per time bin)")
+            volume = gr.HTML(charts.empty_chart("Loading…"))
+    gr.Markdown(views.BT_VS_ELO)
     with gr.Accordion("Training curves", open=True):
         with gr.Row():
             job = gr.Dropdown([], label="Retrain job", scale=1)
-            keys = gr.Dropdown([], multiselect=True, label="Metrics", scale=2)
-        curves = gr.LinePlot(x="step", y="value", color="metric", title="Training curves", height=300)
+            keys = gr.Dropdown([], multiselect=True, label="Metrics (one panel each)", scale=2)
+        curves = gr.HTML(charts.small_multiples({}))
     with gr.Accordion("Side by side on the eval prompts", open=True):
         with gr.Row():
             pick_a = gr.Dropdown([], label="Version A")
@@ -213,12 +257,15 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
             promote = gr.Button("Promote", variant="primary", scale=1)
             rollback = gr.Button("Roll back", scale=1)
             archive = gr.Button("Archive", variant="stop", scale=1)
+        with gr.Group(visible=False) as confirm_box:
+            confirm = gr.Markdown()
+            with gr.Row():
+                yes = [gr.Button(label, variant=variant, visible=False) for label, variant in
+                       (("Yes, promote", "primary"), ("Yes, roll back", "primary"), ("Yes, archive", "stop"))]
+                no = gr.Button("Cancel")
         admin_status = gr.Markdown(ADMIN_NOTE)
         build_version_download(services, pick_admin)
 
-    keep_fresh(ratings, rating_plot_style)
-    keep_fresh(volume, lambda f: {**by_color("kind")(f), "sort": sorted(set(f["period"]))})
-    keep_fresh(curves, by_color("metric"))
     overview = bind(refresh_overview, services)
     overview_io = ([agent, pick_a, pick_b, pick_admin, job],
                    [versions, ratings, volume, pick_a, pick_b, pick_admin, job])
@@ -244,8 +291,14 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
     regen_fn = bind(regenerate_eval, services)
     regen_a.click(regen_fn, [agent, pick_a], [regen_status], api_name="regenerate_eval_a")
     regen_b.click(regen_fn, [agent, pick_b], [regen_status], api_name="regenerate_eval_b")
-    for button, fn, inputs, name in ((promote, promote_version, [pick_admin], "promote"),
-                                     (rollback, rollback_version, [agent], "rollback"),
-                                     (archive, archive_version, [pick_admin], "archive")):
+    # Each action asks first; the "Yes" runs it on the pick the question named (a new pick hides the question).
+    confirm_io = [confirm_box, confirm, *yes]
+    for button, action in zip((promote, rollback, archive), ACTIONS):
+        button.click(bind(ask, services, action), [agent, pick_admin], confirm_io + [admin_status], api_name=False)
+    gr.on([no.click, pick_admin.input, agent.change], dismiss, None, confirm_io, api_name=False)
+    for button, fn, inputs, name in ((yes[0], promote_version, [pick_admin], "promote"),
+                                     (yes[1], rollback_version, [agent], "rollback"),
+                                     (yes[2], archive_version, [pick_admin], "archive")):
         button.click(bind(fn, services), inputs, [admin_status], api_name=name) \
+            .then(dismiss, None, confirm_io, api_name=False) \
             .then(overview, *overview_io, api_name=False)

@@ -15,8 +15,8 @@ from rlhf.interop.export import FORMATS, ExportError, archive, default_name, exp
 from storage import FLAGS, NotFound, StoreError
 from ui.tabs.agents import build_agents_panel
 from ui.downloads import DOWNLOADS
+from ui import charts
 from ui.permissions import Forbidden, current_user, is_admin, require_admin, sees_all_feedback
-from ui.plots import by_category, keep_fresh
 from ui.services import Services, bind
 from ui.views import literal_html
 
@@ -24,8 +24,12 @@ ALL = "all"
 ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."
 VIEW_ONLY = "You can browse your own feedback and everyone's quality stats; other annotators' feedback, excluding " \
             "annotators, flagged replies and exports need the admin role."
-FEEDBACK_COLUMNS = ["created", "kind", "annotator", "message_id", "other_id", "thumb", "score", "flags", "winner",
-                    "note", "prompt", "reply", "excluded"]
+FEEDBACK_COLUMNS = ["created", "annotator", "kind", "label", "flags", "note", "prompt", "reply", "ids", "excluded"]
+FEEDBACK_WIDTHS = ["10%", "8%", "5%", "8%", "8%", "12%", "19%", "20%", "6%", "4%"]
+PROMPT_CHARS, REPLY_CHARS, NOTE_CHARS = 70, 100, 200
+WINNER_WORDS = {"a": "A better", "b": "B better", "tie": "tie", "both_bad": "both bad"}
+NO_AGREEMENT = "no shared items"  # agreement needs items another annotator judged too
+NO_SPEED = "needs 2+ items"
 
 
 # ---- view logic (pure) -----------------------------------------------------------------------------
@@ -36,26 +40,33 @@ def _fmt(value, digits: int = 2, percent: bool = False) -> str:
 
 
 def stats_view(stats: pd.DataFrame) -> pd.DataFrame:
-    """The per-annotator table as shown: agreement in percent, seconds rounded, excluded as a mark."""
+    """The per-annotator table as shown: agreement in percent, seconds rounded, excluded as a mark; an empty
+    figure says why it is empty."""
+    agreement = [_fmt(v, percent=True) if n else NO_AGREEMENT for v, n in zip(stats["agreement"],
+                                                                                stats["overlap_items"])]
+    speed = [NO_SPEED if v is None or pd.isna(v) else _fmt(v, 1) for v in stats["median_seconds"]]
     view = pd.DataFrame({
         "annotator": stats["annotator"], "ratings": stats["ratings"], "votes": stats["votes"],
         "items": stats["items"], "overlapping items": stats["overlap_items"],
-        "agreement with majority": [_fmt(v, percent=True) for v in stats["agreement"]],
-        "median s / item": [_fmt(v, 1) for v in stats["median_seconds"]],
+        "agreement with majority": agreement, "median s / item": speed,
         "excluded": ["yes" if v else "" for v in stats["excluded"]]})
     return view
 
 
-def agreement_plot_frame(stats: pd.DataFrame) -> pd.DataFrame:
-    """(annotator, agreement in %) for annotators with at least one compared judgement."""
+def agreement_chart(stats: pd.DataFrame) -> str:
+    """Agreement with the majority per annotator (%), for those with at least one compared judgement."""
     known = stats[stats["agreement"].notna()]
-    return pd.DataFrame({"annotator": known["annotator"], "agreement": (known["agreement"].astype(float) * 100)})
+    return charts.bar_chart(list(known["annotator"]), {"agreement %": [float(v) * 100 for v in known["agreement"]]},
+                            "% agreement", integer=False, y_max=100, height=240,
+                            empty="No agreement yet: it needs items judged by two or more annotators.")
 
 
-def speed_plot_frame(stats: pd.DataFrame) -> pd.DataFrame:
-    """(annotator, median seconds per item) for annotators with two or more items."""
+def speed_chart(stats: pd.DataFrame) -> str:
+    """Median seconds per item per annotator (two or more items)."""
     known = stats[stats["median_seconds"].notna()]
-    return pd.DataFrame({"annotator": known["annotator"], "seconds": known["median_seconds"].astype(float)})
+    return charts.bar_chart(list(known["annotator"]), {"seconds per item": [float(v) for v in known["median_seconds"]]},
+                            "seconds", integer=False, height=240,
+                            empty="No timings yet: they need two or more items per annotator.")
 
 
 def alpha_markdown(report: dict) -> str:
@@ -65,16 +76,43 @@ def alpha_markdown(report: dict) -> str:
     for kind, label in (("thumbs", "thumbs"), ("scores", "1–5 scores"), ("votes", "pairwise votes")):
         r = report[kind]
         value = "–" if r["alpha"] is None else f"{r['alpha']:.3f}"
-        note = " (too few overlapping items or no variation)" if r["alpha"] is None else ""
+        note = ""
+        if r["alpha"] is None:
+            note = (" (too few overlapping items: it needs items judged by two or more annotators)" if r["units"] < 2
+                    else " (too few overlapping items or no variation: everyone gave the same answer)")
         lines.append(f"- {label} ({r['metric']}): **{value}** on {r['units']} item(s){note}")
     return "\n".join(lines)
 
 
+def _short(text, limit: int) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _label(row) -> str:
+    if row["kind"] == "vote":
+        return WINNER_WORDS.get(row["winner"], row["winner"])
+    parts = []
+    if row["thumb"] in (1, -1):
+        parts.append("👍" if row["thumb"] == 1 else "👎")
+    if row["score"] is not None and not pd.isna(row["score"]):
+        parts.append(f"{int(row['score'])}/5")
+    return " ".join(parts)
+
+
 def feedback_view(frame: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
-    """The newest ``limit`` rows of a feedback frame, in display columns."""
-    view = frame[FEEDBACK_COLUMNS].head(limit).copy()
-    view["created"] = view["created"].str.slice(0, 19).str.replace("T", " ")
-    view["excluded"] = view["excluded"].map(lambda v: "yes" if v else "")
+    """The newest ``limit`` rows of a feedback frame, readable at a glance: what was said about which reply."""
+    rows = frame.head(limit)
+    view = pd.DataFrame({
+        "created": rows["created"].str.slice(0, 16).str.replace("T", " "),
+        "annotator": rows["annotator"], "kind": rows["kind"],
+        "label": [_label(r) for _, r in rows.iterrows()], "flags": rows["flags"],
+        "note": [_short(v, NOTE_CHARS) for v in rows["note"]],
+        "prompt": [_short(v, PROMPT_CHARS) for v in rows["prompt"]],
+        "reply": [_short(v, REPLY_CHARS) for v in rows["reply"]],
+        "ids": [f"#{int(a)}" + (f" vs #{int(b)}" if b is not None and not pd.isna(b) else "")
+                for a, b in zip(rows["message_id"], rows["other_id"])],
+        "excluded": rows["excluded"].map(lambda v: "yes" if v else "")}, columns=FEEDBACK_COLUMNS)
     return view.astype(object).where(view.notna(), "")
 
 
@@ -95,7 +133,8 @@ def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag
         flagged = flagged.iloc[0:0]  # flagged replies are for admins' eyes
     count = f"{len(shown)} of {len(frame)} feedback events" + (" (newest 500 shown)" if len(shown) > 500 else "")
     return (feedback_view(shown), count, gr.Dropdown(choices=names, value=annotator if annotator in names else ALL),
-            stats_view(stats), agreement_plot_frame(stats), speed_plot_frame(stats), alpha_markdown(quality.alpha_report(rows)), flagged,
+            stats_view(stats), agreement_chart(stats), speed_chart(stats), alpha_markdown(quality.alpha_report(rows)),
+            flagged,
             gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)]))
 
 
@@ -204,17 +243,18 @@ def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
         flag = gr.Dropdown([ALL, *FLAGS], value=ALL, label="Flag", scale=1)
         text = gr.Textbox(label="Search prompt, reply and note", scale=2)
     count = gr.Markdown()
-    table = gr.Dataframe(label="Feedback (newest first)", interactive=False, wrap=True, max_height=420)
+    table = gr.Dataframe(label="Feedback (newest first; long texts are shortened: search above to find one)",
+                         interactive=False, wrap=True, max_height=640, column_widths=FEEDBACK_WIDTHS)
     with gr.Accordion("Annotation quality", open=True):
         stats = gr.Dataframe(label="Per annotator", interactive=False)
         with gr.Row():
-            agreement = gr.BarPlot(x="annotator", y="agreement", title="Agreement with the majority (%)",
-                                   y_lim=[0, 100], height=260)
-            speed = gr.BarPlot(x="annotator", y="seconds", title="Median seconds per item", y_lim=[0, None],
-                               height=260)
+            with gr.Column():
+                gr.Markdown("**Agreement with the majority** (%, on items others judged too)")
+                agreement = gr.HTML()
+            with gr.Column():
+                gr.Markdown("**Median seconds per item**")
+                speed = gr.HTML()
         alpha = gr.Markdown()
-        for plot in (agreement, speed):
-            keep_fresh(plot, by_category("annotator"))
     admin_only: list = []
     access = gr.Markdown(ADMIN_NOTE)
     with gr.Accordion("Exclude an annotator from training (admin)", open=False):

@@ -1,4 +1,5 @@
-"""Training tab: dry-run estimate + "Retrain now", live job progress with metric plots, cancel, scheduler rules."""
+"""Training tab: dry-run estimate + "Retrain now" (asked first), live job progress with time left, per-metric
+curves, cancel (running jobs only), scheduler rules."""
 from __future__ import annotations
 
 import html
@@ -11,22 +12,46 @@ import pandas as pd
 from rlhf.jobs.pipeline import dry_run
 from rlhf.jobs.scheduler import Rule
 from storage import Job, StoreError
-from ui import views
+from ui import charts, views
 from ui.permissions import Forbidden, require_admin
-from ui.plots import by_color, keep_fresh
 from ui.services import Services, bind
 
-PLOT_KEYS = {"reward": ["reward/mean", "eval/reward"], "kl": ["ppo/kl", "eval/kl"],
-             "losses": ["loss/policy", "loss/value", "reward/train_loss"]}
+# The curves shown for a job, one panel each (one quantity per axis), in this order when logged.
+CURVE_KEYS = ("reward/mean", "eval/reward", "ppo/kl", "eval/kl", "loss/policy", "loss/value", "reward/train_loss")
 
 
 # ---- view logic (pure) -----------------------------------------------------------------------
-def _duration(job: Job) -> str:
+def _seconds(job: Job, now: Optional[datetime] = None) -> Optional[float]:
     if not job.started:
-        return ""
-    end = datetime.fromisoformat(job.finished) if job.finished else datetime.now(timezone.utc)
-    seconds = int((end - datetime.fromisoformat(job.started)).total_seconds())
+        return None
+    end = datetime.fromisoformat(job.finished) if job.finished else (now or datetime.now(timezone.utc))
+    return max(0.0, (end - datetime.fromisoformat(job.started)).total_seconds())
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _duration(job: Job) -> str:
+    seconds = _seconds(job)
+    return "" if seconds is None else _clock(seconds)
+
+
+def time_left(job: Job, now: Optional[datetime] = None) -> str:
+    """Elapsed time and a plain estimate of what is left for a running job: from the dry run's estimate early on
+    (progress moves unevenly in the first phases), from the pace so far later."""
+    elapsed = _seconds(job, now)
+    if job.status != "running" or elapsed is None:
+        return ""
+    estimate = (job.config or {}).get("estimated_minutes")
+    if estimate and job.progress < 0.3:
+        left = max(estimate * 60 - elapsed, 30.0)
+    elif job.progress >= 0.05:
+        left = elapsed * (1 - job.progress) / job.progress
+    else:
+        return f"{_clock(elapsed)} elapsed · estimating the time left…"
+    return f"{_clock(elapsed)} elapsed · about {max(1, round(left / 60))} min left"
 
 
 def jobs_frame(jobs: list[Job]) -> pd.DataFrame:
@@ -54,18 +79,24 @@ def progress_html(job: Optional[Job]) -> str:
     cv = views.rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
     if cv:
         detail += f"<br>Reward model, cross-validated accuracy: {html.escape(cv)}"
-    return (f"<div><b>Job {job.id}</b> · {html.escape(job.kind)} · <b>{job.status}</b> · phase "
-            f"<i>{html.escape(job.phase)}</i> · {pct:.0f}%</div>"
+    clock = time_left(job)
+    state = "cancelling" if job.cancel_requested and not job.done else job.status
+    return (f"<div><b>Job {job.id}</b> · {html.escape(job.kind)} · <b>{state}</b> · phase "
+            f"<i>{html.escape(job.phase)}</i> · {pct:.0f}%" + (f" · {clock}" if clock else "") + "</div>"
             f"<div style='background:#eee;border-radius:4px;height:14px;margin:6px 0'>"
             f"<div style='width:{pct:.1f}%;background:{color};height:14px;border-radius:4px'></div></div>"
             f"<div style='font-size:90%'>{detail}</div>")
 
 
-def metric_frame(rows: list[dict], keys: list[str]) -> pd.DataFrame:
-    """Long-format (step, value, metric) rows of the chosen keys, for a line plot."""
-    data = [{"step": r["step"], "value": r["value"], "metric": r["key"]} for r in rows
-            if r["key"] in keys and r["value"] is not None]
-    return pd.DataFrame(data, columns=["step", "value", "metric"])
+def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
+    return [(f"#{j.id} {j.kind} · {j.status}", j.id) for j in jobs]
+
+
+def curves_html(rows: list[dict]) -> str:
+    """The job's curves, one panel per logged metric of ``CURVE_KEYS``."""
+    present = {r["key"] for r in rows}
+    return charts.small_multiples(views.curve_series(rows, [k for k in CURVE_KEYS if k in present]),
+                                  empty="No curves yet: they appear as the job logs its steps.")
 
 
 def estimate_markdown(estimate: dict) -> str:
@@ -79,7 +110,7 @@ def estimate_markdown(estimate: dict) -> str:
 
 # ---- handlers ---------------------------------------------------------------------------------
 def refresh(services: Services, agent: str, job_id):
-    """Everything the tab shows, re-read from the Store."""
+    """Everything the tab shows, re-read from the Store (Cancel only for a job that has not ended)."""
     store = services.store
     jobs = store.list_jobs(limit=30)
     try:
@@ -94,27 +125,47 @@ def refresh(services: Services, agent: str, job_id):
     job = job or (jobs[0] if jobs else None)
     rows = store.job_metrics(job.id) if job else []
     log = "\n".join(r["line"] for r in store.job_log_tail(job.id, 15)) if job else ""
-    choices = [(f"#{j.id} {j.kind} · {j.status}", j.id) for j in jobs]
+    choices = job_choices(jobs)
     nxt = services.scheduler.next_check() if services.scheduler else None
     sched = f"Next automatic check: {nxt:%Y-%m-%d %H:%M:%S} UTC" if nxt else "Scheduler not running."
+    can_cancel = job is not None and not job.done and not job.cancel_requested
     return (estimate, jobs_frame(jobs), gr.Dropdown(choices=choices, value=job.id if job else None),
-            progress_html(job), *(metric_frame(rows, keys) for keys in PLOT_KEYS.values()), log, sched)
+            progress_html(job), curves_html(rows), log, sched, gr.Button(interactive=can_cancel))
 
 
-def retrain_now(services: Services, agent: str, request: gr.Request):
-    """Enqueue a retrain (admins); the runner starts it in its own process."""
+def ask_retrain(services: Services, agent: str, request: gr.Request = None):
+    """The question before a retrain: what it uses, how long it takes, what it changes for everyone."""
+    hidden = (gr.Group(visible=False), "")
+    try:
+        require_admin(services, request)
+        estimate = dry_run(services.store, services.config, agent)
+    except (Forbidden, StoreError) as exc:
+        return (*hidden, f"⚠️ {exc}")
+    if not estimate["ready"]:
+        return (*hidden, f"⚠️ Not enough data yet: need {estimate['missing']}.")
+    text = (f"**Retrain {agent} now?** A new version is trained on {estimate['feedback_count']} ratings and votes "
+            f"(about {estimate['estimated_minutes']} min on this machine; chat slows down meanwhile). If it passes "
+            "the gate it becomes the version everyone chats with.")
+    return gr.Group(visible=True), text, ""
+
+
+def retrain_now(services: Services, agent: str, request: gr.Request = None):
+    """Enqueue a retrain (admins); the runner starts it in its own process. Returns the message and the job
+    picker on the new job, so its progress shows at once."""
     try:
         require_admin(services, request)
         estimate = dry_run(services.store, services.config, agent)
         if not estimate["ready"]:
-            return f"⚠️ Not enough data yet: need {estimate['missing']}."
-        job = services.scheduler.enqueue("retrain", agent, reason="manual")
+            return f"⚠️ Not enough data yet: need {estimate['missing']}.", gr.skip()
+        job = services.scheduler.enqueue("retrain", agent, reason="manual",
+                                         estimated_minutes=estimate["estimated_minutes"])
     except (Forbidden, StoreError) as exc:
-        return f"⚠️ {exc}"
-    return f"Retrain job #{job.id} queued ({job.status})."
+        return f"⚠️ {exc}", gr.skip()
+    picker = gr.Dropdown(choices=job_choices(services.store.list_jobs(limit=30)), value=job.id)
+    return f"Retrain job #{job.id} is in the queue: its progress shows below.", picker
 
 
-def cancel(services: Services, job_id, request: gr.Request):
+def cancel(services: Services, job_id, request: gr.Request = None):
     try:
         require_admin(services, request)
         if job_id in (None, ""):
@@ -151,15 +202,18 @@ def build_training(services: Services) -> None:
     with gr.Row():
         agent = gr.Dropdown(agents, value=agents[0], label="Agent", scale=1)
         retrain = gr.Button("Retrain now", variant="primary", scale=1)
+    with gr.Group(visible=False) as confirm_box:
+        confirm = gr.Markdown()
+        with gr.Row():
+            yes = gr.Button("Yes, retrain", variant="primary")
+            no = gr.Button("Cancel")
     estimate = gr.Markdown()
     status = gr.Markdown()
     with gr.Row():
         job_pick = gr.Dropdown(label="Job", choices=[], scale=2)
-        cancel_btn = gr.Button("Cancel job", variant="stop", scale=1)
+        cancel_btn = gr.Button("Cancel job", variant="stop", scale=1, interactive=False)
     progress = gr.HTML()
-    with gr.Row():
-        plots = [gr.LinePlot(x="step", y="value", color="metric", title=title, height=240)
-                 for title in ("Reward", "KL", "Losses")]
+    curves = gr.HTML(charts.small_multiples({}, empty="No curves yet."))
     jobs = gr.Dataframe(label="Jobs", interactive=False, wrap=True)
     log = gr.Textbox(label="Log tail", lines=6, interactive=False)
     with gr.Accordion("Automatic retraining (scheduler)", open=False):
@@ -172,15 +226,19 @@ def build_training(services: Services) -> None:
         rule_status = gr.Markdown()
         sched = gr.Markdown()
 
-    for plot in plots:
-        keep_fresh(plot, by_color("metric"))
-    outputs = [estimate, jobs, job_pick, progress, *plots, log, sched]
+    outputs = [estimate, jobs, job_pick, progress, curves, log, sched, cancel_btn]
     refresh_fn = bind(refresh, services)
     gr.Timer(2).tick(refresh_fn, [agent, job_pick], outputs, show_progress="hidden", api_name=False)
     agent.change(refresh_fn, [agent, job_pick], outputs, api_name=False)
     agent.change(bind(load_rule, services), [agent], [enabled, threshold, interval, cron], api_name=False)
-    retrain.click(bind(retrain_now, services), [agent], [status], api_name="retrain")
-    cancel_btn.click(bind(cancel, services), [job_pick], [status], api_name=False)
+    retrain.click(bind(ask_retrain, services), [agent], [confirm_box, confirm, status], api_name=False)
+    gr.on([no.click, agent.change], lambda: (gr.Group(visible=False), ""), None, [confirm_box, confirm],
+          api_name=False)
+    yes.click(bind(retrain_now, services), [agent], [status, job_pick], api_name="retrain") \
+        .then(lambda: (gr.Group(visible=False), ""), None, [confirm_box, confirm], api_name=False) \
+        .then(refresh_fn, [agent, job_pick], outputs, api_name=False)
+    cancel_btn.click(bind(cancel, services), [job_pick], [status], api_name=False) \
+        .then(refresh_fn, [agent, job_pick], outputs, api_name=False)
     save.click(bind(save_rule, services), [agent, enabled, threshold, interval, cron], [rule_status],
                api_name=False)
     job_pick.input(refresh_fn, [agent, job_pick], outputs, api_name=False)

@@ -1,7 +1,7 @@
-"""Vote tab: one context, two replies, four buttons; the next pair appears as soon as the vote is stored.
+"""Vote tab: one context, two replies, four buttons (and Skip); the next pair appears as soon as the vote is stored.
 
-Pairs come from the vote queue (``ui.flows.queue``): generated in the background and picked where the reward
-model is least sure, so every vote teaches it the most. The browser only holds the item id.
+Pairs come from the vote queue (``ui.flows.queue``): generated in the background and picked where a vote teaches
+the reward model the most. The browser only holds the item id. Keys: A/1, B/2, T/3, X/4, S to skip.
 """
 from __future__ import annotations
 
@@ -11,40 +11,59 @@ import gradio as gr
 
 from storage import StoreError
 from ui import views
-from ui.auth import signed_in_annotator
-from ui.flows.queue import cast_vote, next_item, reason_text
+from ui.flows.queue import cast_vote, left_for, next_item, skip_item
 from ui.permissions import Forbidden
 from ui.services import Services, bind
+from ui.tabs.chat_view import cut_badge
+from ui.tabs.common import guidelines_markdown, labeller
 
-VOTES = (("a", "A"), ("b", "B"), ("tie", "Tie"), ("both_bad", "Both bad"))
+VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both bad"))
 EMPTY = ("Nothing to vote on right now: new pairs are generated in the background while nobody is chatting. "
          "Press *Refresh* in a moment.")
+KEYS = "Keys (when not typing): **A**/1 · **B**/2 · **T**/3 tie · **X**/4 both bad · **S** skip"
+# Why this pair, in an annotator's words (the REST API returns the reason code).
+WHY = {"uncertain": "a close call: this is where your vote helps the model most",
+       "random": "a random pick (keeps the sample fair)",
+       "cold_start": "a random pick (the model has too few votes to choose yet)",
+       "overlap": "a second opinion: someone else voted on this pair too",
+       "direct": "picked directly"}
 
 
-# ---- handlers --------------------------------------------------------------------------------------
 def empty_state() -> dict:
     return {"item_id": None}
 
 
-def show(item: Optional[dict], note: str = "") -> tuple:
-    """The tab's outputs for an item (None: an empty queue): context, A, B, state, status, four buttons."""
+def _buttons(enabled: bool) -> list:
+    return [gr.Button(interactive=enabled) for _ in range(len(VOTES) + 1)]  # the votes and Skip
+
+
+def show(item: Optional[dict], note: str = "", left: Optional[int] = None, store=None) -> tuple:
+    """The tab's outputs for an item (None: an empty queue): context, A, B, state, status, buttons."""
     if item is None:
-        return ([], [], [], empty_state(), note + EMPTY, *[gr.Button(interactive=False) for _ in VOTES])
-    reply = lambda side: [{"role": "assistant", "content": views.literal_html(item[side]["content"])}]  # noqa: E731
-    status = f"{note}Item #{item['item_id']} · {reason_text(item['reason'])}. Which reply is better?"
+        return ([], [], [], empty_state(), note + EMPTY, *_buttons(False))
+
+    def reply(side):
+        message = store.get_message(item[side]["message_id"]) if store is not None else None
+        mark = cut_badge(message) if message is not None else ""
+        return [{"role": "assistant", "content": views.literal_html(item[side]["content"]) + mark}]
+
+    count = f" · {left} left for you" if left is not None else ""
+    status = f"{note}Item #{item['item_id']}{count} · {WHY.get(item['reason'], item['reason'])}. Which reply is better?"
     return (views.literal_chat(item["messages"]), reply("a"), reply("b"), {"item_id": item["item_id"]}, status,
-            *[gr.Button(interactive=True) for _ in VOTES])
+            *_buttons(True))
 
 
 def load_next(services: Services, state: dict, agent_name: str, annotator: str, request: gr.Request = None,
               note: str = "") -> tuple:
     """Show the annotator's next item (their unvoted one first)."""
     try:
-        item = next_item(services, agent_name, signed_in_annotator(services, request, annotator))
+        name = labeller(services, request, annotator)
+        item = next_item(services, agent_name, name)
+        left = left_for(services, agent_name, name) if item is not None else 0
     except (StoreError, Forbidden) as exc:
         gr.Warning(str(exc))
         return show(None, f"{note}⚠️ {exc} ")
-    return show(item, note)
+    return show(item, note, left, services.store)
 
 
 def submit_vote(services: Services, winner: str, state: dict, agent_name: str, annotator: str,
@@ -54,11 +73,25 @@ def submit_vote(services: Services, winner: str, state: dict, agent_name: str, a
     if item_id is None:
         return load_next(services, state, agent_name, annotator, request)
     try:
-        vote = cast_vote(services, item_id, winner, signed_in_annotator(services, request, annotator))
+        vote = cast_vote(services, item_id, winner, labeller(services, request, annotator))
         note = f"Stored as comparison #{vote.id}. "
     except (StoreError, Forbidden) as exc:
         gr.Warning(str(exc))
         note = f"⚠️ {exc} "
+    return load_next(services, empty_state(), agent_name, annotator, request, note)
+
+
+def skip(services: Services, state: dict, agent_name: str, annotator: str, request: gr.Request = None) -> tuple:
+    """Pass on this item (it goes to someone else) and show the next one."""
+    item_id = (state or {}).get("item_id")
+    note = ""
+    if item_id is not None:
+        try:
+            skip_item(services, item_id, labeller(services, request, annotator))
+            note = f"Skipped item #{item_id}. "
+        except (StoreError, Forbidden) as exc:
+            gr.Warning(str(exc))
+            note = f"⚠️ {exc} "
     return load_next(services, empty_state(), agent_name, annotator, request, note)
 
 
@@ -70,23 +103,31 @@ def build_vote(services: Services, annotator: Optional[gr.Textbox] = None, tab: 
         annotator = gr.Textbox(label="Your name", max_length=64)
     state = gr.State(empty_state())
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
-    context = gr.Chatbot(label="Context", height=220, allow_tags=False, latex_delimiters=[],
+    with gr.Accordion("Annotation guidelines", open=False):
+        guide = gr.Markdown(guidelines_markdown(services, agents[0]))
+    # autoscroll off: a long context or reply opens at its first line, not scrolled to its end
+    context = gr.Chatbot(label="Context", height=240, allow_tags=False, autoscroll=False, latex_delimiters=[],
                          placeholder="The conversation so far")
     with gr.Row(equal_height=True):
-        reply_a = gr.Chatbot(label="Reply A", height=320, allow_tags=False, latex_delimiters=[], placeholder="Reply A")
-        reply_b = gr.Chatbot(label="Reply B", height=320, allow_tags=False, latex_delimiters=[], placeholder="Reply B")
+        reply_a = gr.Chatbot(label="Reply A", height=320, allow_tags=False, autoscroll=False, latex_delimiters=[], placeholder="Reply A")
+        reply_b = gr.Chatbot(label="Reply B", height=320, allow_tags=False, autoscroll=False, latex_delimiters=[], placeholder="Reply B")
     with gr.Row():
         buttons = [gr.Button(label, interactive=False, elem_id=f"vote-{winner}") for winner, label in VOTES]
+        skip_button = gr.Button("Skip", interactive=False, elem_id="vote-skip", variant="secondary")
     status = gr.Markdown("Open this tab to get a pair to vote on.")
+    gr.Markdown(KEYS)
     refresh = gr.Button("Refresh", size="sm")
 
-    outputs = [context, reply_a, reply_b, state, status] + buttons
+    outputs = [context, reply_a, reply_b, state, status] + buttons + [skip_button]
     load = bind(load_next, services)
     for (winner, _), button in zip(VOTES, buttons):
         button.click(bind(submit_vote, services, winner), [state, agent, annotator], outputs,
                      api_name=f"queue_vote_{winner}", concurrency_limit=None, concurrency_id="queue")
+    skip_button.click(bind(skip, services), [state, agent, annotator], outputs, api_name=False,
+                      concurrency_limit=None, concurrency_id="queue")
     refresh.click(load, [state, agent, annotator], outputs, api_name="queue_next", concurrency_limit=None,
                   concurrency_id="queue")
     agent.change(load, [state, agent, annotator], outputs, api_name=False)
+    gr.on(None, bind(guidelines_markdown, services), [agent], [guide], api_name=False)
     if tab is not None:
         tab.select(load, [state, agent, annotator], outputs, api_name=False)

@@ -1,0 +1,44 @@
+"""What the annotation tabs share: who a label is stored under, and the agent's annotation guidelines."""
+from __future__ import annotations
+
+from typing import Optional
+
+from storage import InvalidInput, StoreError
+from ui.auth import signed_in_annotator
+from ui.permissions import Forbidden
+from ui.services import Services
+
+NAME_FIRST = ("Type your name in the box at the top first: every label is stored under it (asked once, then "
+              "remembered in this browser).")
+PAINT_SECONDS = 0.05  # while a reply streams, at most ~20 repaints a second (the browser re-renders the bubble)
+NO_GUIDELINES = "*No guidelines for this agent yet. Admins write them in Data → Agents.*"
+
+
+def labeller(services: Services, request, typed: Optional[str]) -> str:
+    """The name a label is stored under: the signed-in user, or in local mode the name typed at the top.
+    Without one, Forbidden: a label nobody can be held to is worthless for per-annotator quality control."""
+    name = signed_in_annotator(services, request, typed)
+    if not name:
+        raise Forbidden(NAME_FIRST)
+    return name
+
+
+def guidelines_markdown(services: Services, agent_name: Optional[str]) -> str:
+    """The agent's annotation guidelines as shown above Chat, Arena and Vote."""
+    try:
+        text = services.store.get_agent(agent_name).guidelines
+    except StoreError:
+        return NO_GUIDELINES
+    return text.strip() or NO_GUIDELINES
+
+
+def check_message(services: Services, text: Optional[str]) -> str:
+    """A message to send, or InvalidInput in the annotator's words. Nothing is cut: a message over the limit is
+    refused whole and stays in the box (a browser-side max length would cut a paste without a word)."""
+    limit = services.config.serving.max_message_chars
+    if not text or not text.strip():
+        raise InvalidInput("Type a message first.")
+    if len(text) > limit:
+        raise InvalidInput(f"Your message is {len(text):,} characters; the limit is {limit:,}. Nothing was sent "
+                           "and nothing was cut: shorten it (it is still in the box) and send again.")
+    return text
