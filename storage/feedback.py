@@ -302,14 +302,14 @@ class FeedbackMixin:
                 "winner": winner, "annotator_id": annotator_id, "pair_id": pair_id, "created": utcnow()})
         return Comparison.from_row(self._one("SELECT * FROM comparisons WHERE id = ?", [comp_id]))
 
-    def list_comparisons(self, agent: int | str | None = None) -> list[Comparison]:
-        """Comparisons (optionally of one agent's conversations), oldest first."""
-        if agent is None:
-            rows = self._all("SELECT * FROM comparisons ORDER BY id")
-        else:
-            rows = self._all("""SELECT c.* FROM comparisons c JOIN messages m ON m.id = c.message_a_id
-                                JOIN conversations v ON v.id = m.conversation_id WHERE v.agent_id = ?
-                                ORDER BY c.id""", [self.get_agent(agent).id])
+    def list_comparisons(self, agent: int | str | None = None, with_text: bool = False) -> list[Comparison]:
+        """Comparisons (optionally of one agent's conversations), oldest first; ``with_text`` adds both replies'
+        text (``text_a``, ``text_b``: the leaderboard's style control reads them)."""
+        text = ", m.content AS text_a, mb.content AS text_b" if with_text else ""
+        where, params = ("WHERE v.agent_id = ?", [self.get_agent(agent).id]) if agent is not None else ("", [])
+        rows = self._all(f"""SELECT c.*{text} FROM comparisons c JOIN messages m ON m.id = c.message_a_id
+                             JOIN messages mb ON mb.id = c.message_b_id
+                             JOIN conversations v ON v.id = m.conversation_id {where} ORDER BY c.id""", params)
         return [Comparison.from_row(r) for r in rows]
 
     def create_arena_pair(self, agent: int | str, message_a_id: int, message_b_id: int) -> ArenaPair:
