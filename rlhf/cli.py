@@ -324,7 +324,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", help="loop: one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64); gate: pool votes "
                                             "per trial (default 64)")
-    p.add_argument("--trials", type=int, help="gate: null trials (default 120); decide: simulated decisions per "
+    p.add_argument("--trials", type=int, help="gate: null trials (default 300); decide: simulated decisions per "
                                              "true win rate (default 1000)")
     p.add_argument("--eval-prompts", type=int,
                    help="loop: held-out prompts the oracle judges (default 32, at most 160)")

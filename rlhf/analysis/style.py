@@ -7,8 +7,10 @@ plus a linear term in style covariates of the two replies,
     logit P(a beats b) = r_a − r_b + β · z(a, b),
 
 where z holds, per feature (reply length in words, markdown headers, list items, bold spans), the normalised
-difference (f_a − f_b) / (f_a + f_b) (0 when both are 0), standardised over the votes. The loss is the mean
-negative log-likelihood (ties count half a win) plus ½·reg·‖β‖², ratings unpenalised — arena-rank's loss. The
+difference (f_a − f_b) / (f_a + f_b) (0 when both are 0), scaled to unit spread over the votes (not centred:
+see ``standardise``). The loss is the mean
+negative log-likelihood (ties count half a win) plus ½·reg·‖β‖², ratings unpenalised — arena-rank's loss
+(``STYLE_REG``). The
 ratings are then what is left after style: a version that wins only by writing longer replies keeps its raw BT
 lead but not its style-controlled one. ``prior`` adds the same virtual games against a reference player as the
 raw fit (``rlhf.analysis.leaderboard``), so a version with only wins stays finite; prior=0 is arena-rank's fit.
@@ -22,6 +24,10 @@ from typing import Optional
 import numpy as np
 
 FEATURES = ("length", "headers", "lists", "bold")
+# L2 strength on the style coefficients of the *mean* loss. arena-rank's default (1.0) shrinks a style effect to
+# about a fifth of its size whatever the number of votes; at 0.01 a few hundred votes measure it (tested against
+# arena-rank's own fit at both strengths in tests/rlhf/analysis/test_style.py).
+STYLE_REG = 0.01
 _HEADER = re.compile(r"^\s{0,3}#{1,6}\s", re.M)
 _LIST = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+", re.M)
 _BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
@@ -42,12 +48,17 @@ def style_diffs(texts_a, texts_b) -> np.ndarray:
     return np.divide(a - b, total, out=np.zeros_like(total), where=total > 0)
 
 
-def standardise(x: np.ndarray) -> np.ndarray:
-    """Columns to mean 0, spread 1 (a constant column stays centred at 0), as arena-rank normalises features."""
+def standardise(x: np.ndarray, center: bool = True) -> np.ndarray:
+    """Columns to spread 1 (and mean 0 with ``center``, as arena-rank normalises features).
+
+    The app scales without centring: in LMArena the sides are random, so a column's mean is ~0 anyway, but here
+    vote-queue items may put one version on side a more often; centring would then move that version's average
+    style advantage into its rating, the opposite of style control. Unscaled, 0 still means "equal style".
+    """
     if not len(x):
         return x
-    std = x.std(axis=0)
-    return (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    spread = x.std(axis=0) if center else np.sqrt((x ** 2).mean(axis=0))
+    return (x - (x.mean(axis=0) if center else 0.0)) / np.where(spread > 0, spread, 1.0)
 
 
 def fit(a: np.ndarray, b: np.ndarray, outcome: np.ndarray, features: np.ndarray, n: int, reg: float = 1.0,
@@ -93,13 +104,13 @@ def fit(a: np.ndarray, b: np.ndarray, outcome: np.ndarray, features: np.ndarray,
     return np.where(played, r, np.nan), res.x[n:]
 
 
-def style_ratings(a, b, outcome, texts_a, texts_b, n: int, n_boot: int = 200, seed: int = 0, reg: float = 1.0,
+def style_ratings(a, b, outcome, texts_a, texts_b, n: int, n_boot: int = 200, seed: int = 0, reg: float = STYLE_REG,
                   prior: float = 1.0, scale: float = 400.0, base: float = 10.0,
                   anchor: float = 1000.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rating, low, high) per player on the Elo scale (mean over played players = anchor), 95% percentile
     bootstrap interval over votes; NaN for players without a rated vote."""
     a, b, y = np.asarray(a, int), np.asarray(b, int), np.asarray(outcome, float)
-    x = standardise(style_diffs(texts_a, texts_b))
+    x = standardise(style_diffs(texts_a, texts_b), center=False)
     to_elo = lambda r: scale * r / math.log(base)  # noqa: E731
 
     def centred(r: np.ndarray) -> np.ndarray:

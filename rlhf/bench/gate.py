@@ -36,7 +36,7 @@ from rlhf.bench.report import report
 from rlhf.config import AppConfig, ConfigError
 
 BON_KL = float(np.log(4) - 3 / 4)  # KL of best-of-4 to its base policy (Stiennon et al. 2020, bound)
-NULL_TRIALS, REAL_SEEDS = 120, 5
+NULL_TRIALS, REAL_SEEDS = 300, 10
 QUICK_NULL, QUICK_SEEDS = 12, 1
 
 

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 CHECKS = ("length", "distinct", "repetition", "off_prompt", "kl")
+SHOWN_FIRST = ("off_prompt", "repetition", "distinct", "length", "kl")  # whose examples speak most plainly
 EXAMPLES = 3
 _WORD = re.compile(r"\w+(?:'\w+)?")
 
@@ -97,9 +98,9 @@ def guard_report(prompts: list, candidate: Sequence[str], active: Sequence[str],
         checks["off_prompt"] = _check(off_c, off_a, cfg.max_off_prompt_rise, off_c - off_a > cfg.max_off_prompt_rise)
     checks["kl"] = _check(kl_to_base, 0.0, cfg.guard_max_kl, kl_to_base > cfg.guard_max_kl)
     tripped = [name for name in CHECKS if checks.get(name, {}).get("tripped")]
+    shown = next((name for name in SHOWN_FIRST if name in tripped), None)
     return {"tripped": tripped, "checks": checks,
-            "examples": examples(prompts, candidate, active, tripped[0] if tripped else None, rel_c, rep_c,
-                                 cand_words)}
+            "examples": examples(prompts, candidate, active, shown, rel_c, rep_c, cand_words)}
 
 
 def examples(prompts: list, candidate: Sequence[str], active: Sequence[str], check: Optional[str],
