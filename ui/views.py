@@ -188,9 +188,14 @@ def rm_accuracy_text(m: dict) -> Optional[str]:
 def gate_text(m: dict) -> str:
     """The retrain gate's verdict and win-rate interval, e.g. "inconclusive 0.55 [0.40–0.70]: needs arena votes"."""
     verdict = m.get("gate/verdict")
-    if missing(verdict):
+    if not isinstance(verdict, str):
         return DASH
-    text = f"{verdict} {fmt(m.get('eval/win_rate'))} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
+    rate = m.get("gate/win_rate", m.get("eval/win_rate"))  # the held-out judge's (older versions: the RM's)
+    text = f"{verdict} {fmt(rate)} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
+    if m.get("gate/guard_tripped"):
+        text += f" · guard: {', '.join(m['gate/guard_tripped'])}"
+    if isinstance(m.get("decision/verdict"), str):
+        return text + f" · people's votes: {m['decision/verdict']} ({m.get('decision/votes')} votes)"
     return text + (": needs arena votes" if verdict == "inconclusive" else "")
 
 

@@ -14,6 +14,7 @@ from ui import views
 from ui.permissions import Forbidden, is_admin, require_admin
 from ui.plots import by_color, keep_fresh
 from ui.services import Services, bind
+from ui.tabs.decisions import build_decisions_panel
 
 REFRESH_SECONDS = 10
 ADMIN_NOTE = "Admin actions change which version the agent serves and what the arena offers."
@@ -178,6 +179,7 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
             rollback = gr.Button("Roll back", scale=1)
             archive = gr.Button("Archive", variant="stop", scale=1)
         admin_status = gr.Markdown(ADMIN_NOTE)
+    build_decisions_panel(services, agent)
 
     keep_fresh(ratings, rating_plot_style)
     keep_fresh(volume, lambda f: {**by_color("kind")(f), "sort": sorted(set(f["period"]))})
