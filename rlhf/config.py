@@ -189,7 +189,7 @@ class GateConfig:
                                      "much above the active one's.")
     guard_max_kl: float = opt(15.0, "Guard: trips when the candidate's KL to base (nats per reply) is above this "
                               "(retrain.max_kl rejects outright).")
-    decision_rule: str = opt("auto", "auto | ask: when people's votes decide, promote/archive at once, or wait for "
+    decision_rule: str = opt("auto", "auto or ask: when people's votes decide, promote/archive at once, or wait for "
                              "an admin's click.")
     decision_alpha: float = opt(0.05, "Error rate of the people's-vote test (always-valid: checking after every "
                                 "vote is fine).")
