@@ -133,6 +133,27 @@ def summarise(rows: list[dict]) -> dict:
             "null_rm_would_promote": sum((r["rm_low"] or 0) > 0.5 for r in null)}
 
 
+def table(rows: list[dict]) -> list[dict]:
+    """One row per (kind, preference): verdict counts and mean figures over the trials (the report's table)."""
+    out = []
+    groups = [("null", None)] + [("real", p) for p in dict.fromkeys(r["preference"] for r in rows
+                                                                    if r["kind"] == "real")]
+    for kind, pref in groups:
+        rs = [r for r in rows if r["kind"] == kind and (pref is None or r["preference"] == pref)]
+        if rs:
+            mean = lambda k: _r(np.mean([r[k] for r in rs if r[k] is not None])) if any(  # noqa: E731
+                r[k] is not None for r in rs) else None
+            out.append({"kind": kind, "votes_from": "coin flips" if kind == "null" else pref, "trials": len(rs),
+                        "promote": sum(r["gate"] == "promote" for r in rs),
+                        "to_people": sum(r["gate"] == "inconclusive" for r in rs),
+                        "reject": sum(r["gate"] == "reject" for r in rs),
+                        "old_gate_promotes": sum((r["rm_low"] or 0) > 0.5 for r in rs),
+                        "rm_cv": mean("rm_cv"), "judge_acc": mean("judge_acc"), "judge_win_rate": mean("win_rate"),
+                        "rm_win_rate": mean("rm_win_rate"), "oracle_win_rate": mean("oracle_win_rate"),
+                        "oracle_min": _r(min(r["oracle_win_rate"] for r in rs)) if kind == "real" else None})
+    return out
+
+
 def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None) -> dict:
     """Null and real trials through the gate's decision; one table, one JSON line."""
     from tqdm import tqdm
@@ -168,6 +189,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
              f"pool's four replies; verdict = `rlhf.jobs.gate.decide` on the judge's scores over "
              f"{len(setup.eval_ids)} held-out prompts (`retrain.min_win_rate` {config.retrain.min_win_rate}); oracle win rate "
              "on all 160 held-out prompts. `rm_win_rate`/`rm_low`: what the old gate (PPO's own reward model) "
-             "measured; `null_rm_would_promote` counts null trials whose old lower bound was above 0.5. Goals: null "
+             "measured; `old_gate_promotes` / `null_rm_would_promote` count trials whose old lower bound was above "
+             "0.5 (the old rule's promote). Rows: verdict counts and means per vote source. Goals: null "
              "promoted <= 5%; real candidates with oracle win rate >= 0.65 promoted or sent to people, never rejected.")
-    return report("gate", rows, figures, notes, path=path)
+    return report("gate", table(rows), figures, notes, path=path)

@@ -81,8 +81,7 @@ class RewardResult:
 
     def summary(self) -> dict:
         """The CLI's JSON line."""
-        cv = {k: self.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high", "judge_accuracy",
-                                                           "judge_low", "judge_high", "judge_pairs")}
+        cv = {k: self.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")}
         return {"reward_model_id": self.reward_model_id, "path": self.path, "mode": self.mode,
                 "method": self.method, "pairs_train": self.pairs_train, "pairs_eval": self.pairs_eval,
                 "eval_accuracy": self.eval_accuracy, **cv,
