@@ -311,6 +311,7 @@ def test_the_gates_judge_is_fitted_on_pairs_the_reward_model_never_sees(tmp_path
     store = Store(config.db_path)
     store.ensure_default_agent(str(tiny_model_dir))
     plant(store, 40)
+    store.ensure_annotator("nobody")
     store.set_annotator_excluded("nobody", True)
     r = train_reward_model(store, config)
     m = r.metrics
