@@ -256,7 +256,8 @@ def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: l
 
 def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig):
     """The judge saved with a reward model, on the scorer's own features when it has them; None without one."""
-    from rlhf.training.judge import JUDGE_FILE, load_judge
+    from rlhf.training.judge import JUDGE_FILE
+    from rlhf.training.reward import load_judge
 
     if not (Path(rm_path) / JUDGE_FILE).is_file():
         return None

@@ -10,7 +10,6 @@ gate knows whether the judge can be told from chance at all. Under the symmetric
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -62,13 +61,3 @@ def fit_judge(x_chosen: np.ndarray, x_rejected: np.ndarray, judge_rows: np.ndarr
     return head, {"judge_accuracy": acc, "judge_low": low, "judge_high": high, "judge_pairs": int(len(judge_rows)),
                   "judge_test_pairs": int(len(test_rows))}
 
-
-def load_judge(path: str | Path, features):
-    """The judge saved beside a reward model, as a scorer over ``features`` (the frozen base's reply features);
-    None when the reward model has no judge."""
-    from rlhf.training.reward import HeadScorer
-
-    file = Path(path) / JUDGE_FILE
-    if not file.is_file():
-        return None
-    return HeadScorer(features, reward_head.LinearHead.load(file), {"judge": True})

@@ -165,6 +165,15 @@ class HeadScorer:
         return self.head.member_scores(self.features(prompts, replies)) / self.head.score_scale
 
 
+def load_judge(path: str | os.PathLike, features) -> Optional[HeadScorer]:
+    """The gate's judge saved beside a reward model (``rlhf.training.judge``), as a scorer over ``features`` (the
+    frozen base's reply features); None when the reward model has none."""
+    file = Path(path) / JUDGE_FILE
+    if not file.is_file():
+        return None
+    return HeadScorer(features, reward_head.LinearHead.load(file), {"judge": True})
+
+
 def _read_meta(path: Path) -> dict:
     try:
         return json.loads((path / META_FILE).read_text())

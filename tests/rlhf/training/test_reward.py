@@ -303,8 +303,8 @@ def test_pair_and_point_metrics_by_hand():
 def test_the_gates_judge_is_fitted_on_pairs_the_reward_model_never_sees(tmp_path, tiny_model_dir):
     import json
 
-    from rlhf.training.judge import JUDGE_FILE, load_judge
-    from rlhf.training.reward import load_reward_model
+    from rlhf.training.judge import JUDGE_FILE
+    from rlhf.training.reward import load_judge, load_reward_model
 
     config = load_config(env={}, overrides=[f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}",
                                             "device=cpu", "reward.cv_folds=3"])  # the default: head + judge
