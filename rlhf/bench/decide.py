@@ -3,9 +3,9 @@
 Simulated annotators vote on candidate-vs-active pairs with a true win rate of 0.5, 0.6 or 0.7: a share of the
 votes are ties (``TIE_SHARE`` of the rated votes) and some are *both bad* (``BOTH_BAD``, recorded, not rated);
 the candidate wins the rest so that wins + ties / 2 over the rated votes has the true rate. After every vote the
-test (``rlhf.analysis.decision``'s ``confidence_sequence`` and ``verdicts``, which the app's ``decide`` calls, with ``gate.decision_alpha`` and
-``gate.decision_max_votes``) is asked for its verdict, and the run stops at the first decision — exactly how the
-app peeks. Goals: at 0.5 wrong decisions (promote or reject) <= 5%; at 0.7 promote >= 90%; median votes reported.
+test (``rlhf.analysis.decision``'s ``confidence_sequence`` and ``verdicts``, which the app's ``decide`` calls,
+with ``gate.decision_alpha`` and ``gate.decision_max_votes``) is asked for its verdict, and the run stops at the
+first decision — exactly how the app peeks. Goals: at 0.5 wrong decisions (promote or reject) <= 5%; at 0.7 promote >= 90%; median votes reported.
 """
 from __future__ import annotations
 

@@ -77,11 +77,13 @@ def trial(setup: Setup, preference: str, seed: int, votes: int, null: bool) -> d
     judge, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, seed)
     cand, act = best_of_4(feats, setup.pool, policy_rm, seed)
     eval_ids = setup.eval_ids
-    members = lambda head, ids, side: head.member_scores(feats.matrix[[side[i] for i in ids]]) / head.score_scale  # noqa: E731
-    verdict = decide(members(judge, eval_ids, cand) if judge else None, members(judge, eval_ids, act) if judge else None,
-                     Evidence.from_metrics({**cv, **judged}, prefix=""), BON_KL, config.retrain.min_win_rate,
-                     config.retrain.max_kl, None, members(policy_rm, eval_ids, cand), members(policy_rm, eval_ids, act),
-                     seed=seed)
+    def members(head, side):  # (prompts, members) scores of one side's replies to the gate's prompts
+        return None if head is None else head.member_scores(feats.matrix[[side[i] for i in eval_ids]]) / \
+            head.score_scale
+
+    verdict = decide(members(judge, cand), members(judge, act), Evidence.from_metrics({**cv, **judged}, prefix=""),
+                     BON_KL, config.retrain.min_win_rate, config.retrain.max_kl, None, members(policy_rm, cand),
+                     members(policy_rm, act), seed=seed)
     oracle = None
     if not null:
         pref, text, prompt = PREFERENCES[preference], setup.text, setup.prompt
@@ -187,8 +189,8 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
              f"{1 - config.gate.judge_share:.0%} of the prompts, the judge on the rest (`gate.judge_share` "
              f"{config.gate.judge_share}); candidate = best-of-4 against PPO's reward model, active = another of the "
              f"pool's four replies; verdict = `rlhf.jobs.gate.decide` on the judge's scores over "
-             f"{len(setup.eval_ids)} held-out prompts (`retrain.min_win_rate` {config.retrain.min_win_rate}); oracle win rate "
-             "on all 160 held-out prompts. `rm_win_rate`/`rm_low`: what the old gate (PPO's own reward model) "
+             f"{len(setup.eval_ids)} held-out prompts (`retrain.min_win_rate` {config.retrain.min_win_rate}); oracle "
+             "win rate on all 160 held-out prompts. `rm_win_rate`/`rm_low`: what the old gate (PPO's own reward model) "
              "measured; `old_gate_promotes` / `null_rm_would_promote` count trials whose old lower bound was above "
              "0.5 (the old rule's promote). Rows: verdict counts and means per vote source. Goals: null "
              "promoted <= 5%; real candidates with oracle win rate >= 0.65 promoted or sent to people, never rejected.")
