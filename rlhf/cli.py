@@ -307,6 +307,78 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- backup, restore, publishing a version (issue 28) ----
+def add_backup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", metavar="OUT", help="archive to write (.tar, or .tar.gz / .tgz for gzip); must not exist")
+
+
+@command("backup", "back up the data dir (database, adapters, reward models) into one checksummed archive; the app "
+         "may keep running", add_backup_args)
+def cmd_backup(args: argparse.Namespace) -> int:
+    import json
+
+    from rlhf.backup import BackupError, backup
+
+    try:
+        print(json.dumps(backup(config_from_args(args), args.out)))
+    except BackupError as exc:
+        print(f"backup: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_restore_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("archive", metavar="ARCHIVE", help="a backup written by `rlhf-studio backup`")
+    p.add_argument("--data", metavar="DIR", help="data dir to restore into (default: the config's data_dir)")
+    p.add_argument("--force", action="store_true", help="replace the database, adapters, reward models and runs of "
+                   "a non-empty data dir (stop its app first)")
+
+
+@command("restore", "verify a backup's checksums and restore it into a new or empty data dir", add_restore_args)
+def cmd_restore(args: argparse.Namespace) -> int:
+    import json
+
+    from rlhf.backup import BackupError, restore
+
+    target = args.data or config_from_args(args).data_dir
+    try:
+        print(json.dumps(restore(args.archive, target, force=args.force)))
+    except BackupError as exc:
+        print(f"restore: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_push_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("policy_id", metavar="ID", type=int, help="the version's policy id (GET /api/v1/policies)")
+    p.add_argument("--repo", required=True, metavar="NAME", help="Hub model repo, e.g. your-name/assistant-rlhf")
+    p.add_argument("--public", action="store_true", help="create the repo public (default: private)")
+
+
+@command("push-policy", "push a version to the Hugging Face Hub as a PEFT model with its model card; needs "
+         "HF_TOKEN", add_push_args)
+def cmd_push_policy(args: argparse.Namespace) -> int:
+    import json
+
+    from rlhf.interop.hub import HubError, push_policy
+    from storage import StoreError
+
+    config = config_from_args(args)
+    if not config.server.hf_token:
+        print("push-policy: needs a Hugging Face token with write access: set HF_TOKEN (or server.hf_token)",
+              file=sys.stderr)
+        return 2
+    store = open_data(config)
+    try:
+        print(json.dumps(push_policy(store, config, args.policy_id, args.repo, private=not args.public)))
+    except (HubError, StoreError) as exc:
+        print(f"push-policy: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    return 0
+
+
 # ---- benchmarks (issue 8) ----
 BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
            "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward", "queue": "rlhf.bench.queue",

@@ -268,7 +268,9 @@ class ServerConfig:
     max_file_size: str = opt("5mb", "Largest file a browser may upload to the UI.")
     space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in and Spaces defaults).")
     persistent_dir: str = opt("/data", "Spaces persistent storage mount; the data dir when it exists on a Space.")
-    hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` (also read from HF_TOKEN).")
+    hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` and `push-policy` (also read from HF_TOKEN).")
+    hf_endpoint: str = opt("", "Hugging Face Hub URL for `push-policy` (empty = huggingface.co; also read from "
+                           "HF_ENDPOINT).")
     allowed_origins: list = opt([], "Other origins (scheme://host[:port]) that may call the app from a browser; default same-origin only.")
     allowed_hosts: list = opt([], "Host names the app answers to besides localhost, server.host and a Space's own host; '*' = any.")
     login_max_failures: int = opt(10, "Failed sign-ins per user name and per client address before every attempt gets 429 (0 = off).")
@@ -316,7 +318,7 @@ SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / 
 # Variables that other tools set (Hugging Face Spaces) or that the docs promise, mapped to config keys.
 # They apply before the RLHF_<SECTION>_<KEY> form, so the long form wins when both are set.
 ENV_ALIASES = {"RLHF_USERS": "server.users", "RLHF_ADMINS": "server.admins", "SPACE_ID": "server.space_id",
-               "HF_TOKEN": "server.hf_token"}
+               "HF_TOKEN": "server.hf_token", "HF_ENDPOINT": "server.hf_endpoint"}
 SPACES_BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # from the hub on Spaces: no GGUF wheel needed
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -101,6 +102,24 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
     raise ModelNotFound(f"cannot find base model {name!r}. {HOW_TO}")
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+
+
+def hub_id_of(name: str, local_path: Optional[str], data_dir: str | Path) -> Optional[str]:
+    """The Hugging Face id a base model is known by: a shipped model's hub id (also when only its converted copy
+    under the data dir is named), or ``name`` itself when it is a hub id and no local path; None for a local model."""
+    if name in SHIPPED:
+        return SHIPPED[name][2]
+    if local_path:
+        for shipped, (_, _, hub) in SHIPPED.items():
+            cached = cached_model_dir(shipped, data_dir)
+            if Path(local_path).expanduser().absolute() == cached.expanduser().absolute():
+                return hub
+    if isinstance(name, str) and HUB_ID.fullmatch(name) and not Path(name).expanduser().exists():
+        return name
+    return None
+
+
 def shipped_tokenizer(name: str, data_dir: str | Path) -> Path:
     """A shipped model's tokenizer alone, built from its GGUF once (seconds, no weight conversion).
 
@@ -177,6 +196,12 @@ def load_causal_lm(source: str, device: str, load_in_4bit: bool = False):
         model.config.pad_token_id = model.config.eos_token_id
     model.eval()
     return model
+
+
+def name_local_base(peft_model, base) -> None:
+    """Make an adapter loaded from disk name the local base it runs on. Published adapters name their base by
+    hub id, and saving one that does makes peft ask the hub about that id: an offline app must not wait for it."""
+    peft_model.peft_config[peft_model.active_adapter].base_model_name_or_path = base.name_or_path or None
 
 
 def lora_targets(model) -> list[str] | str:

@@ -41,7 +41,7 @@ class JobsMixin:
             row = self._one("SELECT * FROM jobs WHERE kind = ? AND agent_id IS ? AND status IN ('queued', 'running') "
                             "AND json_extract(config, '$.key') IS ? ORDER BY id LIMIT 1", [kind, agent_id, key])
             if row:
-                return Job.from_row(row)
+                return Job.from_row(self._located(row, "checkpoint"))
             job_id = self._insert(db, "jobs", {"kind": kind, "agent_id": agent_id, "config": dumps(config),
                                                "created": utcnow()})
         return self.get_job(job_id)
@@ -76,6 +76,7 @@ class JobsMixin:
         if progress is not None:
             sets.append("progress = ?")
             params.append(min(1.0, max(0.0, float(progress))))
+        checkpoint = self._stored_path(checkpoint) if checkpoint is not None else None
         for name, value in (("phase", phase), ("message", message), ("checkpoint", checkpoint)):
             if value is not None:
                 sets.append(f"{name} = ?")
@@ -133,7 +134,7 @@ class JobsMixin:
         row = self._one("SELECT * FROM jobs WHERE id = ?", [job_id])
         if row is None:
             raise NotFound(f"unknown job {job_id}")
-        return Job.from_row(row)
+        return Job.from_row(self._located(row, "checkpoint"))
 
     def list_jobs(self, agent: int | str | None = None, limit: int = 50) -> list[Job]:
         """Most recent jobs first."""
@@ -142,7 +143,7 @@ class JobsMixin:
         else:
             rows = self._all("SELECT * FROM jobs WHERE agent_id = ? ORDER BY id DESC LIMIT ?",
                              [self.get_agent(agent).id, limit])
-        return [Job.from_row(r) for r in rows]
+        return [Job.from_row(self._located(r, "checkpoint")) for r in rows]
 
     # ---- metrics and logs --------------------------------------------------------------------
     def log_metrics(self, job_id: int, step: int, metrics: dict) -> None:
@@ -176,7 +177,7 @@ class JobsMixin:
         agent_id = self.get_agent(agent).id
         with self._tx() as db:
             rm_id = self._insert(db, "reward_models", {
-                "agent_id": agent_id, "path": str(path), "mode": mode, "data_snapshot": dumps(data_snapshot),
+                "agent_id": agent_id, "path": self._stored_path(path), "mode": mode, "data_snapshot": dumps(data_snapshot),
                 "config": dumps(config), "metrics": dumps(metrics), "job_id": job_id, "created": utcnow()})
         return self.get_reward_model(rm_id)
 
@@ -184,7 +185,7 @@ class JobsMixin:
         row = self._one("SELECT * FROM reward_models WHERE id = ?", [reward_model_id])
         if row is None:
             raise NotFound(f"unknown reward model {reward_model_id}")
-        return RewardModel.from_row(row)
+        return RewardModel.from_row(self._located(row, "path"))
 
     def list_reward_models(self, agent: int | str | None = None) -> list[RewardModel]:
         """Reward models, newest first."""
@@ -193,7 +194,7 @@ class JobsMixin:
         else:
             rows = self._all("SELECT * FROM reward_models WHERE agent_id = ? ORDER BY id DESC",
                              [self.get_agent(agent).id])
-        return [RewardModel.from_row(r) for r in rows]
+        return [RewardModel.from_row(self._located(r, "path")) for r in rows]
 
     # ---- scheduler rules ---------------------------------------------------------------------
     def get_scheduler_rule(self, agent: int | str) -> Optional[dict]:

@@ -231,6 +231,26 @@ CREATE INDEX queue_assignments_annotator ON queue_assignments(annotator_id, vote
 """)
 
 
+@MIGRATIONS(name="m007_relative_paths")
+def m007_relative_paths(db: Database) -> None:
+    # A data dir that can be moved or restored (issue 28): paths under the data dir (the database file's
+    # directory) become relative to it; paths outside it stay absolute. Paths written relative to the app's
+    # working directory are read as the app read them, from the working directory this migration runs in.
+    from pathlib import Path
+
+    from storage.paths import from_legacy
+
+    main = next((row[2] for row in db.execute("PRAGMA database_list").fetchall() if row[1] == "main"), "")
+    if not main:  # an in-memory database has no data dir
+        return
+    root = Path(main).parent
+    for table, column in (("policies", "adapter_path"), ("reward_models", "path"), ("jobs", "checkpoint")):
+        for row_id, value in db.execute(f"SELECT id, {column} FROM {table} WHERE {column} IS NOT NULL").fetchall():
+            stored = from_legacy(value, root)
+            if stored != value:
+                db.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", [stored, row_id])
+
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))

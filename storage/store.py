@@ -16,6 +16,7 @@ from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable,
 from storage.feedback import FeedbackExportMixin, FeedbackMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
+from storage.paths import to_absolute, to_stored
 from storage.queue import QueueMixin
 from storage.records import Agent, Annotator, Policy
 from storage.util import check_text, dumps, utcnow
@@ -32,6 +33,7 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
 
     def __init__(self, path: str | Path, max_text_chars: int = 8000, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
+        self.root = Path(os.path.abspath(self.path.parent))  # the data dir: stored paths are relative to it
         self.busy_timeout_s = busy_timeout_s
         self.max_text_chars = max_text_chars
         self._local = threading.local()
@@ -134,6 +136,14 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
             # stored record: a lookup by it is a 404, not a crash.
             raise NotFound("no record matches: a number beyond SQLite's 64-bit range or invalid Unicode text") \
                 from None
+
+    def _stored_path(self, path: str | Path) -> str:
+        """A path as it is kept in the database: relative to the data dir when it lies under it."""
+        return to_stored(path, self.root)
+
+    def _located(self, row: Optional[dict], column: str) -> Optional[dict]:
+        """A row whose path ``column`` is absolute again (records always carry absolute paths)."""
+        return None if row is None else {**row, column: to_absolute(row[column], self.root)}
 
     def close(self) -> None:
         """Close every connection this Store opened."""
@@ -250,7 +260,7 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
         row = self._one("SELECT * FROM policies WHERE id = ?", [policy_id])
         if row is None:
             raise NotFound(f"unknown policy {policy_id}")
-        return Policy.from_row(row)
+        return Policy.from_row(self._located(row, "adapter_path"))
 
     def list_policies(self, agent: int | str | None = None) -> list[Policy]:
         """Versions of one agent (or all), oldest first."""
@@ -259,7 +269,7 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
         else:
             rows = self._all("SELECT * FROM policies WHERE agent_id = ? ORDER BY version",
                              [self.get_agent(agent).id])
-        return [Policy.from_row(r) for r in rows]
+        return [Policy.from_row(self._located(r, "adapter_path")) for r in rows]
 
     def active_policy(self, agent: int | str) -> Policy:
         """The version an agent serves by default."""
@@ -270,7 +280,7 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
                             "ORDER BY version LIMIT 1", [agent_id])
         if row is None:
             raise NotFound(f"agent {agent!r} has no usable version")
-        return Policy.from_row(row)
+        return Policy.from_row(self._located(row, "adapter_path"))
 
     def register_policy_version(self, agent: int | str, adapter_path: str, parent_id: Optional[int],
                                 promote: bool, reward_model_id: Optional[int] = None,
@@ -287,7 +297,8 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
                 db.execute("UPDATE policies SET status = 'candidate' WHERE agent_id = ? AND status = 'active'",
                            [agent_id])
             policy_id = self._insert(db, "policies", {
-                "agent_id": agent_id, "version": version, "parent_id": parent_id, "adapter_path": str(adapter_path),
+                "agent_id": agent_id, "version": version, "parent_id": parent_id,
+                "adapter_path": self._stored_path(adapter_path),
                 "status": "active" if promote else "candidate", "reward_model_id": reward_model_id,
                 "job_id": job_id, "data_snapshot": dumps(data_snapshot or {}), "config": dumps(config or {}),
                 "metrics": dumps(metrics or {}), "created": utcnow()})

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig
-from rlhf.models import load_causal_lm, load_tokenizer, resolve_model
+from rlhf.models import load_causal_lm, load_tokenizer, name_local_base, resolve_model
 from rlhf.jobs.publish import publish_version
 from storage import Policy, Store
 
@@ -188,6 +188,7 @@ def _import_adapter(store: Store, config: AppConfig, agent_rec, parent, path: Pa
     except Exception as exc:  # shape mismatches and unknown modules surface as many error types
         raise PolicyImportError(f"the adapter in {adapter_dir} does not fit the base model of agent "
                                 f"{agent_rec.name!r} ({agent_rec.base_model}): {type(exc).__name__}: {exc}") from exc
+    name_local_base(model, base)  # re-saved below (offline); publishing names the base by hub id again
     model.eval()
     _check_finite(_probe_logits(model, tokenizer), "the adapter")
     if (settings["rank"], settings["lora_alpha"]) != (config.ppo.lora_r, config.ppo.lora_alpha):

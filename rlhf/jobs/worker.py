@@ -118,6 +118,9 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool
     """Run one claimed job to its end in this process and record the outcome."""
     job = store.get_job(job_id)
     config = config_of(job)
+    # The data dir is where this Store lives now: a job queued before the data dir was moved or restored
+    # elsewhere must write its run, reward model and version there, not at the path it was queued with.
+    config.data_dir = str(store.root)
     cpu = claim_cpu(config, lower_priority)  # leave serving its cores
     ctx = JobContext(store, job, config)
     stop = threading.Event()

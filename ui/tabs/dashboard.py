@@ -142,6 +142,42 @@ def regenerate_eval(services: Services, agent_name: str, policy_id, request: gr.
     return _admin_action(services, request, act)
 
 
+# ---- download a version (issue 28) -----------------------------------------------------------------
+def download_version(services: Services, policy_id, request: gr.Request = None):
+    """The picked version as a zip (PEFT adapter naming its base by hub id + model card), for admins.
+
+    Like the Data tab's exports it lies in a private directory that only admins can download from, deleted
+    after the download or within ``ui.downloads.TTL`` seconds."""
+    from rlhf.interop.hub import HubError, zip_version
+    from ui.downloads import DOWNLOADS
+
+    work = None
+    try:
+        require_admin(services, request)
+        if policy_id is None:
+            return gr.DownloadButton(visible=False), "Pick a version first."
+        work = DOWNLOADS.new_dir("rlhf-version-")
+        path = zip_version(services.store, int(policy_id), work)
+        DOWNLOADS.seal(work)
+    except BaseException as exc:
+        if work is not None:
+            DOWNLOADS.remove(work)
+        if not isinstance(exc, (Forbidden, StoreError, HubError)):
+            raise
+        return gr.DownloadButton(visible=False), f"⚠️ {exc}"
+    return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
+            f"{path.name}: load it with `PeftModel.from_pretrained(base, folder)`; its README.md is the model card.")
+
+
+def build_version_download(services: Services, pick: gr.Dropdown) -> None:
+    """A button that zips the version picked in ``pick`` and the download it then offers (admins)."""
+    with gr.Row():
+        prepare = gr.Button("Prepare download of this version (adapter + model card)", scale=2)
+        file = gr.DownloadButton("Download", visible=False, scale=1)
+    status = gr.Markdown()
+    prepare.click(bind(download_version, services), [pick], [file, status], api_name="download_version")
+
+
 # ---- layout ----------------------------------------------------------------------------------------
 def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
     """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
@@ -179,6 +215,7 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
             rollback = gr.Button("Roll back", scale=1)
             archive = gr.Button("Archive", variant="stop", scale=1)
         admin_status = gr.Markdown(ADMIN_NOTE)
+        build_version_download(services, pick_admin)
     build_decisions_panel(services, agent)
 
     keep_fresh(ratings, rating_plot_style)

@@ -49,7 +49,7 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
     """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``."""
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 
-    from rlhf.models import load_causal_lm, lora_targets, quantization
+    from rlhf.models import load_causal_lm, lora_targets, name_local_base, quantization
 
     base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
     if quantization(ppo_config.load_in_4bit, device) is not None:
@@ -58,6 +58,7 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
         p.requires_grad_(False)
     if init_adapter:
         policy = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
+        name_local_base(policy, base)  # what this run saves names the local base it trained on
     else:
         # No LoRA dropout: with it, the first update's ratio would not be 1 and the KL estimates noisier.
         lora = LoraConfig(r=ppo_config.lora_r, lora_alpha=ppo_config.lora_alpha, lora_dropout=0.0,

@@ -191,3 +191,23 @@ def test_job_process_gets_its_thread_budget_and_serving_gets_the_cores_back(sche
     log = "\n".join(r["line"] for r in store.job_log_tail(job.id, 50))
     assert f"OMP_NUM_THREADS={plan.job}" in log and f"MKL_NUM_THREADS={plan.job}" in log
     assert f"CPU budget: {plan.job} torch thread(s), nice {plan.job_nice}" in log  # read inside the job process
+
+
+def test_a_job_queued_before_its_data_dir_moved_writes_where_the_store_is_now(tmp_path, app_config):
+    """A restored or moved data dir: the job's stored config still names the old data dir."""
+    from rlhf.config import apply_overrides
+    from rlhf.jobs.worker import job_kind, run_job
+    from storage import Store
+
+    @job_kind("where_am_i")
+    def where_am_i(ctx):
+        return {"data_dir": str(ctx.data_dir)}
+
+    store = Store(tmp_path / "moved" / "studio.db")
+    store.ensure_default_agent("tiny")
+    old = apply_overrides(app_config, {"data_dir": str(tmp_path / "original")})
+    job = store.enqueue_job("where_am_i", "assistant", {"app": old.to_dict()})
+    store.claim_job(os.getpid())
+    done = run_job(store, job.id)
+    assert done.status == "succeeded" and done.result["data_dir"] == str(tmp_path / "moved")
+    store.close()

@@ -1,9 +1,10 @@
 """Atomic publish, leftovers of an interrupted publish, and broken adapters at start."""
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rlhf.jobs.evaluation import bootstrap_interval, gate, win_matrix, win_rate
 from rlhf.jobs.publish import check_adapters, clean_leftovers, policies_root, publish_version
@@ -40,18 +41,60 @@ def test_candidate_published_without_promotion(store, app_config, adapter):
     assert policy.status == "candidate" and store.active_policy("assistant").id == 1
 
 
-def test_a_publish_interrupted_before_the_rename_leaves_nothing(store, app_config, adapter):
+def test_a_publish_interrupted_before_the_rename_leaves_only_a_temp_dir(store, app_config, adapter):
     import shutil
 
     root = policies_root(app_config) / "assistant"
     root.mkdir(parents=True)
-    shutil.copytree(adapter, root / ".tmp-job9-abc123")  # the state a kill before the rename leaves
+    shutil.copytree(adapter, root / ".job9.tmp-abc123")  # the state a kill before the rename leaves
     shutil.copytree(adapter, root / "job10")  # renamed, but the row was never inserted
     kept = publish_version(store, app_config, "assistant", adapter, parent_id=1, promote=False, job_id=job(store, 11))
     removed = clean_leftovers(store, app_config)
-    assert sorted(p.name for p in removed) == [".tmp-job9-abc123", "job10"]
-    assert [p.name for p in root.iterdir()] == ["job11"] and store.get_policy(kept.id).adapter_path
+    assert [p.name for p in removed] == [".job9.tmp-abc123"]  # only what the atomic-write rule names a temp dir
+    assert sorted(p.name for p in root.iterdir()) == ["job10", "job11"] and store.get_policy(kept.id).adapter_path
     assert len(store.list_policies("assistant")) == 2
+    # The job that died between rename and insert publishes again (resumed): the unregistered copy is replaced.
+    again = publish_version(store, app_config, "assistant", adapter, parent_id=1, promote=False, job_id=job(store, 10))
+    assert again.adapter_path.endswith("job10") and len(store.list_policies("assistant")) == 3
+
+
+def test_the_clean_up_never_removes_a_directory_a_row_points_to(store, app_config, adapter):
+    import shutil
+
+    root = policies_root(app_config) / "assistant"
+    odd = root / ".job5.tmp-imported"  # a temp-looking name, but registered
+    shutil.copytree(adapter, odd)
+    policy = store.register_policy_version("assistant", str(odd), parent_id=1, promote=False)
+    rm_dir = app_config.data_path / "reward_models" / ".rm-registered"
+    rm_dir.mkdir(parents=True)
+    store.register_reward_model("assistant", str(rm_dir), "pairwise", {}, {}, {})
+    assert clean_leftovers(store, app_config) == []
+    assert odd.is_dir() and rm_dir.is_dir() and store.get_policy(policy.id).status == "candidate"
+
+
+def test_a_copied_data_dir_keeps_every_version_when_the_original_is_gone(tmp_path, app_config, adapter):
+    """The reported bug: a copy deleted its own adapters at start and served the original's."""
+    import shutil
+
+    from rlhf.config import apply_overrides
+    from storage import Store
+
+    first = Store(app_config.db_path)
+    first.ensure_default_agent("tiny")
+    published = [publish_version(first, app_config, "assistant", adapter, parent_id=1, promote=i == 0,
+                                 job_id=job(first, i + 1)) for i in range(2)]
+    first.close()
+    moved = tmp_path / "moved"
+    shutil.copytree(app_config.data_path, moved)
+    shutil.rmtree(app_config.data_path)
+    config = apply_overrides(app_config, {"data_dir": str(moved)})
+    store = Store(config.db_path)
+    assert clean_leftovers(store, config) == [] and check_adapters(store) == []
+    for p in published:
+        path = store.get_policy(p.id).adapter_path
+        assert path == str(moved / "policies" / "assistant" / Path(p.adapter_path).name)
+        assert (Path(path) / "adapter_config.json").is_file()
+    store.close()
 
 
 def test_missing_or_corrupt_adapters_are_marked_broken(store, app_config, adapter):

@@ -1,0 +1,210 @@
+"""Back up a data dir into one checksummed archive while the app runs, and restore it anywhere.
+
+The archive (tar, gzip when the name ends in .gz or .tgz) holds ``studio.db`` (an online SQLite copy,
+``storage.backup``), every version adapter under ``policies/`` and every reward model under
+``reward_models/``, and last ``MANIFEST.json``: the SHA-256 and size of every file, the schema version and
+the table counts. The database is copied first: a directory is renamed into place before its row is
+inserted, so every directory the copy names is already complete on disk. Temp dirs of writes in flight
+(``rlhf.files.is_temp_dir``) are left out. Converted base models (``models/``), PPO runs and job logs are
+not in it: they are rebuilt or belong to the machine. Stored paths are relative to the data dir, so the
+restored data dir works at any path.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Iterator
+
+from rlhf.config import AppConfig
+from rlhf.files import atomic_file, is_temp_dir
+from storage.backup import backup_database, check_database
+from storage.errors import StorageUnavailable
+from storage.util import utcnow
+
+FORMAT = "rlhf-studio-backup"
+FORMAT_VERSION = 1
+MANIFEST = "MANIFEST.json"
+DATABASE = "studio.db"
+FILE_TREES = ("policies", "reward_models")  # data-dir sub-directories that travel in a backup
+CHUNK = 1 << 20
+
+
+class BackupError(RuntimeError):
+    """A backup or restore that cannot be done; the message says why and what to do."""
+
+
+class _Hashing:
+    """A read-only file wrapper that hashes what ``tarfile`` reads through it."""
+
+    def __init__(self, f: BinaryIO):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.f.read(n)
+        self.sha.update(chunk)
+        self.size += len(chunk)
+        return chunk
+
+
+def _files(data: Path) -> Iterator[tuple[Path, str]]:
+    """(path, archive name) of every regular file of the data dir that travels, skipping temp dirs and links."""
+    for tree in FILE_TREES:
+        root = data / tree
+        if not root.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if not is_temp_dir(Path(d)))
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                if path.is_file() and not path.is_symlink() and not is_temp_dir(path):
+                    yield path, PurePosixPath(*path.relative_to(data).parts).as_posix()
+
+
+def _add(tar: tarfile.TarFile, path: Path, name: str) -> dict:
+    info = tar.gettarinfo(str(path), arcname=name)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    with open(path, "rb") as f:
+        reader = _Hashing(f)
+        tar.addfile(info, reader)
+    return {"sha256": reader.sha.hexdigest(), "size": reader.size}
+
+
+def _write_mode(out: Path) -> str:
+    return "w:gz" if out.name.endswith((".gz", ".tgz")) else "w"
+
+
+def backup(config: AppConfig, out: str | Path) -> dict:
+    """Write the data dir of ``config`` (the app may be running) to the archive ``out``; returns a summary."""
+    data, out = config.data_path, Path(out).expanduser()
+    if out.exists():
+        raise BackupError(f"{out} already exists; choose a new file name")
+    if not config.db_path.is_file():
+        raise BackupError(f"no database at {config.db_path}: is {data} the app's data dir (RLHF_DATA_DIR)?")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rlhf-backup-", dir=out.parent) as work:
+        db_copy = Path(work) / DATABASE
+        try:
+            db_info = backup_database(config.db_path, db_copy)
+        except StorageUnavailable as exc:
+            raise BackupError(str(exc)) from exc
+        files, vanished = {}, []
+        with atomic_file(out) as tmp, tarfile.open(tmp, _write_mode(out)) as tar:
+            files[DATABASE] = _add(tar, db_copy, DATABASE)
+            for path, name in _files(data):
+                try:
+                    files[name] = _add(tar, path, name)
+                except FileNotFoundError:  # an unregistered leftover removed while we read (never a version)
+                    vanished.append(name)
+            manifest = {"format": FORMAT, "version": FORMAT_VERSION, "created": utcnow(), "source": str(data),
+                        **db_info, "files": files}
+            blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            info = tarfile.TarInfo(MANIFEST)
+            info.size, info.mtime = len(blob), int(Path(db_copy).stat().st_mtime)
+            tar.addfile(info, io.BytesIO(blob))
+    return {"archive": str(out), "files": len(files), "bytes": out.stat().st_size,
+            "schema_version": db_info["schema_version"], "tables": db_info["tables"], "skipped": vanished}
+
+
+def read_manifest(tar: tarfile.TarFile) -> dict:
+    """The archive's manifest, checked for its format and for safe file names."""
+    try:
+        member = tar.getmember(MANIFEST)
+        manifest = json.loads(tar.extractfile(member).read())
+    except (KeyError, AttributeError, ValueError) as exc:
+        raise BackupError(f"not an RLHF Studio backup, or an incomplete one (no readable {MANIFEST})") from exc
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise BackupError(f"not an RLHF Studio backup ({MANIFEST} has format {manifest.get('format')!r})")
+    if manifest.get("version", 0) > FORMAT_VERSION:
+        raise BackupError(f"this backup has format version {manifest['version']}; this release reads up to "
+                          f"{FORMAT_VERSION}: restore it with a newer rlhf-studio")
+    for name in manifest["files"]:
+        p = PurePosixPath(name)
+        if p.is_absolute() or ".." in p.parts or (name != DATABASE and p.parts[0] not in FILE_TREES):
+            raise BackupError(f"the backup names an unsafe or unknown path {name!r}; refusing to restore it")
+    if DATABASE not in manifest["files"]:
+        raise BackupError(f"the backup holds no {DATABASE}")
+    return manifest
+
+
+def _extract(tar: tarfile.TarFile, manifest: dict, staging: Path) -> list[str]:
+    """Write every listed file under ``staging``, checking its size and SHA-256; the names that do not match."""
+    members = {m.name: m for m in tar.getmembers()}
+    bad = []
+    for name, want in sorted(manifest["files"].items()):
+        member = members.get(name)
+        if member is None or not member.isfile():
+            bad.append(f"{name} (missing)")
+            continue
+        target = staging / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sha, size = hashlib.sha256(), 0
+        with tar.extractfile(member) as src, open(target, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                sha.update(chunk)
+                size += len(chunk)
+                dst.write(chunk)
+        if sha.hexdigest() != want.get("sha256") or size != want.get("size"):
+            bad.append(f"{name} (checksum mismatch)")
+    extra = sorted(set(members) - set(manifest["files"]) - {MANIFEST})
+    return bad + [f"{name} (not in the manifest)" for name in extra]
+
+
+def _clear_target(target: Path) -> None:
+    """Remove what a restore replaces in ``target``: the database (and its WAL), adapters, reward models and runs
+    (a PPO run dir of another database's job would be taken for this one's checkpoint)."""
+    for name in (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", f"{DATABASE}-journal"):
+        (target / name).unlink(missing_ok=True)
+    for tree in (*FILE_TREES, "runs"):
+        if (target / tree).exists():
+            aside = target / f".{tree}.tmp-restore-old"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(target / tree, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def restore(archive: str | Path, target: str | Path, force: bool = False) -> dict:
+    """Verify every checksum of ``archive`` and restore it into the data dir ``target``.
+
+    A non-empty ``target`` is refused unless ``force``: then its database, adapters, reward models and PPO runs
+    are replaced (converted base models stay). Nothing in ``target`` changes unless every file checks out.
+    Stop the app that uses ``target`` first."""
+    archive, target = Path(archive).expanduser(), Path(target).expanduser()
+    if not archive.is_file():
+        raise BackupError(f"no backup archive at {archive}")
+    if target.exists() and not target.is_dir():
+        raise BackupError(f"{target} is a file, not a data dir")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise BackupError(f"{target} is not empty; restore into a new or empty directory, or pass --force to "
+                          "replace its database, adapters and reward models")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-restore-", dir=target.parent))
+    try:
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                manifest = read_manifest(tar)
+                bad = _extract(tar, manifest, staging)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise BackupError(f"cannot read {archive}: {exc}") from exc
+        if bad:
+            raise BackupError(f"{archive} is damaged; nothing was restored. Files that do not check out: "
+                              + ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
+        try:
+            db_info = check_database(staging / DATABASE)
+        except StorageUnavailable as exc:
+            raise BackupError(f"the database in {archive} is damaged: {exc}") from exc
+        target.mkdir(parents=True, exist_ok=True)
+        if force:
+            _clear_target(target)
+        for entry in sorted(staging.iterdir()):
+            os.rename(entry, target / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {"data_dir": str(target), "files": len(manifest["files"]), "backup_created": manifest.get("created"),
+            "schema_version": db_info["schema_version"], "tables": db_info["tables"]}

@@ -1,0 +1,168 @@
+"""Backup and restore of a data dir: one checksummed archive, verified before anything is restored.
+
+The end-to-end version (a running app backed up mid-retrain, restored and served elsewhere) is
+tests/e2e/test_backup_restore.py.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rlhf.backup import MANIFEST, BackupError, backup, restore
+from rlhf.cli import main
+from rlhf.config import apply_overrides
+from rlhf.jobs.publish import check_adapters, clean_leftovers, publish_version
+from storage import Store
+from storage.backup import BACKUP_INTERRUPTED, check_database
+from tests.conftest import make_adapter
+
+FEEDBACK = ("conversations", "messages", "ratings", "comparisons", "annotators", "policies", "reward_models")
+
+
+@pytest.fixture
+def filled(app_config, tiny_model_dir, tmp_path):
+    """A data dir with two published versions, a reward model dir, feedback, a running job and leftovers of writes
+    in flight (a temp version dir, a temp file)."""
+    store = Store(app_config.db_path)
+    store.ensure_default_agent(str(tiny_model_dir))
+    v0 = store.active_policy("assistant")
+    adapters = [make_adapter(tiny_model_dir, tmp_path / f"a{i}", seed=i) for i in range(2)]
+    versions = [publish_version(store, app_config, "assistant", a, parent_id=v0.id, promote=i == 0, name=f"v{i + 1}")
+                for i, a in enumerate(adapters)]
+    rm_dir = app_config.data_path / "reward_models" / "rm-1"
+    rm_dir.mkdir(parents=True)
+    (rm_dir / "meta.json").write_text('{"method": "head"}')
+    store.register_reward_model("assistant", str(rm_dir), "pairwise", {}, {}, {"reward/cv_accuracy": 0.8})
+    conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": "hi"}])
+    a = store.record_reply(store.leaf(conv.id).id, "one", versions[0].id)
+    b = store.record_reply(a.parent_id, "two", v0.id)
+    store.record_rating(a.id, "ann", thumb=1)
+    store.record_comparison(a.id, b.id, "a", "ann")
+    job = store.enqueue_job("retrain", "assistant")
+    store.claim_job(os.getpid())
+    temp = app_config.data_path / "policies" / "assistant" / ".job9.tmp-abc"
+    shutil.copytree(versions[0].adapter_path, temp)
+    (Path(versions[0].adapter_path) / ".README.md.tmp-xyz").write_text("half")
+    yield {"store": store, "versions": versions, "job": job}
+    store.close()
+
+
+def counts(store: Store) -> dict:
+    return {t: store.count(t) for t in FEEDBACK}
+
+
+def test_a_backup_restores_into_another_path_with_everything(filled, app_config, tmp_path):
+    store = filled["store"]
+    summary = backup(app_config, tmp_path / "b.tar.gz")
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile(MANIFEST).read())
+    assert names[-1] == MANIFEST and names[0] == "studio.db"
+    assert not [n for n in names if ".tmp-" in n]  # writes in flight stay out
+    assert {"policies/assistant/v1/adapter_model.safetensors", "policies/assistant/v1/README.md",
+            "reward_models/rm-1/meta.json"} <= set(manifest["files"])
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    assert summary["tables"]["ratings"] == 1 and summary["files"] == len(manifest["files"])
+
+    target = tmp_path / "elsewhere" / "data"
+    restored = restore(tmp_path / "b.tar.gz", target)
+    assert restored["tables"] == summary["tables"]
+    copy = Store(target / "studio.db")
+    assert counts(copy) == counts(store)
+    config = apply_overrides(app_config, {"data_dir": str(target)})
+    assert clean_leftovers(copy, config) == [] and check_adapters(copy) == []
+    for v in filled["versions"]:
+        path = Path(copy.get_policy(v.id).adapter_path)
+        assert path.parent.parent.parent == target and (path / "adapter_model.safetensors").read_bytes() == \
+            (Path(v.adapter_path) / "adapter_model.safetensors").read_bytes()
+    assert Path(copy.list_reward_models()[0].path) == target / "reward_models" / "rm-1"
+    # The job the original app was running belongs to its process: in the copy it is over.
+    job = copy.get_job(filled["job"].id)
+    assert job.status == "failed" and job.error == BACKUP_INTERRUPTED
+    assert store.get_job(filled["job"].id).status == "running"  # the original is untouched
+    copy.close()
+
+
+def test_restore_refuses_a_non_empty_target_unless_forced(filled, app_config, tmp_path):
+    archive = tmp_path / "b.tar"
+    backup(app_config, archive)
+    target = tmp_path / "busy"
+    (target / "runs" / "job1" / "checkpoints").mkdir(parents=True)  # another database's run: must not survive
+    (target / "models").mkdir()
+    with pytest.raises(BackupError, match="not empty"):
+        restore(archive, target)
+    assert sorted(p.name for p in target.iterdir()) == ["models", "runs"]
+    restore(archive, target, force=True)
+    assert (target / "studio.db").is_file() and (target / "models").is_dir() and not (target / "runs").exists()
+    with pytest.raises(BackupError, match="already exists"):
+        backup(app_config, archive)
+
+
+def tamper(archive: Path, out: Path, name: str, data: bytes | None = None, manifest: dict | None = None) -> Path:
+    """A copy of ``archive`` with one member's bytes (or the manifest) replaced."""
+    with tarfile.open(archive) as src, tarfile.open(out, "w") as dst:
+        for member in src.getmembers():
+            blob = src.extractfile(member).read()
+            if member.name == name and data is not None:
+                blob = data
+            if member.name == MANIFEST and manifest is not None:
+                blob = json.dumps(manifest).encode()
+            member.size = len(blob)
+            dst.addfile(member, io.BytesIO(blob))
+    return out
+
+
+def test_a_damaged_or_foreign_archive_restores_nothing(filled, app_config, tmp_path):
+    archive = tmp_path / "b.tar"
+    backup(app_config, archive)
+    weights = "policies/assistant/v1/adapter_model.safetensors"
+    with tarfile.open(archive) as tar:
+        good = tar.extractfile(weights).read()
+        manifest = json.loads(tar.extractfile(MANIFEST).read())
+    flipped = good[:-1] + bytes([good[-1] ^ 1])
+    cases = {
+        "flipped": (tamper(archive, tmp_path / "flipped.tar", weights, flipped), "checksum mismatch"),
+        "unsafe": (tamper(archive, tmp_path / "unsafe.tar", weights, manifest={
+            **manifest, "files": {**manifest["files"], "../../etc/evil": {"sha256": "0" * 64, "size": 1}}}),
+                   "unsafe"),
+        "foreign": (tamper(archive, tmp_path / "foreign.tar", weights, manifest={"format": "zip"}),
+                    "not an RLHF Studio backup"),
+    }
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    cases["truncated"] = (truncated, "")
+    for name, (path, message) in cases.items():
+        target = tmp_path / f"target-{name}"
+        with pytest.raises(BackupError, match=message):
+            restore(path, target)
+        assert not target.exists() or not any(target.iterdir()), name
+    assert not [p for p in tmp_path.iterdir() if ".tmp-restore-" in p.name]  # no staging dir left
+
+
+def test_the_database_copy_is_checked(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"SQLite format 3\x00" + b"\x00" * 200)
+    from storage import StorageUnavailable
+
+    with pytest.raises(StorageUnavailable):
+        check_database(bad)
+
+
+def test_backup_and_restore_commands(filled, app_config, tmp_path, capsys):
+    archive = tmp_path / "cli.tar.gz"
+    assert main(["backup", str(archive), "--set", f"data_dir={app_config.data_dir}"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["archive"] == str(archive) and out["tables"]["comparisons"] == 1
+    target = tmp_path / "restored"
+    assert main(["restore", str(archive), "--data", str(target)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["data_dir"] == str(target)
+    assert main(["restore", str(archive), "--data", str(target)]) == 1
+    assert "not empty" in capsys.readouterr().err
+    assert main(["backup", str(tmp_path / "x.tar"), "--set", f"data_dir={tmp_path / 'nothing'}"]) == 1
+    assert "no database" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""requirements.txt (what a Hugging Face Space installs) agrees with pyproject.toml (what `make setup` installs).
+
+Parsed with ``packaging`` as pip parses them: every dependency of the app is on the Space, no pin of one
+file falls outside the other's range, the Space extras are there, and the environment these tests run in
+(one resolution of pyproject.toml) satisfies requirements.txt too, checked by pip itself without an index.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from tests.conftest import ROOT
+
+
+def space_requirements() -> dict[str, Requirement]:
+    reqs: dict[str, Requirement] = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        assert not line.startswith("-"), f"requirements.txt: options are not used on Spaces here: {line!r}"
+        req = Requirement(line)
+        name = canonicalize_name(req.name)
+        assert name not in reqs, f"requirements.txt lists {req.name} twice"
+        reqs[name] = req
+    return reqs
+
+
+def project() -> tuple[dict[str, Requirement], dict[str, Requirement]]:
+    """(runtime dependencies, optional ones from every extra) of pyproject.toml."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {canonicalize_name(Requirement(r).name): Requirement(r) for r in meta["dependencies"]}
+    optional = {canonicalize_name(Requirement(r).name): Requirement(r)
+                for extra in meta.get("optional-dependencies", {}).values() for r in extra}
+    return runtime, optional
+
+
+def can_agree(a: Requirement, b: Requirement) -> bool:
+    """True when some version satisfies both specifier sets (tried on every version either one names)."""
+    if not a.specifier or not b.specifier:
+        return True
+    candidates = set()
+    for spec in [*a.specifier, *b.specifier]:
+        try:
+            candidates.add(Version(spec.version.rstrip(".*")))
+        except InvalidVersion:
+            pass
+    return any(a.specifier.contains(v, prereleases=True) and b.specifier.contains(v, prereleases=True)
+               for v in candidates)
+
+
+def test_can_agree_by_hand():
+    assert can_agree(Requirement("x==1.2"), Requirement("x>=1.0,<2"))
+    assert can_agree(Requirement("x>=2.4,<=2.14.1"), Requirement("x>=2.4,<=2.14.1"))
+    assert can_agree(Requirement("x"), Requirement("x==3"))
+    assert not can_agree(Requirement("x==1.2"), Requirement("x==1.3"))
+    assert not can_agree(Requirement("x==2.15"), Requirement("x>=2.4,<=2.14.1"))
+
+
+def test_every_app_dependency_is_on_the_space_with_an_agreeing_pin():
+    space, (runtime, optional) = space_requirements(), project()
+    missing = sorted(set(runtime) - set(space))
+    assert not missing, f"pyproject.toml needs {missing} but requirements.txt (the Space) does not install them"
+    for name, req in space.items():
+        declared = runtime.get(name) or optional.get(name)
+        if declared is None:  # a Space-only package must be pinned: nothing else constrains it
+            assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", \
+                f"requirements.txt: {req} is not in pyproject.toml, so pin it exactly"
+            continue
+        assert can_agree(req, declared), f"requirements.txt {req} conflicts with pyproject.toml {declared}"
+        assert declared.extras <= req.extras, f"requirements.txt {req} drops pyproject's extras {declared.extras}"
+
+
+def test_the_space_signs_in_and_serves_on_cpu():
+    space = space_requirements()
+    assert "oauth" in space["gradio"].extras, "a Space needs gradio[oauth] for 'Sign in with Hugging Face'"
+    assert str(space["llama-cpp-python"].specifier) == "==0.3.36", "the CPU serving engine"
+
+
+def test_this_environment_satisfies_both_files(tmp_path):
+    """The installed packages are one resolution of pyproject.toml; they must satisfy requirements.txt too.
+    pip checks it (``--dry-run --no-deps --no-index``: nothing is fetched) for every package installed here."""
+    space, (runtime, _) = space_requirements(), project()
+    installed = []
+    for name, req in space.items():
+        try:
+            have = Version(version(req.name))
+        except PackageNotFoundError:
+            assert name not in runtime, f"{req.name} is an app dependency but is not installed"
+            continue  # Space-only and not built here (llama-cpp-python is a 10-minute C++ build)
+        assert req.specifier.contains(have, prereleases=True), f"installed {req.name} {have} breaks requirements.txt"
+        if name in runtime:
+            assert runtime[name].specifier.contains(have, prereleases=True), f"installed {req.name} {have} breaks " \
+                                                                             "pyproject.toml"
+        installed.append(str(req))
+    listed = tmp_path / "requirements-installed.txt"
+    listed.write_text("\n".join(installed) + "\n")
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
+                          "--disable-pip-version-check", "-r", str(listed)], capture_output=True, text=True)
+    if pip.returncode != 0 and "No module named pip" in pip.stderr:
+        pytest.skip("pip is not installed in this environment")
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    assert "Would install" not in pip.stdout, pip.stdout
