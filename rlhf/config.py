@@ -187,7 +187,7 @@ class GateConfig:
                                "after its own prompt than after another (nats per token).")
     max_off_prompt_rise: float = opt(0.15, "Guard: trips when the candidate's share of off-prompt replies is this "
                                      "much above the active one's.")
-    guard_max_kl: float = opt(15.0, "Guard: trips when the candidate's KL to base (nats per reply) is above this "
+    guard_max_kl: float = opt(18.0, "Guard: trips when the candidate's KL to base (nats per reply) is above this "
                               "(retrain.max_kl rejects outright).")
     decision_rule: str = opt("auto", "auto or ask: when people's votes decide, promote/archive at once, or wait for "
                              "an admin's click.")
