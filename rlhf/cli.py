@@ -383,7 +383,7 @@ def cmd_push_policy(args: argparse.Namespace) -> int:
 # ---- benchmarks (issue 8) ----
 BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
            "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward", "queue": "rlhf.bench.queue",
-           "loop": "rlhf.bench.loop"}
+           "loop": "rlhf.bench.loop", "gate": "rlhf.bench.gate", "decide": "rlhf.bench.decide"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -395,7 +395,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preference", help="reward: one planted preference instead of all")
     p.add_argument("--no-baseline", action="store_true", help="reward: skip the slow LoRA baseline")
     p.add_argument("--oracle", help="loop: one built-in oracle instead of all")
-    p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64)")
+    p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64); gate: pool votes "
+                                            "per trial (default 64)")
+    p.add_argument("--trials", type=int, help="gate: null trials (default 300); decide: simulated decisions per "
+                                             "true win rate (default 1000)")
     p.add_argument("--eval-prompts", type=int,
                    help="loop: held-out prompts the oracle judges (default 32, at most 160)")
     p.add_argument("--active", action="store_true",

@@ -170,6 +170,52 @@ class RetrainConfig:
 
 
 @dataclass
+class GateConfig:
+    """How a retrained version gets promoted: held-out judge, reward-hacking guard, and people's votes."""
+    judge_share: float = opt(0.33, "Share of preference pairs (whole conversations) kept out of PPO's reward model "
+                             "to fit the gate's judge, which PPO never optimised (0 = no judge: people decide).")
+    min_judge_pairs: int = opt(8, "Fewest pairs in the judge's share and in PPO's share; fewer: no judge, people "
+                               "decide.")
+    guard: bool = opt(True, "Check candidate vs active replies for reward hacking before any promotion.")
+    max_length_ratio: float = opt(2.0, "Guard: trips when the candidate's mean reply length (words) is over this "
+                                  "many times the active one's.")
+    min_length_ratio: float = opt(0.33, "Guard: trips when it is under this many times the active one's.")
+    max_distinct_drop: float = opt(0.1, "Guard: trips when distinct-2 of the candidate's replies is this much below "
+                                   "the active one's.")
+    max_repetition_rise: float = opt(0.1, "Guard: trips when the candidate's share of repeated 3-grams within a "
+                                     "reply is this much above the active one's.")
+    min_relevance: float = opt(0.25, "Guard: a reply is off-prompt when the base model finds it hardly more likely "
+                               "after its own prompt than after another (nats per token).")
+    max_off_prompt_rise: float = opt(0.15, "Guard: trips when the candidate's share of off-prompt replies is this "
+                                     "much above the active one's.")
+    guard_max_kl: float = opt(18.0, "Guard: trips when the candidate's KL to base (nats per reply) is above this "
+                              "(retrain.max_kl rejects outright).")
+    decision_rule: str = opt("auto", "auto or ask: when people's votes decide, promote/archive at once, or wait for "
+                             "an admin's click.")
+    decision_alpha: float = opt(0.05, "Error rate of the people's-vote test (always-valid: checking after every "
+                                "vote is fine).")
+    decision_max_votes: int = opt(200, "Votes after which an undecided comparison ends as 'no difference' (the "
+                                  "active version stays).")
+    decision_check_seconds: float = opt(30.0, "How often the scheduler settles decided comparisons.")
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot work (called at load)."""
+        if not 0 <= self.judge_share < 1:
+            raise ConfigError(f"gate.judge_share must be in [0, 1), got {self.judge_share}")
+        if self.decision_rule not in ("auto", "ask"):
+            raise ConfigError(f"gate.decision_rule must be auto or ask, got {self.decision_rule!r}")
+        if not 0 < self.decision_alpha < 0.5:
+            raise ConfigError(f"gate.decision_alpha must be in (0, 0.5), got {self.decision_alpha}")
+        if self.decision_max_votes < 1 or self.min_judge_pairs < 2:
+            raise ConfigError("gate.decision_max_votes must be >= 1 and gate.min_judge_pairs >= 2")
+        if not 0 < self.min_length_ratio <= 1 <= self.max_length_ratio:
+            raise ConfigError("gate.min_length_ratio must be in (0, 1] and gate.max_length_ratio >= 1")
+
+
+@dataclass
 class SchedulerConfig:
     enabled: bool = opt(True, "Run the background scheduler in the app.")
     poll_seconds: float = opt(5.0, "How often the job queue is drained.")
@@ -245,6 +291,7 @@ class AppConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -270,7 +317,7 @@ class AppConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-SECTIONS = ["serving", "reward", "ppo", "retrain", "scheduler", "queue", "server"]
+SECTIONS = ["serving", "reward", "ppo", "retrain", "gate", "scheduler", "queue", "server"]
 SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / tokens
 # Variables that other tools set (Hugging Face Spaces) or that the docs promise, mapped to config keys.
 # They apply before the RLHF_<SECTION>_<KEY> form, so the long form wins when both are set.

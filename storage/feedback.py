@@ -360,37 +360,43 @@ class FeedbackMixin:
         row = self._one("SELECT message_a_id, message_b_id FROM arena_pairs WHERE id = ?", [pair_id])
         return row["message_a_id"], row["message_b_id"]
 
-    def _counted_comparisons(self, agent_id: Optional[int] = None, until_id: int = 2**62) -> list[dict]:
+    def _counted_comparisons(self, agent_id: Optional[int] = None, until_id: int = 2**62,
+                             with_text: bool = False) -> list[dict]:
         """THE comparisons that count, the one query every reader goes through (leaderboard, reward-model data,
         exports, quality stats): per annotator (the anonymous one counts as one person) and unordered pair of
-        replies, the latest vote with id <= ``until_id``; oldest first, with the annotator's name."""
+        replies, the latest vote with id <= ``until_id``; oldest first, with the annotator's name
+        (``with_text``: and both replies' text as ``text_a``, ``text_b``)."""
         where, params = "x.id <= ?", [until_id]
+        text, joins = ("", "") if not with_text else (
+            ", ma.content AS text_a, mb.content AS text_b",
+            "\n            JOIN messages ma ON ma.id = k.message_a_id JOIN messages mb ON mb.id = k.message_b_id")
         if agent_id is not None:
             where += """ AND x.message_a_id IN (SELECT m.id FROM messages m JOIN conversations v
                                                 ON v.id = m.conversation_id WHERE v.agent_id = ?)"""
             params.append(agent_id)
         return self._all(f"""
-            SELECT k.*, a.name AS annotator FROM (
+            SELECT k.*, a.name AS annotator{text} FROM (
                 SELECT x.*, ROW_NUMBER() OVER (
                     PARTITION BY COALESCE(x.annotator_id, 0), MIN(x.message_a_id, x.message_b_id),
                                  MAX(x.message_a_id, x.message_b_id)
                     ORDER BY x.id DESC) AS vote_rank
                 FROM comparisons x WHERE {where}) k
-            LEFT JOIN annotators a ON a.id = k.annotator_id
+            LEFT JOIN annotators a ON a.id = k.annotator_id{joins}
             WHERE k.vote_rank = 1 ORDER BY k.id""", params)
 
-    def list_comparisons(self, agent: int | str | None = None, history: bool = False) -> list[Comparison]:
+    def list_comparisons(self, agent: int | str | None = None, history: bool = False,
+                         with_text: bool = False) -> list[Comparison]:
         """The comparisons that count (an annotator's latest vote per pair of replies), optionally of one agent's
-        conversations, oldest first; ``history=True``: every vote ever cast, superseded ones included."""
+        conversations, oldest first; ``history=True``: every vote ever cast, superseded ones included;
+        ``with_text`` adds both replies' text (``text_a``, ``text_b``: the leaderboard's style control reads them)."""
         agent_id = None if agent is None else self.get_agent(agent).id
         if not history:
-            return [Comparison.from_row(r) for r in self._counted_comparisons(agent_id)]
-        if agent_id is None:
-            rows = self._all("SELECT * FROM comparisons ORDER BY id")
-        else:
-            rows = self._all("""SELECT c.* FROM comparisons c JOIN messages m ON m.id = c.message_a_id
-                                JOIN conversations v ON v.id = m.conversation_id WHERE v.agent_id = ?
-                                ORDER BY c.id""", [agent_id])
+            return [Comparison.from_row(r) for r in self._counted_comparisons(agent_id, with_text=with_text)]
+        text = ", m.content AS text_a, mb.content AS text_b" if with_text else ""
+        where, params = ("WHERE v.agent_id = ?", [agent_id]) if agent_id is not None else ("", [])
+        rows = self._all(f"""SELECT c.*{text} FROM comparisons c JOIN messages m ON m.id = c.message_a_id
+                             JOIN messages mb ON mb.id = c.message_b_id
+                             JOIN conversations v ON v.id = m.conversation_id {where} ORDER BY c.id""", params)
         return [Comparison.from_row(r) for r in rows]
 
     def create_arena_pair(self, agent: int | str, message_a_id: int, message_b_id: int) -> ArenaPair:

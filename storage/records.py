@@ -121,6 +121,8 @@ class Comparison(Record):
     annotator_id: Optional[int]
     pair_id: Optional[str]
     created: str
+    text_a: Optional[str] = None  # the two replies' text, only from list_comparisons(..., with_text=True)
+    text_b: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -330,6 +330,15 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
             db.execute("UPDATE policies SET status = 'archived' WHERE id = ?", [policy_id])
         return self.get_policy(policy_id)
 
+    def merge_policy_metrics(self, policy_id: int, values: dict) -> Policy:
+        """Add or replace keys of a version's metrics (e.g. the outcome of people's votes); other keys stay."""
+        self.get_policy(policy_id)
+        with self._tx() as db:
+            row = self._one("SELECT metrics FROM policies WHERE id = ?", [policy_id])
+            merged = {**json.loads(row["metrics"] or "{}"), **values}
+            db.execute("UPDATE policies SET metrics = ? WHERE id = ?", [dumps(merged), policy_id])
+        return self.get_policy(policy_id)
+
     def mark_policy_broken(self, policy_id: int, reason: str) -> Policy:
         """A version whose adapter cannot be loaded; the agent falls back to its base if it was active."""
         policy = self.get_policy(policy_id)

@@ -22,6 +22,7 @@ from ui.api.core import body_size_guard, build_router, install_error_handlers
 from ui.api.admin import build_admin_router
 from ui.api.arena import build_arena_router
 from ui.api.jobs import build_jobs_router
+from ui.api.policies import build_policies_router
 from ui.api.queue import build_queue_router
 from ui.downloads import DOWNLOADS, AdminOnlyFiles
 from ui.guard import allowed_hosts, gradio_login, install_security
@@ -94,6 +95,7 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     app.include_router(build_jobs_router(services))
     app.include_router(build_admin_router(services))
     app.include_router(build_queue_router(services))
+    app.include_router(build_policies_router(services))
     if not ui:
         return app
     demo = build_ui(services)

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 import pandas as pd
 
 from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES, leaderboard, win_rate_matrix
+from rlhf.jobs import decisions
 from storage import Comparison, Job, Policy, RewardModel
 
 DASH = "–"
@@ -83,7 +84,9 @@ def literal_chat(messages: list[dict]) -> list[dict]:
 # ---- leaderboard -----------------------------------------------------------------------------------
 def rated_votes(comparisons: Iterable[Comparison]) -> list[dict]:
     """Vote rows for rlhf.analysis.leaderboard: comparisons between two different, known versions."""
-    return [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner} for c in comparisons
+    return [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner,
+             **({"text_a": c.text_a, "text_b": c.text_b} if c.text_a is not None and c.text_b is not None else {})}
+            for c in comparisons
             if c.policy_a_id is not None and c.policy_b_id is not None and c.policy_a_id != c.policy_b_id]
 
 
@@ -109,17 +112,17 @@ def leaderboard_json(table: pd.DataFrame) -> list[dict]:
     return rows
 
 
-ARENA_VOTES_NEEDED = 20  # votes an inconclusive candidate is shown for before it is paired like any version
+ARENA_VOTES_NEEDED = 20  # kept for imports; an open decision is now paired first until its votes decide
 
 
 def needs_votes(policy: Policy) -> bool:
-    """True for a candidate the retrain gate could not call (its verdict waits for arena votes)."""
-    return (policy.metrics or {}).get("gate/verdict") == "inconclusive" and policy.status == "candidate"
+    """True for a candidate the retrain gate left to people until their votes decide (``rlhf.jobs.decisions``)."""
+    return decisions.is_open(policy)
 
 
 def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> list[dict]:
     """Versions ``rlhf.analysis.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated
-    votes; ``waiting`` ids (inconclusive gate) are marked ``needs_votes`` until they have enough votes."""
+    votes; ``waiting`` ids (open decisions) are marked ``needs_votes``: paired with the active version first."""
     out = []
     for row in table.itertuples(index=False):
         if row.status not in ELIGIBLE_STATUSES:
@@ -127,7 +130,7 @@ def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> li
         rated = row.wins + row.losses + row.ties > 0
         out.append({"policy_id": int(row.policy_id), "version": int(row.version), "status": row.status,
                     "votes": int(row.votes), "rating": float(row.bt) if rated else None,
-                    "needs_votes": int(row.policy_id) in waiting and int(row.votes) < ARENA_VOTES_NEEDED})
+                    "needs_votes": int(row.policy_id) in waiting})
     return out
 
 
@@ -166,10 +169,19 @@ def leaderboard_view(table: pd.DataFrame) -> pd.DataFrame:
     for rank, row in zip(shared_ranks(table), table.itertuples(index=False)):
         rows.append({"Rank": rank, "Version": f"v{row.version}", "Status": row.status,
                      "BT rating": fmt(row.bt, 0), "95% CI": interval_text(row.ci_low, row.ci_high, int(row.votes)),
-                     "Elo": fmt(row.elo, 0), "Votes": int(row.votes), "W / L / T": f"{row.wins} / {row.losses} / {row.ties}",
+                     "Style-controlled": _style(row), "Elo": fmt(row.elo, 0), "Votes": int(row.votes),
+                     "W / L / T": f"{row.wins} / {row.losses} / {row.ties}",
                      "Both bad": int(row.both_bad), "Win rate": fmt(row.win_rate, 0, percent=True)})
-    return pd.DataFrame(rows, columns=["Rank", "Version", "Status", "BT rating", "95% CI", "Elo", "Votes", "W / L / T",
-                                       "Both bad", "Win rate"])
+    return pd.DataFrame(rows, columns=["Rank", "Version", "Status", "BT rating", "95% CI", "Style-controlled", "Elo",
+                                       "Votes", "W / L / T", "Both bad", "Win rate"])
+
+
+def _style(row: Any) -> str:
+    """The style-controlled BT rating with its interval (length and markdown as covariates), or a dash."""
+    value = getattr(row, "bt_style", None)
+    if missing(value):
+        return DASH
+    return fmt(value, 0) + ("" if missing(row.style_low) else f" [{row.style_low:.0f} – {row.style_high:.0f}]")
 
 
 def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> pd.DataFrame:
@@ -204,7 +216,12 @@ def gate_text(m: dict) -> str:
     verdict = m.get("gate/verdict")
     if not isinstance(verdict, str) or not verdict:
         return DASH
-    text = f"{verdict} {fmt(m.get('eval/win_rate'))} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
+    rate = m.get("gate/win_rate", m.get("eval/win_rate"))  # the held-out judge's (older versions: the RM's)
+    text = f"{verdict} {fmt(rate)} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
+    if m.get("gate/guard_tripped"):
+        text += f" · guard: {', '.join(m['gate/guard_tripped'])}"
+    if isinstance(m.get("decision/verdict"), str):
+        return text + f" · people's votes: {m['decision/verdict']} ({m.get('decision/votes')} votes)"
     return text + (": needs arena votes" if verdict == "inconclusive" else "")
 
 

@@ -20,14 +20,19 @@ WINNERS = ("a", "b", "tie", "both_bad")
 LEADERBOARD_COLUMNS = [
     "policy_id", "version", "elo", "bt", "ci_low", "ci_high",
     "votes", "wins", "losses", "ties", "both_bad", "win_rate",
+    "bt_style", "style_low", "style_high",
 ]
 ELIGIBLE_STATUSES = ("active", "candidate")
 _SCORE_A = {"a": 1.0, "b": 0.0, "tie": 0.5}
 
 
 def votes_frame(rows) -> pd.DataFrame:
-    """Build a validated votes DataFrame (policy_a, policy_b, winner) from a list of dicts."""
+    """Build a validated votes DataFrame (policy_a, policy_b, winner) from a list of dicts; when the rows carry
+    both replies' text (``text_a``, ``text_b``), those columns too (the style-controlled rating reads them)."""
     a, b, w = [], [], []
+    rows = list(rows)
+    texts = bool(rows) and all(isinstance(r.get("text_a"), str) and isinstance(r.get("text_b"), str)
+                               for r in rows)
     for i, row in enumerate(rows):
         if row.get("winner") not in WINNERS:
             raise ValueError(f"vote {i}: winner must be one of {WINNERS}, got {row.get('winner')!r}")
@@ -38,11 +43,15 @@ def votes_frame(rows) -> pd.DataFrame:
         a.append(int(row["policy_a"]))
         b.append(int(row["policy_b"]))
         w.append(row["winner"])
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "policy_a": pd.Series(a, dtype="int64"),
         "policy_b": pd.Series(b, dtype="int64"),
         "winner": pd.Series(w, dtype=str),
     })
+    if texts:
+        frame["text_a"] = [r["text_a"] for r in rows]
+        frame["text_b"] = [r["text_b"] for r in rows]
+    return frame
 
 
 def _as_frame(votes) -> pd.DataFrame:
@@ -203,8 +212,27 @@ def leaderboard(votes, policies, *, n_boot: int = 200, seed: int = 0) -> pd.Data
     table["votes"] = table[["wins", "losses", "ties", "both_bad"]].sum(axis=1)
     rated = table["wins"] + table["losses"] + table["ties"]
     table["win_rate"] = (table["wins"] + 0.5 * table["ties"]) / rated.where(rated > 0)
+    table["bt_style"], table["style_low"], table["style_high"] = style_columns(votes, ids, n_boot, seed)
     table = table.sort_values(["bt", "policy_id"], ascending=[False, True], kind="stable")
     return table[LEADERBOARD_COLUMNS].reset_index(drop=True)
+
+
+def style_columns(votes: pd.DataFrame, ids: list[int], n_boot: int = 200, seed: int = 0):
+    """Style-controlled BT rating and its 95% bootstrap interval per policy (``rlhf.analysis.style``); NaN when
+    the votes carry no reply text or a policy has no rated vote."""
+    from rlhf.analysis.style import style_ratings
+
+    nan = [float("nan")] * len(ids)
+    if "text_a" not in votes.columns:
+        return nan, list(nan), list(nan)
+    everyone = _policy_ids(votes, ids)
+    a, b, s = _encode(votes, everyone)
+    scored = votes[votes["winner"] != "both_bad"]
+    rating, low, high = style_ratings(a, b, s, scored["text_a"].tolist(), scored["text_b"].tolist(), len(everyone),
+                                      n_boot=n_boot, seed=seed)
+    at = {p: i for i, p in enumerate(everyone)}
+    return ([float(rating[at[p]]) for p in ids], [float(low[at[p]]) for p in ids],
+            [float(high[at[p]]) for p in ids])
 
 
 def _pair_weight(va: dict, vb: dict, scale: float) -> float:

@@ -88,30 +88,51 @@ def chat(system: str, prompt: str) -> list[dict]:
 
 
 def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
-    """The app's head reward model on ``pairs``: (scorer(prompts, replies), grouped CV figures)."""
+    """The retrain's reward models on ``pairs``, split as the job splits them (``rlhf.training.judge``): PPO's
+    head on its share with grouped CV figures, and the gate's judge on the rest -> (scorer, cv, judge, evidence)."""
+    from rlhf.jobs.gate import Evidence
+    from rlhf.training.judge import fit_judge, judge_split
     from rlhf.training.reward import HeadScorer
     from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
 
     prompts = [chat(system, p["prompt"]) for p in pairs]
     xc = featurize(prompts, [p["chosen"] for p in pairs])
     xr = featurize(prompts, [p["rejected"] for p in pairs])
-    r = config.reward
-    cv = cross_validate_pairs(xc, xr, [p["prompt_id"] for p in pairs], k=r.cv_folds, c=r.head_c)
-    return HeadScorer(featurize, fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed), {}), cv
+    r, g = config.reward, config.gate
+    groups = [p["prompt_id"] for p in pairs]
+    mine, theirs = judge_split(groups, g.judge_share, g.min_judge_pairs, r.seed)
+    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c)
+    head = fit_pairs(xc[mine], xr[mine], c=r.head_c, members=r.ensemble, seed=r.seed)
+    judge_head, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, r.seed)
+    evidence = Evidence.from_metrics({**cv, **judged}, prefix="")
+    judge = HeadScorer(featurize, judge_head, {}) if judge_head is not None else None
+    return HeadScorer(featurize, head, {}), cv, judge, evidence
 
 
-def gate_verdict(config: AppConfig, model, tokenizer, scorer, prompts: list[str], system: str) -> dict:
+def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, prompts: list[str],
+                 system: str) -> dict:
     """What the retrain job's gate would say about adapter ``new`` of ``model`` against the base: the same
-    evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts scored by the reward model) and the same
-    verdict rule."""
-    from rlhf.jobs.evaluation import evaluate_versions, gate
+    evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts), guard and verdict rule
+    (``rlhf.jobs.gate.decide`` on the held-out judge's scores)."""
+    from rlhf.jobs.evaluation import evaluate_versions
+    from rlhf.jobs.gate import decide, judge_scores
+    from rlhf.jobs.guard import run_guard
 
-    report = evaluate_versions(model, tokenizer, [chat(system, p) for p in prompts], scorer, "new", None,
-                               config.ppo.max_new_tokens)
-    g = gate(report.candidate_members, report.active_members, report.kl_to_base, config.retrain.min_win_rate,
-             config.retrain.max_kl)
-    return {"gate": g.verdict, "gate_win_rate": round(g.win_rate, 3), "gate_low": round(g.low, 3),
-            "gate_high": round(g.high, 3)}
+    chats = [chat(system, p) for p in prompts]
+    report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.ppo.max_new_tokens)
+    cand_text, act_text = [s["reply"] for s in report.samples], [s["reply"] for s in report.active_samples]
+    guard = run_guard(model, tokenizer, chats, cand_text, act_text, report.kl_to_base, config.gate)
+    cand, act = judge_scores(judge, chats, cand_text, act_text)
+    g = decide(cand, act, evidence, report.kl_to_base, config.retrain.min_win_rate, config.retrain.max_kl, guard,
+               report.candidate_members, report.active_members)
+    for ex in guard["examples"]:  # what tripped it, for a human to read (stderr)
+        print(f"[guard {ex['check']}] {ex['prompt'][:60]!r} -> {ex['candidate'][:200]!r}", file=sys.stderr)
+    own = g.evidence["reward_model"]
+    return {"gate": g.verdict.verdict, "gate_win_rate": round(g.verdict.win_rate, 3),
+            "gate_low": round(g.verdict.low, 3), "gate_high": round(g.verdict.high, 3),
+            "rm_gate_win_rate": round(own.get("win_rate", float("nan")), 3),
+            "judge_accuracy": round(evidence.judge_accuracy or 0.0, 3), "guard": ",".join(guard["tripped"]) or "-",
+            **{f"guard_{k}": f"{v['candidate']:.2f}/{v['active']:.2f}" for k, v in guard["checks"].items()}}
 
 
 def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samples: int = SAMPLES) -> dict:
@@ -181,7 +202,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     else:
         pairs = queue_pairs(config, featurize, pool, oracle, train_ids, n_pairs, votes_from, system, config.ppo.seed)
     t0 = time.perf_counter()
-    scorer, cv = fit_reward(config, featurize, pairs, system)
+    scorer, cv, judge, evidence = fit_reward(config, featurize, pairs, system)
     reward_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix=f"bench-loop-{oracle}-") as tmp:
         t0 = time.perf_counter()
@@ -193,7 +214,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
         judged = verdict(model, tokenizer, oracle, [text[i] for i in held_ids[:eval_prompts]], system, samples)
         judged["best_of_pool"] = best_of_pool(pool, oracle, held_ids)
         # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on.
-        judged.update(gate_verdict(config, model, tokenizer, scorer,
+        judged.update(gate_verdict(config, model, tokenizer, scorer, judge, evidence,
                                    [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
         eval_s = time.perf_counter() - t0
     history = result.history
@@ -205,9 +226,10 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
 
 
 def agrees(gate: str, oracle_win_rate: float) -> bool:
-    """The issue's rule: the gate promotes when the oracle's win rate is >= 0.6 and never when it is <= 0.5."""
+    """The gate's goal: never promote when the oracle's win rate is <= 0.5, and never reject (promote or send it to
+    people's votes) when it is >= 0.6."""
     if oracle_win_rate >= 0.6:
-        return gate == "promote"
+        return gate != "reject"
     return gate != "promote" if oracle_win_rate <= 0.5 else True
 
 
@@ -271,7 +293,10 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
              "oracle's favourite of the pool's 4 base replies against a random one of them on all 160 held-out "
              "prompts, i.e. what a perfect best-of-4 reranker scores; an oracle that ties most pairs caps every "
              "win rate near 0.5. `gate`: the retrain job's verdict on the same adapter (greedy replies to "
-             f"{config.ppo.eval_prompts} other held-out prompts scored by the reward model, bootstrap interval). Goal: "
-             "oracle win rate >= 0.65 for every oracle at 64 votes, replies still fluent, and the gate promotes "
-             "when the oracle says >= 0.6 and never when it says <= 0.5.")
+             f"{config.ppo.eval_prompts} other held-out prompts judged by the head fitted on the votes PPO never "
+             "saw, bootstrap interval; the guard on the same replies). Goal: "
+             "oracle win rate >= 0.65 for every oracle at 64 votes, replies still fluent, and the gate never rejects "
+             "when the oracle says >= 0.6 (promote, or inconclusive: people decide) and never promotes when it says "
+             "<= 0.5. `gate_win_rate`: the held-out judge's; `rm_gate_win_rate`: PPO's own reward model's (what the "
+             "gate used before); `guard`: the reward-hacking checks that tripped.")
     return report("loop", rows, figures, notes, path=path)

@@ -11,7 +11,7 @@ from typing import Optional
 
 from rlhf.config import AppConfig, ConfigError, apply_overrides
 from rlhf.jobs.worker import JobContext, job_kind
-from storage import InvalidInput, Store
+from storage import InvalidInput, Policy, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
 RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "ppo": (0.25, 0.87), "eval": (0.87, 0.99),
@@ -95,13 +95,13 @@ class Phases:
 @job_kind("retrain")
 def retrain(ctx: JobContext) -> dict:
     """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
-    from rlhf.jobs.evaluation import gate
     from rlhf.models import pick_device, resolve_model
     from rlhf.jobs.publish import publish_version
 
     store, cfg = ctx.store, ctx.config
     agent = store.get_agent(ctx.job.agent_id)
-    parent = store.active_policy(agent.id)
+    parent = store.active_policy(agent.id)  # what the candidate must beat
+    start = start_policy(store, agent.id, ctx.job.config.get("from_policy_id")) or parent  # where PPO starts
     phases = Phases(ctx)
     device = pick_device(cfg.device)
     base_source = resolve_model(cfg.base_model, cfg.data_path)
@@ -116,28 +116,33 @@ def retrain(ctx: JobContext) -> dict:
 
     # PPO from the active version toward the new reward model
     phases.enter("ppo", "PPO on the reward model")
-    ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, parent.adapter_path,
+    ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, start.adapter_path,
                                            device)
 
     # Evaluation against the active version, then the gate
     phases.enter("eval", "evaluating candidate vs active version")
-    report = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer, eval_prompts,
-                            kl_to_base=ppo.kl)
-    verdict = gate(report.candidate_members, report.active_members, report.kl_to_base, cfg.retrain.min_win_rate,
-                   cfg.retrain.max_kl, seed=cfg.ppo.seed)
+    report, guard = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer,
+                                   eval_prompts, kl_to_base=ppo.kl)
+    judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device)
+    verdict = judged.verdict
     passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
     ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
-    ctx.metrics(cfg.ppo.steps + 1, {**report.metrics(), "gate/low": verdict.low, "gate/high": verdict.high})
+    if judged.guarded:
+        ctx.log(f"guard tripped: {', '.join(guard['tripped'])}", level="warning")
+    ctx.metrics(cfg.ppo.steps + 1, {**report.metrics(), "gate/win_rate": verdict.win_rate, "gate/low": verdict.low,
+                                    "gate/high": verdict.high})
 
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
     metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
                **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")},
+               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("judge_accuracy", "judge_low",
+                                                                               "judge_high", "judge_pairs")},
                "feedback_used": snapshot_size(store, agent.name, snapshot), "gate/passed": passed,
-               "gate/reasons": reasons, "gate/verdict": verdict.verdict, "gate/low": verdict.low,
-               "gate/high": verdict.high, "gate/reason": verdict.reason, "ppo/reward_before": ppo.reward_before, "ppo/reward_after": ppo.reward_after}
+               "gate/reasons": reasons, **judged.metrics(), "ppo/reward_before": ppo.reward_before,
+               "ppo/reward_after": ppo.reward_after}
     promote = passed and cfg.retrain.auto_promote
-    policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=parent.id, promote=promote,
+    policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=start.id, promote=promote,
                              job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot,
                              run_config=cfg.to_dict(), metrics=metrics)
     store.record_eval_samples(policy.id, report.samples)
@@ -150,8 +155,19 @@ def retrain(ctx: JobContext) -> dict:
                                                              * cfg.ppo.group_size),
              "eval_s": phases.seconds["eval"]}
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
-            "gate_reasons": reasons, "gate": verdict.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
+            "gate_reasons": reasons, "gate": judged.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
             "run_dir": str(ppo.run_dir), "rates": rates, **phase_split(phases.seconds, ppo.phase_seconds)}
+
+
+def start_policy(store: Store, agent_id: int, policy_id) -> Optional[Policy]:
+    """The version PPO starts from when the job names one (a retrain without excluded annotators starts from the
+    newest clean ancestor); None = the active version."""
+    if policy_id is None:
+        return None
+    policy = store.get_policy(int(policy_id))
+    if policy.agent_id != agent_id or policy.status == "broken":
+        raise InvalidInput(f"version {policy_id} cannot start this retrain (other agent, or broken)")
+    return policy
 
 
 def phase_split(seconds: dict, ppo_seconds: dict) -> dict:
@@ -211,14 +227,52 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
 def evaluate_phase(ctx: JobContext, base_source: str, device: str, candidate_dir: str | Path,
                    active_dir: Optional[str], scorer, eval_prompts: list, kl_to_base: Optional[float] = None):
     """Generate with candidate and active adapters on one base (one batch) and compare them with the reward
-    model; ``kl_to_base`` is PPO's final estimate on the same prompts (measured here when missing)."""
+    model; ``kl_to_base`` is PPO's final estimate on the same prompts (measured here when missing). Then the
+    reward-hacking guard on the same replies, with the same base as the judge of relevance: (report, guard)."""
     from rlhf.jobs.evaluation import evaluate_versions
+    from rlhf.jobs.guard import run_guard
 
     cfg = ctx.config
     model, tokenizer = adapters_on_base(base_source, device, {"cand": str(candidate_dir), "active": active_dir})
-    return evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", "active" if active_dir else None,
-                             cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000,
-                             kl_to_base=kl_to_base)
+    report = evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", "active" if active_dir else None,
+                               cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000,
+                               kl_to_base=kl_to_base)
+    guard = run_guard(model, tokenizer, eval_prompts, [s["reply"] for s in report.samples],
+                      [s["reply"] for s in report.active_samples], report.kl_to_base, cfg.gate)
+    return report, guard
+
+
+def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str):
+    """The gate's verdict (``rlhf.jobs.gate.decide``): the held-out judge scores the same replies."""
+    from rlhf.jobs.gate import Evidence, decide, judge_scores
+
+    cfg = ctx.config
+    judge = load_gate_judge(rm.path, scorer, device, cfg)
+    cand, act = judge_scores(judge, eval_prompts, [s["reply"] for s in report.samples],
+                             [s["reply"] for s in report.active_samples])
+    return decide(cand, act, Evidence.from_metrics(rm.metrics), report.kl_to_base, cfg.retrain.min_win_rate,
+                  cfg.retrain.max_kl, guard, report.candidate_members, report.active_members, seed=cfg.ppo.seed)
+
+
+def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig):
+    """The judge saved with a reward model, on the scorer's own features when it has them; None without one."""
+    from rlhf.training.judge import JUDGE_FILE
+    from rlhf.training.reward import load_judge
+
+    if not (Path(rm_path) / JUDGE_FILE).is_file():
+        return None
+    features = getattr(scorer, "features", None)
+    if features is None:
+        from rlhf.training.features import ReplyFeatures, feature_cache
+
+        features = feature_cache(ReplyFeatures.load(resolve_source(cfg), device, cfg.reward.max_length))
+    return load_judge(rm_path, features)
+
+
+def resolve_source(cfg: AppConfig) -> str:
+    from rlhf.models import resolve_model
+
+    return resolve_model(cfg.base_model, cfg.data_path)
 
 
 def adapters_on_base(base_source: str, device: str, adapters: dict):

@@ -31,6 +31,7 @@ import numpy as np
 
 from rlhf.analysis.queue import pair_uncertainty
 from rlhf.config import AppConfig
+from rlhf.jobs.decisions import is_open
 from rlhf.serving.server import AdapterError, AdapterRef, Busy, GenParams, PolicyServer
 from rlhf.training.prompts import STARTER_PROMPTS, PromptState, load_prompt_file, state_key, store_states
 from storage import Agent, Policy, Store, StoreError
@@ -80,10 +81,12 @@ def _rekey(state: PromptState, system: str, source: str) -> PoolPrompt:
 
 
 def queue_versions(store: Store, agent: Agent) -> tuple[Policy, Policy]:
-    """The two versions that answer queue items: the active one and the newest candidate (or itself twice)."""
+    """The two versions that answer queue items: the active one and the newest open decision, else the newest
+    candidate (or the active one twice)."""
     active = store.active_policy(agent.id)
     candidates = [p for p in store.list_policies(agent.id) if p.status == "candidate"]
-    return active, (max(candidates, key=lambda p: p.version) if candidates else active)
+    waiting = [p for p in candidates if is_open(p)]  # people's votes decide these: they go first
+    return active, (max(waiting or candidates, key=lambda p: p.version) if candidates else active)
 
 
 def queue_params(config: AppConfig, agent: Agent, seed: int) -> GenParams:

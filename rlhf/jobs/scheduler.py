@@ -69,6 +69,8 @@ class StudioScheduler:
                     max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
         aps.add_job(self.check_triggers, "interval", minutes=self.config.scheduler.check_minutes, id="trigger",
                     max_instances=1, coalesce=True)
+        aps.add_job(self.settle_decisions, "interval", seconds=self.config.gate.decision_check_seconds,
+                    id="decide", max_instances=1, coalesce=True)
         self._aps = aps
         for agent in self.store.list_agents():
             self._schedule_cron(agent.name, self.rule(agent.name))
@@ -149,6 +151,16 @@ class StudioScheduler:
                 queued.append(self.enqueue("retrain", agent.name, reason="threshold"))
                 log.info("threshold rule enqueued retrain job %s for %s", queued[-1].id, agent.name)
         return queued
+
+    def settle_decisions(self) -> list[dict]:
+        """Record (and under the auto rule apply) every open decision people's votes have decided."""
+        from rlhf.jobs.decisions import settle
+
+        try:
+            return settle(self.store, self.config)
+        except Exception:  # a timer job must not die; the next tick tries again
+            log.exception("settling decisions failed")
+            return []
 
     def next_check(self) -> Optional[datetime]:
         """When the trigger rule is evaluated next (None when the scheduler is not running)."""

@@ -36,6 +36,7 @@ from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_poi
 from rlhf.models import pick_device, resolve_model
 from rlhf.training import reward_head
 from rlhf.training.features import DEFAULT_DEPTHS
+from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
 from rlhf.training.reward_lora import RewardModelError, RewardScorer, train_lora
 from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
 
@@ -61,6 +62,7 @@ class RewardData:
     points_eval: list
     kto: list
     counts: dict
+    pairs_judge: list = field(default_factory=list)  # held out of every row above: the gate's judge fits on them
 
 
 @dataclass(frozen=True)
@@ -110,21 +112,28 @@ def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
                         f"{n_points})", cfg.min_pairs, n_pairs)
 
 
-def prepare_data(rows: dict, cfg: RewardConfig) -> RewardData:
-    """Build pairs, pointwise and KTO rows, pick the mode, and split by conversation (no model needed)."""
+def prepare_data(rows: dict, cfg: RewardConfig, judge_share: float = 0.0, min_judge_pairs: int = 8) -> RewardData:
+    """Build pairs, pointwise and KTO rows, pick the mode, hold out the judge's share of the pairs (whole
+    conversations, ``rlhf.training.judge``), and split the rest by conversation (no model needed)."""
     excluded = list(cfg.exclude_annotators or [])
     pairs = build_pairs(rows, excluded, cfg.margin_per_score, cfg.rated_vs_unrated)
     points = build_pointwise(rows, excluded)
     mode = choose_mode(cfg, len(pairs), len(points))
+    judged: list = []
+    if mode == "pairwise":
+        mine, theirs = judge_split(group_labels(pairs), judge_share, min_judge_pairs, cfg.seed)
+        pairs, judged = [pairs[i] for i in mine], [pairs[i] for i in theirs]
     # One split for both kinds of rows, so a conversation is on the same side for every metric.
     train, held = split_by_conversation(pairs + points, cfg.eval_fraction, cfg.seed)
     pairs_train, pairs_eval = [r for r in train if "chosen" in r], [r for r in held if "chosen" in r]
     points_train, points_eval = [r for r in train if "score" in r], [r for r in held if "score" in r]
-    counts = {"pairs": len(pairs), "points": len(points), **{f"pairs_{k}": v for k, v in count_sources(pairs).items()}}
+    counts = {"pairs": len(pairs) + len(judged), "points": len(points), "pairs_judge": len(judged),
+              **{f"pairs_{k}": v for k, v in count_sources(pairs + judged).items()}}
     if mode == "pairwise" and not pairs_train or mode == "pointwise" and not points_train:
         raise NotEnoughData(f"every {mode} training row landed in the held-out split; add feedback from more "
                             "conversations or lower reward.eval_fraction", 1, 0)
-    return RewardData(mode, pairs_train, pairs_eval, points_train, points_eval, build_kto(rows, excluded), counts)
+    return RewardData(mode, pairs_train, pairs_eval, points_train, points_eval, build_kto(rows, excluded), counts,
+                      judged)
 
 
 # ---- model --------------------------------------------------------------------------------------
@@ -154,6 +163,15 @@ class HeadScorer:
     def member_scores(self, prompts: list[list[dict]], replies: list[str]):
         """(n, members) each ensemble member's score, for uncertainty (gate, vote queue)."""
         return self.head.member_scores(self.features(prompts, replies)) / self.head.score_scale
+
+
+def load_judge(path: str | os.PathLike, features) -> Optional[HeadScorer]:
+    """The gate's judge saved beside a reward model (``rlhf.training.judge``), as a scorer over ``features`` (the
+    frozen base's reply features); None when the reward model has none."""
+    file = Path(path) / JUDGE_FILE
+    if not file.is_file():
+        return None
+    return HeadScorer(features, reward_head.LinearHead.load(file), {"judge": True})
 
 
 def _read_meta(path: Path) -> dict:
@@ -253,7 +271,7 @@ def choose_method(cfg: RewardConfig, n_pairs: int) -> str:
 
 def _write_rows(path: Path, data: RewardData) -> None:
     (path / DATA_DIR).mkdir()
-    for name in ("pairs_train", "pairs_eval", "points_train", "points_eval", "kto"):
+    for name in ("pairs_train", "pairs_eval", "points_train", "points_eval", "kto", "pairs_judge"):
         with (path / DATA_DIR / f"{name}.jsonl").open("w") as f:
             for row in getattr(data, name):
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -284,6 +302,26 @@ def _fit_head(data: RewardData, cfg: RewardConfig, features, report: Progress) -
     return head, metrics
 
 
+def _fit_judge(data: RewardData, cfg: RewardConfig, features) -> tuple:
+    """The gate's judge on the held-out pairs, measured on the policy's pairs (it never saw them); (head, metrics)."""
+    import numpy as np
+
+    if not data.pairs_judge:
+        return None, dict(NO_JUDGE)
+    pairs = data.pairs_train + data.pairs_eval + data.pairs_judge
+    xc = features([p["prompt"] for p in pairs], [p["chosen"] for p in pairs])
+    xr = features([p["prompt"] for p in pairs], [p["rejected"] for p in pairs])
+    weights = np.array([1.0 + max(0.0, float(p.get("margin") or 0.0)) for p in pairs])
+    n = len(pairs) - len(data.pairs_judge)
+    return fit_judge(xc, xr, np.arange(n, len(pairs)), np.arange(n), cfg.head_c, cfg.ensemble, cfg.seed, weights)
+
+
+def _reply_features(source: str, device: str, cfg: RewardConfig):
+    from rlhf.training.features import ReplyFeatures, feature_cache
+
+    return feature_cache(ReplyFeatures.load(source, device, cfg.max_length, load_in_4bit=cfg.load_in_4bit))
+
+
 def _head_metrics(scorer: HeadScorer, data: RewardData, fit_metrics: dict) -> dict:
     """The head's figures: cross-validated accuracy stands for held-out accuracy (the head saw every pair)."""
     if data.mode == "pointwise":
@@ -304,7 +342,8 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
     agent_rec = store.get_agent(agent)
     report(0.0, "reward/data", None)
     snapshot = store.feedback_watermark(agent_rec.id)
-    data = prepare_data(store.feedback_rows(agent_rec.id, until=snapshot), cfg)
+    rows = store.feedback_rows(agent_rec.id, until=snapshot)
+    data = prepare_data(rows, cfg, config.gate.judge_share, config.gate.min_judge_pairs)
     method = choose_method(cfg, len(data.pairs_train) + len(data.pairs_eval))
     log.info("reward data for %s: %s, mode %s, method %s", agent_rec.name, data.counts, data.mode, method)
 
@@ -317,17 +356,16 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
     final = config.data_path / "reward_models" / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     meta = {"mode": data.mode, "method": method, "base_model": config.base_model, "base_source": source,
             "max_length": cfg.max_length, "agent": agent_rec.name, "trained_on": device, "data_snapshot": snapshot,
+            "excluded_annotators": sorted(set(cfg.exclude_annotators or []) | set(rows["excluded_annotators"])),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     counts = {**data.counts, "pairs_train": len(data.pairs_train), "pairs_eval": len(data.pairs_eval),
               "points_train": len(data.points_train), "points_eval": len(data.points_eval), "kto_rows": len(data.kto)}
     renamed = False
     try:
         with atomic_dir(final, replace=False) as tmp:
+            features = None
             if method == "head":
-                from rlhf.training.features import ReplyFeatures, feature_cache
-
-                features = feature_cache(ReplyFeatures.load(source, device, cfg.max_length,
-                                                            load_in_4bit=cfg.load_in_4bit))
+                features = _reply_features(source, device, cfg)
                 head, fit_metrics = _fit_head(data, cfg, features, report)
                 report(0.85, "reward/eval", None)
                 metrics = {**_head_metrics(HeadScorer(features, head, meta), data, fit_metrics), **counts}
@@ -344,8 +382,14 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
                 scorer.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
                 meta.update(format=FORMAT, pad_token_id=scorer.tokenizer.pad_token_id,
                             lora={"r": cfg.lora_r, "alpha": cfg.lora_alpha, "layers": cfg.lora_layers})
+            report(0.9, "reward/judge", None)
+            judge, judge_metrics = _fit_judge(data, cfg, features or (data.pairs_judge and
+                                                                      _reply_features(source, device, cfg)))
+            if judge is not None:
+                judge.save(tmp / JUDGE_FILE)
+            meta["judge"] = judge is not None
             report(0.95, "reward/save", None)
-            metrics = {f"reward/{k}": v for k, v in metrics.items()}
+            metrics = {f"reward/{k}": v for k, v in {**metrics, **judge_metrics}.items()}
             _write_rows(tmp, data)
             (tmp / META_FILE).write_text(json.dumps({**meta, "metrics": metrics}, indent=2, sort_keys=True))
         renamed = True  # the directory appears complete or not at all

@@ -59,7 +59,7 @@ def build_arena_router(services: Services) -> APIRouter:
     @r.get("/leaderboard")
     def leaderboard(agent: Optional[str] = None):
         agent_rec = store.get_agent(agent)
-        table = views.board(store.list_comparisons(agent_rec.id), store.list_policies(agent_rec.id))
+        table = views.board(store.list_comparisons(agent_rec.id, with_text=True), store.list_policies(agent_rec.id))
         return views.leaderboard_json(table)
 
     @r.post("/policies/{policy_id}/archive")

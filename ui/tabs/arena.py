@@ -114,7 +114,7 @@ def leaderboard_tables(services: Services, agent_name: str):
     """Leaderboard and win-rate matrix of an agent, from every comparison between two of its versions."""
     store = services.store
     policies = store.list_policies(agent_name)
-    comparisons = store.list_comparisons(agent_name)
+    comparisons = store.list_comparisons(agent_name, with_text=True)  # style control reads the replies
     table = views.board(comparisons, policies)
     return views.leaderboard_view(table), views.win_rate_view(comparisons, policies)
 

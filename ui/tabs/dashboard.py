@@ -14,6 +14,7 @@ from storage import StoreError
 from ui import charts, views
 from ui.permissions import Forbidden, is_admin, require_admin
 from ui.services import Services, bind
+from ui.tabs.decisions import build_decisions_panel
 
 REFRESH_SECONDS = 10
 ADMIN_NOTE = "Admin actions change which version the agent serves and what the arena offers; each asks first."
@@ -265,6 +266,7 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
                 no = gr.Button("Cancel")
         admin_status = gr.Markdown(ADMIN_NOTE)
         build_version_download(services, pick_admin)
+    build_decisions_panel(services, agent)
 
     overview = bind(refresh_overview, services)
     overview_io = ([agent, pick_a, pick_b, pick_admin, job],

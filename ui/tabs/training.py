@@ -15,6 +15,7 @@ from storage import Job, StoreError
 from ui import charts, views
 from ui.permissions import Forbidden, require_admin
 from ui.services import Services, bind
+from ui.tabs.decisions import guard_html
 
 # The curves shown for a job, one panel each (one quantity per axis), in this order when logged.
 CURVE_KEYS = ("reward/mean", "eval/reward", "ppo/kl", "eval/kl", "loss/policy", "loss/value", "reward/train_loss")
@@ -74,7 +75,7 @@ def progress_html(job: Optional[Job]) -> str:
     gate = (job.result or {}).get("gate") if job.kind == "retrain" else None
     if gate:
         detail += (f"<br><b>Gate: {html.escape(str(gate.get('verdict')))}</b> — "
-                   f"{html.escape(str(gate.get('reason', '')))}")
+                   f"{html.escape(str(gate.get('reason', '')))}" + guard_html(gate))
     rm = ((job.result or {}).get("metrics") or {})
     cv = views.rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
     if cv:

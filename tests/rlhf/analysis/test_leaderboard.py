@@ -224,7 +224,7 @@ def test_leaderboard_columns_counts_and_sorting():
     table = leaderboard(votes, policies, n_boot=50)
     assert list(table.columns) == LEADERBOARD_COLUMNS == [
         "policy_id", "version", "elo", "bt", "ci_low", "ci_high",
-        "votes", "wins", "losses", "ties", "both_bad", "win_rate"]
+        "votes", "wins", "losses", "ties", "both_bad", "win_rate", "bt_style", "style_low", "style_high"]
     assert table["bt"].is_monotonic_decreasing
     assert table["policy_id"].tolist()[0] == 3
     row = table.set_index("policy_id").loc[1]

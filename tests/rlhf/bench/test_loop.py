@@ -77,8 +77,9 @@ def test_win_rates_count_ties_half_and_leave_them_out_of_the_decisive_rate():
     assert loop.win_rates(["tie", "tie"]) == {"oracle_win_rate": 0.5, "decisive_win_rate": None, "tie_share": 1.0}
 
 
-def test_the_gate_agrees_when_it_promotes_clear_winners_and_never_losers():
-    assert loop.agrees("promote", 0.7) and not loop.agrees("inconclusive", 0.6)
+def test_the_gate_agrees_when_it_never_rejects_clear_winners_and_never_promotes_losers():
+    assert loop.agrees("promote", 0.7) and loop.agrees("inconclusive", 0.6)  # people may decide a winner
+    assert not loop.agrees("reject", 0.65)
     assert loop.agrees("inconclusive", 0.55) and loop.agrees("promote", 0.55)  # between: either is fine
     assert not loop.agrees("promote", 0.5) and loop.agrees("reject", 0.4) and loop.agrees("inconclusive", 0.5)
 

@@ -58,6 +58,11 @@ def test_retrain_publishes_a_version_the_app_serves(store, app_config, tiny_serv
     assert {"eval/reward", "eval/kl", "eval/win_rate", "feedback_used"} <= set(policy.metrics)
     assert policy.metrics["feedback_used"] == 12
     assert (policy.status == "active") == result["promoted"]
+    # 12 pairs are too few to keep a judge's share out of PPO's reward model: people decide, nothing promotes
+    gate = result["gate"]
+    assert gate["verdict"] == "inconclusive" and gate["evidence"]["source"] == "none" and not result["promoted"]
+    assert set(gate["guard"]) >= {"tripped", "examples", "checks"} and "off_prompt" in gate["guard"]["checks"]
+    assert policy.metrics["gate/verdict"] == "inconclusive" and policy.status == "candidate"
     keys = {r["key"] for r in store.job_metrics(job.id)}
     assert {"reward/mean", "ppo/kl", "loss/policy", "eval/win_rate"} <= keys
     assert len(store.eval_samples(policy.id)) == 4 and len(store.eval_samples(1)) == 4

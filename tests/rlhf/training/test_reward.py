@@ -17,7 +17,8 @@ from storage import NotFound, Store
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
 
-FAST = ["reward.method=lora", "reward.learning_rate=0.003", "reward.lora_r=8", "reward.lora_alpha=16"]
+FAST = ["reward.method=lora", "reward.learning_rate=0.003", "reward.lora_r=8", "reward.lora_alpha=16",
+        "gate.judge_share=0"]  # these tests are about the reward model on every pair; the judge has its own test
 
 
 def tiny_config(data_dir: Path, model_dir: Path, *extra: str):
@@ -297,3 +298,35 @@ def test_pair_and_point_metrics_by_hand():
     assert m["eval_spearman"] == pytest.approx(0.8)  # ranks 1,2,3,4 vs 1,3,2,4: 1 - 6*2/(4*15)
     flat = [dict(p, score=0.5) for p in points]
     assert point_metrics(by_length, flat, "eval")["eval_spearman"] is None  # undefined for constant targets
+
+
+def test_the_gates_judge_is_fitted_on_pairs_the_reward_model_never_sees(tmp_path, tiny_model_dir):
+    import json
+
+    from rlhf.training.judge import JUDGE_FILE
+    from rlhf.training.reward import load_judge, load_reward_model
+
+    config = load_config(env={}, overrides=[f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}",
+                                            "device=cpu", "reward.cv_folds=3"])  # the default: head + judge
+    store = Store(config.db_path)
+    store.ensure_default_agent(str(tiny_model_dir))
+    plant(store, 40)
+    store.ensure_annotator("nobody")
+    store.set_annotator_excluded("nobody", True)
+    r = train_reward_model(store, config)
+    m = r.metrics
+    assert 10 <= m["reward/judge_pairs"] <= 16 and m["reward/judge_test_pairs"] == r.pairs_train + r.pairs_eval
+    assert r.pairs_train + r.pairs_eval + m["reward/judge_pairs"] == 40 and m["reward/pairs"] == 40
+    assert 0 <= m["reward/judge_low"] <= m["reward/judge_accuracy"] <= m["reward/judge_high"] <= 1
+    path = Path(r.path)
+    judged = [json.loads(line) for line in (path / "data" / "pairs_judge.jsonl").read_text().splitlines()]
+    trained = [json.loads(line) for line in (path / "data" / "pairs_train.jsonl").read_text().splitlines()]
+    assert len(judged) == m["reward/judge_pairs"] and not {p["context_key"] for p in judged} & \
+        {p["context_key"] for p in trained}
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["judge"] is True and meta["excluded_annotators"] == ["nobody"]
+    scorer = load_reward_model(r.path, device="cpu")
+    judge = load_judge(r.path, scorer.features)
+    assert (path / JUDGE_FILE).is_file() and judge.member_scores([[{"role": "user", "content": "hi"}]], ["x"]).shape \
+        == (1, config.reward.ensemble)
+    store.close()

@@ -120,7 +120,8 @@ def test_a_tiny_model_learns_a_planted_marker_word_preference(tmp_path, tiny_mod
     result = train_reward_model(store, config)
     m = result.metrics
     assert result.method == "head" and result.mode == "pairwise"
-    assert m["reward/cv_accuracy"] >= 0.9 and m["reward/cv_low"] > 0.5 and m["reward/cv_pairs"] == 40
+    assert m["reward/cv_accuracy"] >= 0.9 and m["reward/cv_low"] > 0.5
+    assert m["reward/cv_pairs"] + m["reward/judge_pairs"] == 40  # the gate's judge keeps its share out
     summary = result.summary()
     assert {"cv_accuracy", "cv_low", "cv_high"} <= set(summary) and summary["method"] == "head"
     meta = json.loads((tmp_path / "data" / "reward_models" / result.path.split("/")[-1] / "meta.json").read_text())
