@@ -40,6 +40,12 @@ class ServingConfig:
     batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
     threads: int = opt(0, "CPU threads of the serving engine (0 = every core but one, which the web stack keeps, "
                        "less a running job's share; `config show` prints the budget).")
+    engine: str = opt("auto", "auto | llama_cpp | transformers: what decodes replies (auto: llama.cpp on CPU when "
+                      "installed, transformers on CUDA or without llama.cpp). Training always runs in torch.")
+    kv_cache_tokens: int = opt(4096, "llama.cpp: KV cache cells per context, shared by its replies (a reply "
+                               "reserves its prompt + max_new_tokens; at least max_context_tokens + 64).")
+    llama_contexts: int = opt(4, "llama.cpp: most contexts (each with its own KV cache) on the one base: versions "
+                              "decoding at the same moment; more versions take turns.")
 
 
 @dataclass
@@ -391,6 +397,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         explicit.add(key.strip())
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.serving.engine not in ("auto", "llama_cpp", "transformers"):
+        raise ConfigError(f"serving.engine must be auto, llama_cpp or transformers, got {cfg.serving.engine!r}")
+    if cfg.serving.llama_contexts < 1:
+        raise ConfigError("serving.llama_contexts must be at least 1")
     cfg.ppo.check()
     cfg.queue.check()
     if cfg.server.space_id:
