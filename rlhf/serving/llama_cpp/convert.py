@@ -194,12 +194,27 @@ def _tokenizer_metadata(writer, model_dir: Path, vocab_size: int) -> None:
         if added["id"] < vocab_size:
             tokens[added["id"]] = added["content"]
             types[added["id"]] = gguf_token_type("control" if added.get("special") else "user")
+    template = _chat_template(model_dir)
+    if template:
+        writer.add_chat_template(template)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
+
+
+def _chat_template(model_dir: Path) -> Optional[str]:
+    """The model's chat template (``chat_template.jinja``, or the key in ``tokenizer_config.json``)."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    try:
+        template = json.loads((model_dir / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError):
+        return None
+    return template if isinstance(template, str) else None
 
 
 def gguf_token_type(kind: str) -> int:
