@@ -21,9 +21,7 @@ log = logging.getLogger(__name__)
 
 def gguf_dir(data_dir: Optional[str | Path]) -> Path:
     """Where converted GGUF files are cached (a fresh temp dir when there is no data dir)."""
-    root = Path(data_dir) / "gguf" if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-gguf-"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return Path(data_dir) / "gguf" if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-gguf-"))
 
 
 def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
@@ -51,6 +49,7 @@ def convert_dir(model_dir: Path, data_dir: Optional[str | Path], weight_type: st
     target = gguf_dir(data_dir) / f"{model_dir.name}-{model_fingerprint(model_dir, weight_type)}.gguf"
     if target.is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".converting-", suffix=".gguf", dir=target.parent)
     os.close(fd)
     try:
