@@ -239,7 +239,8 @@ class ServerConfig:
 @dataclass
 class AppConfig:
     data_dir: str = opt("./data", "Holds the database, cached models, adapters and runs.")
-    base_model: str = opt("smollm2-135m-instruct", "Shipped model name, Hugging Face model id, or local dir.")
+    base_model: str = opt("smollm2-135m-instruct",
+                          "Shipped model name, Hugging Face model id, local dir, or local .gguf file.")
     device: str = opt("auto", "auto | cpu | cuda.")
     serving: ServingConfig = field(default_factory=ServingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
