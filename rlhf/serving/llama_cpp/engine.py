@@ -247,7 +247,9 @@ class LlamaCppEngine(Engine):
                 return lane
         for lane in self._lanes:
             if not lane.seqs and lane not in mine:
+                old = lane.lora
                 lane.bind(adapter, lora)
+                self._free_if_unloaded(old)
                 self.stats["context_rebinds"] += 1
                 return lane if lane.fits(need) else None
         if len(self._lanes) < self.max_contexts:
@@ -259,6 +261,14 @@ class LlamaCppEngine(Engine):
             self._lanes.append(lane)
             return lane if lane.fits(need) else None
         return None
+
+    def _free_if_unloaded(self, lora: Optional[Lora]) -> None:
+        """Free an unloaded adapter's tensors once no context uses it any more."""
+        if lora is None or any(lora is held for held in self._loras.values()) \
+                or any(lane.lora is lora for lane in self._lanes):
+            return
+        with self._lock:
+            lora.close()
 
     # ---- one step of one lane ---------------------------------------------------------------------
     def _step(self, lane: Lane) -> None:

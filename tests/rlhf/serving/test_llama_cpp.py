@@ -178,3 +178,20 @@ def test_a_local_gguf_base_serves_and_converts_for_torch(f32_gguf, tmp_path):
         server.close()
     model_dir = resolve_model(str(f32_gguf), tmp_path)  # what training loads: the GGUF dequantized once
     assert (tmp_path / "models").is_dir() and model_dir.startswith(str(tmp_path / "models"))
+
+
+def test_a_version_llama_cpp_cannot_serve_is_marked_broken_with_the_reason(lserver, store, tiny_model_dir, tmp_path):
+    from storage import Conflict
+    from tests.conftest import make_adapter
+    from ui.flows.chat import begin_reply
+
+    path = make_adapter(tiny_model_dir, tmp_path / "dora", seed=5)
+    config_file = tmp_path / "dora" / "adapter_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "use_dora": True}))
+    agent = store.get_agent(None)
+    version = store.register_policy_version(agent.id, path, store.active_policy(agent.id).id, promote=False)
+    conv = store.create_conversation(agent.id, "ann", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(Conflict, match="DoRA"):
+        begin_reply(store, lserver, store.leaf(conv.id).id, version, GenParams(max_new_tokens=4))
+    broken = store.get_policy(version.id)
+    assert broken.status == "broken" and "DoRA" in (broken.error or "")
