@@ -46,6 +46,9 @@ class ServingConfig:
                                "reserves its prompt + max_new_tokens; at least max_context_tokens + 64).")
     llama_contexts: int = opt(4, "llama.cpp: most contexts (each with its own KV cache) on the one base: versions "
                               "decoding at the same moment; more versions take turns.")
+    llama_weights: str = opt("shipped", "llama.cpp: shipped | q4_0 | q8_0 | f16: serve a shipped model's GGUF as is, "
+                             "or re-quantize the weights torch trains on (once, cached); a model dir converts to "
+                             "q8_0 unless set.")
 
 
 @dataclass
@@ -400,6 +403,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
     if cfg.serving.engine not in ("auto", "llama_cpp", "transformers"):
         raise ConfigError(f"serving.engine must be auto, llama_cpp or transformers, got {cfg.serving.engine!r}")
+    if cfg.serving.llama_weights not in ("shipped", "q4_0", "q8_0", "f16"):
+        raise ConfigError(f"serving.llama_weights must be shipped, q4_0, q8_0 or f16, got {cfg.serving.llama_weights!r}")
     if cfg.serving.llama_contexts < 1:
         raise ConfigError("serving.llama_contexts must be at least 1")
     cfg.ppo.check()

@@ -126,6 +126,9 @@ def run(config: AppConfig, args, path=None) -> dict:
     from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
     from rlhf.training.reward import load_reward_model
 
+    from rlhf.cpu import apply_torch_threads, thread_plan
+
+    apply_torch_threads(thread_plan(config).job)  # a job's share of the cores: 2 torch threads collapse under load
     n = 16 if getattr(args, "quick", False) else max(64, getattr(args, "eval_prompts", None) or 64)
     max_new = config.ppo.max_new_tokens
     with tempfile.TemporaryDirectory(prefix="bench-fidelity-") as tmp:

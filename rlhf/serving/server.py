@@ -169,10 +169,11 @@ class PolicyServer:
             from rlhf.serving.llama_cpp.base import llama_base
             from rlhf.serving.llama_cpp.engine import LlamaCppEngine
 
-            gguf, tokenizer_source = llama_base(source, data_dir)
+            options = dict(options or {})
+            gguf, tokenizer_source = llama_base(source, data_dir, options.pop("weights", "shipped"))
             tokenizer = load_tokenizer(tokenizer_source)
             eng = LlamaCppEngine(gguf, tokenizer, queue_size=queue_size, max_batch_size=max_batch_size,
-                                 batch_window_ms=batch_window_ms, cache_dir=data_dir, **(options or {}))
+                                 batch_window_ms=batch_window_ms, cache_dir=data_dir, **options)
             return cls(None, tokenizer, "cpu", model_name, max_context_tokens, engine=eng)
         tokenizer = load_tokenizer(source)
         model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
@@ -310,4 +311,5 @@ def load_server(config: "AppConfig") -> PolicyServer:
 def llama_options(config: "AppConfig") -> dict:
     """The llama.cpp engine's settings from the config."""
     s = config.serving
-    return {"kv_cache_tokens": max(s.kv_cache_tokens, s.max_context_tokens + 64), "max_contexts": s.llama_contexts}
+    return {"kv_cache_tokens": max(s.kv_cache_tokens, s.max_context_tokens + 64), "max_contexts": s.llama_contexts,
+            "weights": s.llama_weights}

@@ -46,7 +46,7 @@ def convert_dir(model_dir: Path, data_dir: Optional[str | Path], weight_type: st
     """The cached GGUF of a model directory, converted on first use (temp file + atomic rename)."""
     from rlhf.serving.llama_cpp.convert import hf_to_gguf, model_fingerprint
 
-    target = gguf_dir(data_dir) / f"{model_dir.name}-{model_fingerprint(model_dir, weight_type)}.gguf"
+    target = gguf_dir(data_dir) / f"{model_dir.name}-{weight_type}-{model_fingerprint(model_dir, weight_type)}.gguf"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -62,11 +62,23 @@ def convert_dir(model_dir: Path, data_dir: Optional[str | Path], weight_type: st
     return target
 
 
-def llama_base(source: str, data_dir: Optional[str | Path]) -> tuple[Path, str]:
+WEIGHTS = ("shipped", "q4_0", "q8_0", "f16")
+
+
+def llama_base(source: str, data_dir: Optional[str | Path], weights: str = "shipped") -> tuple[Path, str]:
     """(GGUF file, tokenizer source) for a base model name, ``.gguf`` path, model dir or hub id;
-    EngineUnavailable when llama.cpp cannot serve it (the caller may fall back to transformers)."""
+    EngineUnavailable when llama.cpp cannot serve it (the caller may fall back to transformers).
+
+    ``weights``: ``shipped`` serves a shipped model's GGUF (and a ``.gguf`` file) as is and converts a model
+    directory to Q8_0; ``q4_0`` / ``q8_0`` / ``f16`` convert a shipped model or directory to that type (from
+    the safetensors torch trains on, once, cached)."""
     from rlhf.models import SHIPPED, ModelNotFound, resolve_model, shipped_gguf, shipped_tokenizer
 
+    if weights not in WEIGHTS:
+        raise ValueError(f"llama.cpp weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if source in SHIPPED and weights != "shipped":
+        model_dir = Path(resolve_model(source, data_dir or tempfile.mkdtemp(prefix="rlhf-models-")))
+        return convert_dir(model_dir, data_dir, weights), str(model_dir)
     if source in SHIPPED:
         gguf_file = shipped_gguf(source)
         if gguf_file is None:
@@ -82,4 +94,4 @@ def llama_base(source: str, data_dir: Optional[str | Path]) -> tuple[Path, str]:
         raise EngineUnavailable(str(exc)) from exc
     if not model_dir.is_dir():
         raise EngineUnavailable(f"{source} is not a local model directory")
-    return convert_dir(model_dir, data_dir), str(model_dir)
+    return convert_dir(model_dir, data_dir, "q8_0" if weights == "shipped" else weights), str(model_dir)

@@ -30,6 +30,7 @@ BLOCK_TENSORS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "se
                  "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                  "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
                  "post_attention_layernorm": "ffn_norm"}
+QUANTIZED = ("q8_0", "q4_0")  # block types the converter writes (block 32); anything else: f16 / f32
 PERMUTED_ARCHS = {"llama"}  # architectures whose q/k rows llama.cpp expects in pair-rotation order
 _LORA_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.((?:self_attn|mlp)\.\w+)\.lora_([AB])\.weight$")
 _LM_HEAD_KEY = re.compile(r"(?:^|\.)lm_head\.lora_([AB])\.weight$")
@@ -227,9 +228,10 @@ def gguf_token_type(kind: str) -> int:
 def _matrix(writer, name: str, w: np.ndarray, weight_type: str) -> None:
     import gguf
 
-    if weight_type == "q8_0" and w.shape[-1] % 32 == 0:
-        q = gguf.quants.quantize(w.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-        writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    if weight_type in QUANTIZED and w.shape[-1] % 32 == 0:
+        kind = getattr(gguf.GGMLQuantizationType, weight_type.upper())
+        q = gguf.quants.quantize(w.astype(np.float32), kind)
+        writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
     elif weight_type == "f32":
         writer.add_tensor(name, w.astype(np.float32))
     else:
@@ -273,7 +275,8 @@ def hf_to_gguf(model_dir: str | Path, out: str | Path, weight_type: str = "q8_0"
                                     or 10000.0))
     writer.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
     writer.add_vocab_size(vocab)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if weight_type == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+                          "f32": gguf.LlamaFileType.ALL_F32}.get(weight_type, gguf.LlamaFileType.MOSTLY_F16))
     _tokenizer_metadata(writer, model_dir, vocab)
     for key, tid in (("bos_token_id", "add_bos_token_id"), ("eos_token_id", "add_eos_token_id"),
                      ("pad_token_id", "add_pad_token_id")):

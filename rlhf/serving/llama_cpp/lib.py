@@ -149,6 +149,8 @@ class Batch:
     def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
         """Append one token; returns its index in the batch (for ``Context.logits``)."""
         i = self.n
+        if i >= self.capacity:  # writing past llama_batch_init's arrays would corrupt memory
+            raise IndexError(f"llama batch is full ({self.capacity} tokens)")
         raw = self.raw
         raw.token[i] = token
         raw.pos[i] = pos

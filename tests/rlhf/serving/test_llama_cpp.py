@@ -4,6 +4,7 @@ on one base, and ``auto`` picking it on CPU."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,3 +196,17 @@ def test_a_version_llama_cpp_cannot_serve_is_marked_broken_with_the_reason(lserv
         begin_reply(store, lserver, store.leaf(conv.id).id, version, GenParams(max_new_tokens=4))
     broken = store.get_policy(version.id)
     assert broken.status == "broken" and "DoRA" in (broken.error or "")
+
+
+def test_weights_can_be_requantized_for_llama_cpp(tiny_model_dir, tmp_path):
+    from rlhf.config import ConfigError, load_config
+
+    server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", engine="llama_cpp", data_dir=str(tmp_path),
+                               options={"weights": "q4_0"})
+    try:
+        assert server.engine.gguf.endswith(".gguf") and "q4_0" in Path(server.engine.gguf).name
+        assert server.generate("", HISTORY, AdapterRef(0), GenParams(max_new_tokens=4, temperature=0)) is not None
+    finally:
+        server.close()
+    with pytest.raises(ConfigError, match="llama_weights"):
+        load_config(env={}, overrides=["serving.llama_weights=q2_k"])
