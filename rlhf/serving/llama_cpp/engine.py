@@ -133,6 +133,8 @@ class LlamaCppEngine(Engine):
                 try:
                     lora_to_gguf(path, self.base_info, tmp, self.lora_dtype)
                     tmp.replace(target)
+                except AdapterError as exc:
+                    raise AdapterError(f"adapter at {path} cannot be loaded: {exc}") from exc
                 finally:
                     tmp.unlink(missing_ok=True)
                 self.stats["adapters_converted"] += 1
@@ -140,7 +142,7 @@ class LlamaCppEngine(Engine):
                 try:
                     lora = Lora(self.llama, target)
                 except ValueError as exc:
-                    raise AdapterError(f"adapter at {path}: {exc}") from exc
+                    raise AdapterError(f"adapter at {path} cannot be loaded: {exc}") from exc
             self._loras[name], self._paths[name] = lora, str(path)
             self.timings["adapter_load_s"] += time.perf_counter() - t0
             log.info("adapter %s served by llama.cpp (%.2f s)", name, time.perf_counter() - t0)
