@@ -378,7 +378,7 @@ def summarize(config: AppConfig, tf: dict, lc, levels: list[int], per_user: int,
         figures.update({"llama_cpp_tokens_per_s": round(lc_tps, 2),
                         "llama_cpp_ttft_p95_s": round(percentile(lc_level.ttft, 95), 3),
                         "llama_cpp_vs_transformers": round(lc_tps / tps, 2) if tps else 0.0,
-                        "adapter_convert_and_load_s": round(lc["adapter"]["convert_and_load_s"], 2)})
+                        "adapter_convert_and_load_s": round(lc["adapter"]["convert_and_load_s"], 3)})
         notes += f" llama.cpp engine profile: {_brief(lc['profile'])}."
         anchor = lc.get("anchor")
         if anchor:

@@ -292,7 +292,7 @@ def load_server(config: "AppConfig") -> PolicyServer:
                                        queue_size=s.queue_size, max_batch_size=s.max_batch_size,
                                        batch_window_ms=s.batch_window_ms, engine="llama_cpp",
                                        data_dir=str(config.data_path), options=llama_options(config))
-        except EngineUnavailable as exc:
+        except (EngineUnavailable, OSError) as exc:  # OSError: e.g. no room in the data dir for the converted base
             if s.engine == "llama_cpp":
                 raise
             log.warning("llama.cpp cannot serve %s (%s); serving with transformers", config.base_model, exc)
