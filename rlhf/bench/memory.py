@@ -64,13 +64,14 @@ def make_adapters(source: str, root: Path, n: int, r: int, alpha: int) -> list[s
     return dirs
 
 
-def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int) -> dict:
+def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int, engine: str = "transformers",
+            data_dir: str | None = None) -> dict:
     """Serve base, 1 version, then all versions in this process; RSS (and CUDA) figures after each."""
     import torch
 
     from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
 
-    server = PolicyServer.load(source, device, "bench-memory")
+    server = PolicyServer.load(source, device, "bench-memory", engine=engine, data_dir=data_dir)
     history = [{"role": "user", "content": "Hello! What can you do?"}]
     params = GenParams(max_new_tokens=max_new_tokens, temperature=0)
 
@@ -88,10 +89,11 @@ def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: i
     return figures
 
 
-def measure_in_child(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int) -> dict:
+def measure_in_child(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int,
+                     engine: str = "transformers", data_dir: str | None = None) -> dict:
     """``measure`` in a fresh interpreter (nothing this process loaded is counted); its JSON comes back."""
     spec = json.dumps({"source": source, "device": device, "adapter_dirs": adapter_dirs,
-                       "max_new_tokens": max_new_tokens})
+                       "max_new_tokens": max_new_tokens, "engine": engine, "data_dir": data_dir})
     done = subprocess.run([sys.executable, "-m", "rlhf.bench.memory", spec], capture_output=True, text=True,
                           timeout=1800)
     if done.returncode != 0:
@@ -107,21 +109,31 @@ def run(config: AppConfig, args, path=None) -> dict:
     quick = bool(getattr(args, "quick", False))
     source = resolve_model(config.base_model, config.data_path)
     device = pick_device(config.device)
+    from rlhf.serving.interface import llama_cpp_installed
+
+    engines = ["transformers"] + (["llama_cpp"] if llama_cpp_installed() and device == "cpu" else [])
+    rows, figures = [], {"device": device}
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         dirs = make_adapters(source, Path(tmp), 10, config.ppo.lora_r, config.ppo.lora_alpha)
         adapter_mb = sum(f.stat().st_size for f in Path(dirs[0]).iterdir()) / 2**20
-        result = measure_in_child(source, device, dirs, 2 if quick else 8)
-    ratio = result["rss_10_mb"] / result["rss_1_mb"]
-    per_version = (result["rss_10_mb"] - result["rss_1_mb"]) / 9
-    rows = [{"versions": "base only", "rss_mb": result["rss_base_mb"], "cuda_mb": result["cuda_base_mb"]},
-            {"versions": "1", "rss_mb": result["rss_1_mb"], "cuda_mb": result["cuda_1_mb"]},
-            {"versions": "10", "rss_mb": result["rss_10_mb"], "cuda_mb": result["cuda_10_mb"]}]
-    figures = {"rss_1_mb": round(result["rss_1_mb"], 1), "rss_10_mb": round(result["rss_10_mb"], 1),
-               "ratio": round(ratio, 3), "mb_per_version": round(per_version, 1),
-               "adapter_file_mb": round(adapter_mb, 1), "device": device}
-    notes = (f"Model `{config.base_model}` on {device}; adapters r={config.ppo.lora_r}, alpha={config.ppo.lora_alpha} "
-             f"on {'/'.join(t[0] for t in TARGETS)} ({adapter_mb:.1f} MB each on disk); {result['loaded']} loaded "
-             "at the end. Goal: ratio ≤ 1.1.")
+        for engine in engines:
+            # llama.cpp serves the base by name (the shipped GGUF itself) and converts each adapter on first use
+            base = config.base_model if engine == "llama_cpp" else source
+            result = measure_in_child(base, device, dirs, 2 if quick else 8, engine, str(Path(tmp) / "data"))
+            ratio = result["rss_10_mb"] / result["rss_1_mb"]
+            rows += [{"engine": engine, "versions": "base only", "rss_mb": result["rss_base_mb"],
+                      "cuda_mb": result["cuda_base_mb"]},
+                     {"engine": engine, "versions": "1", "rss_mb": result["rss_1_mb"], "cuda_mb": result["cuda_1_mb"]},
+                     {"engine": engine, "versions": "10", "rss_mb": result["rss_10_mb"],
+                      "cuda_mb": result["cuda_10_mb"]}]
+            prefix = "" if engine == "transformers" else "llama_cpp_"
+            figures.update({f"{prefix}rss_1_mb": round(result["rss_1_mb"], 1),
+                            f"{prefix}rss_10_mb": round(result["rss_10_mb"], 1), f"{prefix}ratio": round(ratio, 3),
+                            f"{prefix}mb_per_version": round((result["rss_10_mb"] - result["rss_1_mb"]) / 9, 1)})
+    figures["adapter_file_mb"] = round(adapter_mb, 1)
+    notes = (f"Model `{config.base_model}` on {device}, engines: {', '.join(engines)}; adapters r={config.ppo.lora_r}, "
+             f"alpha={config.ppo.lora_alpha} on {'/'.join(t[0] for t in TARGETS)} ({adapter_mb:.1f} MB each on "
+             f"disk; llama.cpp holds each as an f16 GGUF LoRA). Goal: ratio ≤ 1.1.")
     return report("memory", rows, figures, notes, path=path)
 
 

@@ -1,18 +1,21 @@
-"""`rlhf-studio bench serve`: simulated annotators chatting over HTTP against the real app, vs plain generate.
+"""`rlhf-studio bench serve`: simulated annotators chatting over HTTP against the real app, on each engine.
 
 Each level starts the given number of annotator threads at once; each sends its chats one after another
 through ``POST /api/v1/chat/stream`` (the same Store writes and engine as ``/chat``, streamed), so time to first
-token is measured where a user feels it: at the client, over loopback HTTP. The baseline, in the same run and
-on the same model object, is what serving did before batching: one request at a time through HF ``generate``.
+token is measured where a user feels it: at the client, over loopback HTTP. Both engines run in the same run,
+one after the other: transformers (with its naive baseline, one request at a time through HF ``generate``, and
+the bare decode ceiling) and llama.cpp (with llama-cpp-python's own ``Llama`` on the same GGUF and threads).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlhf.bench.report import report, run_together
 from rlhf.config import AppConfig, apply_overrides
@@ -73,15 +76,25 @@ def bench_config(config: AppConfig, data_dir: str) -> AppConfig:
                                     "server.users_file": ""})
 
 
-def load_policy_server(config: AppConfig, warmup: bool = True):
-    """A PolicyServer for the configured base model with the config's batching settings."""
+def load_policy_server(config: AppConfig, warmup: bool = True, engine: str | None = None):
+    """A PolicyServer for the configured base model with the config's batching settings, on ``engine``
+    (default: what ``serving.engine`` picks on this device)."""
     from rlhf.models import pick_device, resolve_model
-    from rlhf.serving.server import PolicyServer
+    from rlhf.serving.interface import choose_engine
+    from rlhf.serving.server import PolicyServer, llama_options
 
     s = config.serving
-    server = PolicyServer.load(resolve_model(config.base_model, config.data_path), pick_device(config.device),
-                               config.base_model, s.max_context_tokens, s.load_in_4bit, queue_size=s.queue_size,
-                               max_batch_size=s.max_batch_size, batch_window_ms=s.batch_window_ms)
+    device = pick_device(config.device)
+    kind = engine or choose_engine(s.engine, device)
+    if kind == "llama_cpp":
+        server = PolicyServer.load(config.base_model, device, config.base_model, s.max_context_tokens,
+                                   queue_size=s.queue_size, max_batch_size=s.max_batch_size,
+                                   batch_window_ms=s.batch_window_ms, engine="llama_cpp",
+                                   data_dir=str(config.data_path), options=llama_options(config))
+    else:
+        server = PolicyServer.load(resolve_model(config.base_model, config.data_path), device, config.base_model,
+                                   s.max_context_tokens, s.load_in_4bit, queue_size=s.queue_size,
+                                   max_batch_size=s.max_batch_size, batch_window_ms=s.batch_window_ms)
     if warmup:
         server.warmup()
     return server
@@ -166,7 +179,7 @@ def baseline(server, system_prompt: str, n_requests: int, gen: dict) -> dict:
         x = torch.tensor([ids], device=server.device)
         torch.manual_seed(k)
         started = time.perf_counter()
-        with server.engine.lock, torch.inference_mode():  # the engine is idle; the lock keeps it so
+        with torch.inference_mode():  # the engine is idle: nothing else is submitted meanwhile
             out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=gen["max_new_tokens"],
                                  pad_token_id=tok.pad_token_id, **sampling)
         ttfts.append(time.perf_counter() - started)  # without streaming, the reply arrives all at once
@@ -187,7 +200,7 @@ def decode_ceiling(server, batch_sizes: list[int], context: int = 120, steps: in
         gen = torch.Generator().manual_seed(bs)
         ids = torch.randint(100, 20000, (bs, context), generator=gen).to(server.device)
         step_ids = ids[:, -1:]
-        with server.engine.lock, torch.inference_mode():  # the engine is idle; the lock keeps it so
+        with torch.inference_mode():  # the engine is idle: nothing else is submitted meanwhile
             past = model(ids, use_cache=True).past_key_values
             past = model(step_ids, past_key_values=past, use_cache=True).past_key_values  # warm-up step
             t0 = time.perf_counter()
@@ -226,10 +239,10 @@ def engine_direct(server, system_prompt: str, users: int, n_requests: int, gen: 
     return level
 
 
-def level_row(level: Level, tps: float, before: dict, after: dict) -> dict:
+def level_row(level: Level, tps: float, before: dict, after: dict, engine: str = "transformers") -> dict:
     """A table row for one level, with the engine's mean batch size and step time over it."""
     steps = after["decode_steps"] - before["decode_steps"]
-    return {"mode": "served: HTTP stream, batched", "users": level.users, "requests": level.requests,
+    return {"engine": engine, "mode": "served: HTTP stream, batched", "users": level.users, "requests": level.requests,
             "tokens": level.tokens, "wall_s": level.wall_s, "tokens_per_s": tps,
             "ttft_p50_s": percentile(level.ttft, 50), "ttft_p95_s": percentile(level.ttft, 95),
             "busy": level.busy, "errors": len(level.errors),
@@ -237,112 +250,176 @@ def level_row(level: Level, tps: float, before: dict, after: dict) -> dict:
             "ms_per_step": 1000 * (after["decode_s"] - before["decode_s"]) / steps if steps else 0.0}
 
 
-def run(config: AppConfig, args, path=None) -> dict:
-    """Measure baseline and 1/8/32 concurrent annotators (or ``--users N``); report and return the figures."""
+def _row(engine: str, mode: str, users: int, tokens_per_s: float, **extra) -> dict:
+    """A table row with every column (blank where a figure does not apply)."""
+    row = {"engine": engine, "mode": mode, "users": users, "requests": 0, "tokens": 0, "wall_s": 0.0,
+           "tokens_per_s": tokens_per_s, "ttft_p50_s": 0.0, "ttft_p95_s": 0.0, "busy": 0, "errors": 0,
+           "rows_per_step": 1.0, "ms_per_step": 0.0}
+    row.update(extra)
+    return row
+
+
+def serve_engine(kind: str, config: AppConfig, cfg: AppConfig, levels: list[int], per_user: int, gen: dict,
+                 rows: list, extra=None) -> dict:
+    """One engine's rows: (transformers: the naive baseline and the bare decode ceiling), 8 users in-process,
+    then every level over HTTP against the real app. ``extra(server, system_prompt)`` runs before the app
+    closes and returns more figures. Returns the figures of this engine."""
     from ui.server import build_services, create_app
+
+    t0 = time.perf_counter()
+    server = load_policy_server(config, engine=kind)
+    out = {"load_s": time.perf_counter() - t0, "levels": {}, "device": server.device}
+    services = build_services(cfg, server=server)
+    try:
+        system_prompt = services.store.get_agent(None).system_prompt
+        if kind == "transformers":
+            base = baseline(server, system_prompt, 2 if per_user == 1 else 4, gen)
+            out["baseline"] = base
+            rows.append(_row(kind, "baseline: generate, one at a time", 1, base["tokens_per_s"],
+                             requests=base["requests"], tokens=base["tokens"], wall_s=base["wall_s"],
+                             ttft_p50_s=base["ttft_p50_s"], ttft_p95_s=base["ttft_p95_s"]))
+            out["ceiling"] = decode_ceiling(server, [1, 8] if per_user == 1 else [1, 8, 32])
+            rows += [_row(kind, "ceiling: bare decode step", c["batch"], c["tokens_per_s"],
+                          rows_per_step=float(c["batch"]), ms_per_step=c["ms_per_step"]) for c in out["ceiling"]]
+        direct_users = 8 if 8 in levels else levels[-1]
+        before = server.engine.profile()
+        direct = engine_direct(server, system_prompt, direct_users, per_user, gen)
+        rows.append({**level_row(direct, direct.tokens / direct.wall_s, before, server.engine.profile(), kind),
+                     "mode": "engine in-process (no HTTP), batched"})
+        with LiveApp(create_app(services)) as live:
+            for users in levels:
+                before = server.engine.profile()
+                level = run_level(live.url, users, per_user, gen)
+                tps = level.tokens / level.wall_s if level.wall_s else 0.0
+                out["levels"][users] = (level, tps)
+                rows.append(level_row(level, tps, before, server.engine.profile(), kind))
+        out["profile"] = server.engine.profile()
+        out["threads"] = services.scheduler.runner.budget.plan.serving_idle
+        if extra is not None:
+            out.update(extra(server, system_prompt, out["threads"]))
+    finally:
+        services.close()
+    return out
+
+
+def run(config: AppConfig, args, path=None) -> dict:
+    """Both engines side by side (transformers rows kept), llama-cpp-python's own ``Llama`` on the same GGUF and
+    threads, 1/8/32 annotators over HTTP (or ``--users N``); report and return the figures."""
+    from rlhf.serving.interface import llama_cpp_installed
 
     quick = bool(getattr(args, "quick", False))
     levels = [args.users] if getattr(args, "users", None) else ([1, 8] if quick else [1, 8, 32])
     gen = {"max_new_tokens": 16 if quick else 64, "temperature": config.serving.temperature,
            "top_p": config.serving.top_p}
     per_user = 1 if quick else 2
+    load_before = os.getloadavg()
+    rows: list = []
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         cfg = bench_config(config, tmp)
-        t0 = time.perf_counter()
-        server = load_policy_server(config)  # models resolve from the configured data dir
-        load_s = time.perf_counter() - t0
-        services = build_services(cfg, server=server)
-        try:
-            system_prompt = services.store.get_agent(None).system_prompt
-            base = baseline(server, system_prompt, 2 if quick else 4, gen)
-            rows = [{"mode": "baseline: generate, one at a time", "users": 1, "requests": base["requests"],
-                     "tokens": base["tokens"], "wall_s": base["wall_s"], "tokens_per_s": base["tokens_per_s"],
-                     "ttft_p50_s": base["ttft_p50_s"], "ttft_p95_s": base["ttft_p95_s"], "busy": 0, "errors": 0,
-                     "rows_per_step": 1.0, "ms_per_step": 0.0}]
-            ceiling = decode_ceiling(server, [1, 8] if quick else [1, 8, 32])
-            rows += [{"mode": "ceiling: bare decode step", "users": c["batch"], "requests": 0, "tokens": 0,
-                      "wall_s": 0.0, "tokens_per_s": c["tokens_per_s"], "ttft_p50_s": 0.0, "ttft_p95_s": 0.0,
-                      "busy": 0, "errors": 0, "rows_per_step": float(c["batch"]), "ms_per_step": c["ms_per_step"]}
-                     for c in ceiling]
-            direct_users = 8 if 8 in levels else levels[-1]
-            before = server.engine.stats.to_dict()
-            direct = engine_direct(server, system_prompt, direct_users, per_user, gen)
-            rows.append({**level_row(direct, direct.tokens / direct.wall_s, before, server.engine.stats.to_dict()),
-                         "mode": "engine in-process (no HTTP), batched"})
-            results = {}
-            with LiveApp(create_app(services)) as live:
-                for users in levels:
-                    before = server.engine.stats.to_dict()
-                    level = run_level(live.url, users, per_user, gen)
-                    after = server.engine.stats.to_dict()
-                    tps = level.tokens / level.wall_s if level.wall_s else 0.0
-                    results[users] = (level, tps)
-                    rows.append(level_row(level, tps, before, after))
-            profile = server.engine.stats.to_dict()
-            anchor = anchor_rows(server, system_prompt, services.scheduler.runner.budget.plan.serving_idle,
-                                 config.base_model, [u for u in levels if u in (1, 8)] or [1], per_user, gen, rows)
-        finally:
-            services.close()
-    pick = 8 if 8 in results else levels[-1]
-    level, tps = results[pick]
+        tf = serve_engine("transformers", config, cfg, levels, per_user, gen, rows)
+        lc = None
+        if llama_cpp_installed():
+            lc = serve_engine("llama_cpp", config, cfg, levels, per_user, gen, rows,
+                              extra=lambda server, system, threads: llama_extras(
+                                  server, system, threads, config, [u for u in levels if u in (1, 8)] or [1],
+                                  per_user, gen, rows, tmp))
+    load_after = os.getloadavg()
+    figures, notes = summarize(config, tf, lc, levels, per_user, gen, load_before, load_after)
+    return report("serve", rows, figures, notes, path=path)
+
+
+def llama_extras(server, system_prompt: str, threads: int, config: AppConfig, levels: list[int], per_user: int,
+                 gen: dict, rows: list, tmp: str) -> dict:
+    """With the llama.cpp engine still up: llama-cpp-python's ``Llama`` on the same GGUF and threads (batch-1
+    decode and one stream), our batch-1 decode on the same prompts, and an adapter's conversion time."""
+    out = {}
+    anchor = anchor_rows(server, system_prompt, threads, config.base_model, levels, per_user, gen, rows)
+    if anchor is not None:
+        out["anchor"] = anchor
+    out["adapter"] = adapter_timing(server, config, Path(tmp) / "adapter")
+    return out
+
+
+def adapter_timing(server, config: AppConfig, root: Path) -> dict:
+    """Seconds from a fresh rank-``ppo.lora_r`` q/k/v/o adapter dir to its first reply (conversion included)."""
+    from rlhf.bench.memory import make_adapters
+    from rlhf.models import resolve_model
+    from rlhf.serving.server import AdapterRef, GenParams
+
+    (path,) = make_adapters(resolve_model(config.base_model, config.data_path), root, 1, config.ppo.lora_r,
+                            config.ppo.lora_alpha)
+    t0 = time.perf_counter()
+    server.ensure_adapter(AdapterRef(999, path))
+    loaded = time.perf_counter() - t0
+    server.generate("", [{"role": "user", "content": "Hi"}], AdapterRef(999, path),
+                    GenParams(max_new_tokens=4, temperature=0))
+    return {"convert_and_load_s": loaded, "first_reply_s": time.perf_counter() - t0}
+
+
+def summarize(config: AppConfig, tf: dict, lc, levels: list[int], per_user: int, gen: dict, load_before,
+              load_after) -> tuple[dict, str]:
+    """The figures (goals) and the notes of a run."""
+    pick = 8 if 8 in levels else levels[-1]
+    level, tps = tf["levels"][pick]
+    base_tps = tf["baseline"]["tokens_per_s"]
     figures = {"users": pick, "ttft_p50_s": round(percentile(level.ttft, 50), 3),
                "ttft_p95_s": round(percentile(level.ttft, 95), 3), "tokens_per_s": round(tps, 2),
-               "baseline_tokens_per_s": round(base["tokens_per_s"], 2),
-               "ratio": round(tps / base["tokens_per_s"], 2) if base["tokens_per_s"] else 0.0}
-    by_batch = {c["batch"]: c["tokens_per_s"] for c in ceiling}
-    ceiling_note = ""
-    if pick in by_batch and 1 in by_batch:
-        ceiling_note = (f" Ceiling: the bare model decodes {by_batch[pick] / by_batch[1]:.1f}x faster per token at "
-                        f"batch {pick} than at batch 1 on this machine.")
-    errors = [e for lv, _ in results.values() for e in lv.errors]
+               "baseline_tokens_per_s": round(base_tps, 2), "ratio": round(tps / base_tps, 2) if base_tps else 0.0,
+               "load_avg_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)]}
     s = config.serving
-    anchor_note = ""
-    if anchor:
-        figures.update({"app_decode_tokens_per_s": round(anchor["app_decode_tokens_per_s"], 2),
-                        "llama_cpp_decode_tokens_per_s": round(anchor["levels"][0]["decode_tokens_per_s"], 2),
-                        "decode_ratio_vs_llama_cpp": round(anchor["app_decode_tokens_per_s"]
-                                                           / max(anchor["levels"][0]["decode_tokens_per_s"], 1e-9), 3),
-                        "llama_cpp_greedy_identical": f"{anchor['agreement']['identical']}/{anchor['agreement']['of']}"})
-        anchor_note = (f" llama.cpp anchor: llama-cpp-python {anchor['version']} in .venv-anchors on the shipped GGUF "
-                       f"(Q4_1 weights; the app runs the same weights dequantized to fp32), {anchor['threads']} "
-                       f"threads, greedy, the same prompt token ids and max tokens; it decodes one sequence at a time, "
-                       f"so concurrent users queue. Batch-1 decode (tokens after the first / time from first to last "
-                       f"token, in-process): app engine {anchor['app_decode_tokens_per_s']:.1f} tokens/s, llama.cpp "
-                       f"{anchor['levels'][0]['decode_tokens_per_s']:.1f} tokens/s. Greedy replies identical on "
-                       f"{anchor['agreement']['identical']} of {anchor['agreement']['of']} prompts, shared leading "
-                       f"tokens {anchor['agreement']['shared_prefix']:.0%} on average.")
-    notes = (f"Model `{config.base_model}` on {server.device} (loaded in {load_s:.1f} s); {per_user} chat(s) per "
-             f"annotator, max_new_tokens={gen['max_new_tokens']}, temperature={gen['temperature']}, "
-             f"top_p={gen['top_p']}; max_batch_size={s.max_batch_size}, queue_size={s.queue_size}, "
-             f"batch_window_ms={s.batch_window_ms}. TTFT is measured by the client over HTTP (/api/v1/chat/stream); "
-             f"the baseline's 'TTFT' is its whole reply (plain generate does not stream). Served figures include HTTP, "
-             f"Store writes and the shared system-prompt KV reuse; the baseline is the bare model. Engine profile "
-             f"over the run: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in profile.items()})}."
-             + ceiling_note + anchor_note + (f" Errors: {errors[:3]}" if errors else ""))
-    return report("serve", rows, figures, notes, path=path)
+    notes = (f"Model `{config.base_model}`; {per_user} chat(s) per annotator, max_new_tokens={gen['max_new_tokens']}, "
+             f"temperature={gen['temperature']}, top_p={gen['top_p']}; max_batch_size={s.max_batch_size}, "
+             f"queue_size={s.queue_size}, batch_window_ms={s.batch_window_ms}. Load average (1/5/15 min) before "
+             f"{tuple(round(x, 2) for x in load_before)}, after {tuple(round(x, 2) for x in load_after)}: other "
+             f"work shared the cores. TTFT is measured by the client over HTTP (/api/v1/chat/stream); the "
+             f"baseline's 'TTFT' is its whole reply. transformers engine profile: {_brief(tf['profile'])}.")
+    if lc is not None:
+        lc_level, lc_tps = lc["levels"][pick]
+        figures.update({"llama_cpp_tokens_per_s": round(lc_tps, 2),
+                        "llama_cpp_ttft_p95_s": round(percentile(lc_level.ttft, 95), 3),
+                        "llama_cpp_vs_transformers": round(lc_tps / tps, 2) if tps else 0.0,
+                        "adapter_convert_and_load_s": round(lc["adapter"]["convert_and_load_s"], 3)})
+        notes += f" llama.cpp engine profile: {_brief(lc['profile'])}."
+        anchor = lc.get("anchor")
+        if anchor:
+            one_stream = anchor["levels"][0]["tokens_per_s"]
+            ours = anchor["app_decode_tokens_per_s"]
+            theirs = anchor["levels"][0]["decode_tokens_per_s"]
+            figures.update({"batch1_decode_tokens_per_s": round(ours, 2),
+                            "llama_cpp_python_decode_tokens_per_s": round(theirs, 2),
+                            "batch1_vs_llama_cpp_python": round(ours / theirs, 3) if theirs else 0.0,
+                            "one_llama_stream_tokens_per_s": round(one_stream, 2),
+                            f"users{pick}_vs_one_llama_stream": round(lc_tps / one_stream, 2) if one_stream else 0.0,
+                            "greedy_identical": f"{anchor['agreement']['identical']}/{anchor['agreement']['of']}"})
+            notes += (f" Anchor: llama-cpp-python {anchor['version']}'s `Llama` on the same GGUF, {anchor['threads']} "
+                      f"thread(s) (the serving engine's), greedy, the same prompt token ids; it decodes one sequence "
+                      f"at a time. Batch-1 decode = tokens after the first / time from first to last token, "
+                      f"in-process, both engines on the same prompts.")
+    return figures, notes
+
+
+def _brief(profile: dict) -> str:
+    return json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in profile.items()})
 
 
 def anchor_rows(server, system_prompt: str, threads: int, base_model: str, levels: list[int], per_user: int,
                 gen: dict, rows: list) -> dict | None:
-    """llama.cpp rows (when `make bench-anchors` built it) and the app engine's batch-1 greedy decode, appended
-    to ``rows``; the anchor's figures, or None."""
+    """llama-cpp-python's rows and our engine's batch-1 greedy decode, appended to ``rows``; the anchor's
+    figures, or None when llama-cpp-python or the shipped GGUF is missing."""
     from rlhf.bench.anchors import llama_cpp
 
     prompts = [server.build_prompt(system_prompt, [{"role": "user", "content": q}]) for q in QUESTIONS[:8]]
     anchor = llama_cpp(server, prompts, base_model, threads, levels, per_user, gen["max_new_tokens"])
     if anchor is None:
         return None
-    empty = {"busy": 0, "errors": 0, "rows_per_step": 1.0}
-    rows.append({"mode": "engine in-process, greedy, one at a time (decode rate)", "users": 1, "requests": len(prompts),
-                 "tokens": 0, "wall_s": 0.0, "tokens_per_s": anchor["app_decode_tokens_per_s"], "ttft_p50_s": 0.0,
-                 "ttft_p95_s": 0.0, **empty, "ms_per_step": 1000 / max(anchor["app_decode_tokens_per_s"], 1e-9)})
-    rows.append({"mode": "llama.cpp, greedy, one at a time (decode rate)", "users": 1, "requests": len(prompts),
-                 "tokens": 0, "wall_s": 0.0, "tokens_per_s": anchor["levels"][0]["decode_tokens_per_s"],
-                 "ttft_p50_s": 0.0, "ttft_p95_s": 0.0, **empty,
-                 "ms_per_step": 1000 / max(anchor["levels"][0]["decode_tokens_per_s"], 1e-9)})
+    ours, theirs = anchor["app_decode_tokens_per_s"], anchor["levels"][0]["decode_tokens_per_s"]
+    rows.append(_row(server.engine_name, "engine in-process, greedy, one at a time (decode rate)", 1, ours,
+                     requests=len(prompts), ms_per_step=1000 / max(ours, 1e-9)))
+    rows.append(_row("llama-cpp-python Llama", "greedy, one at a time (decode rate)", 1, theirs,
+                     requests=len(prompts), ms_per_step=1000 / max(theirs, 1e-9)))
     for lv in anchor["levels"]:
-        rows.append({"mode": "llama.cpp (llama-cpp-python), greedy, requests queue", "users": lv["users"],
-                     "requests": lv["requests"], "tokens": lv["tokens"], "wall_s": lv["wall_s"],
-                     "tokens_per_s": lv["tokens_per_s"], "ttft_p50_s": lv["ttft_p50_s"], "ttft_p95_s": lv["ttft_p95_s"],
-                     **empty, "ms_per_step": 1000 / max(lv["decode_tokens_per_s"], 1e-9)})
+        rows.append(_row("llama-cpp-python Llama", "greedy, requests queue (one sequence at a time)", lv["users"],
+                         lv["tokens_per_s"], requests=lv["requests"], tokens=lv["tokens"], wall_s=lv["wall_s"],
+                         ttft_p50_s=lv["ttft_p50_s"], ttft_p95_s=lv["ttft_p95_s"],
+                         ms_per_step=1000 / max(lv["decode_tokens_per_s"], 1e-9)))
     return anchor

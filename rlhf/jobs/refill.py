@@ -203,7 +203,7 @@ class QueueRefill:
                 return None
         if not self.wait_idle(server):
             return None
-        self._base = server.engine.stats.submitted  # requests submitted from here on that are not ours are chat
+        self._base = server.engine_load().submitted  # requests submitted from here on that are not ours are chat
         jobs = []  # (prompt index, policy, params, stream)
         for i, prompt in enumerate(batch):
             try:
@@ -256,13 +256,12 @@ class QueueRefill:
     def wait_idle(self, server: PolicyServer) -> bool:
         """Block until the engine has had no request for ``idle_s`` seconds (False: stopping).
 
-        Idle = nothing waiting, nothing running, and the model lock free: a request the engine has taken off its
-        queue but not yet joined to the running batch is counted nowhere, but its prefill holds the lock.
+        Idle = nothing waiting, nothing running, and no model call under way (a request the engine has taken off
+        its queue but not yet joined to the running batch is counted nowhere, but its prefill is such a call).
         """
         quiet_since = None
         while not self._stop.is_set():
-            engine = server.engine
-            if engine.running + engine.waiting == 0 and not engine.lock.locked():
+            if server.engine_load().idle:
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since >= self.idle_s:
                     return True
@@ -278,12 +277,12 @@ class QueueRefill:
             (lambda s: s.finished_at is None)
         seen = 0
         while any(waiting_for(s) for s in streams):
-            engine = server.engine
-            submitted_by_others = engine.stats.submitted - self._base - len(streams)
+            load = server.engine_load()
+            submitted_by_others = load.submitted - self._base - len(streams)
             # Also a request that slipped in just before the batch: more rows in the engine than ours still open
             # (a row of ours that just finished stays counted for a moment, hence three polls in a row).
             mine = sum(s.finished_at is None for s in streams)
-            seen = seen + 1 if engine.running + engine.waiting > mine else 0
+            seen = seen + 1 if load.running + load.waiting > mine else 0
             if submitted_by_others > 0 or seen >= 3 or self._stop.is_set():
                 self._cancel(streams)
                 return False

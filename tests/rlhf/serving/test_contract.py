@@ -1,0 +1,186 @@
+"""The engine seam's contract, run against every engine: what PolicyServer, the vote queue and the evaluation
+rely on, whatever decodes underneath (transformers on the tiny torch model; llama.cpp on the same model converted
+to GGUF). llama.cpp tests skip only when llama-cpp-python is not installed (`make setup` builds it; CI has it)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rlhf.cpu import CpuBudget, plan_threads
+from rlhf.serving.interface import AdapterError, llama_cpp_installed
+from rlhf.serving.server import AdapterRef, Busy, GenParams, PolicyServer
+from tests.conftest import make_adapter
+
+ENGINES = ["transformers", pytest.param("llama_cpp", marks=pytest.mark.skipif(
+    not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup` builds it)"))]
+BASE = AdapterRef(1)
+HISTORY = [{"role": "user", "content": "Say something."}]
+
+
+def make_server(kind: str, model_dir, data_dir, **kw) -> PolicyServer:
+    return PolicyServer.load(str(model_dir), "cpu", "tiny", max_context_tokens=256, engine=kind,
+                             data_dir=str(data_dir), **kw)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def server(request, tiny_model_dir, tmp_path_factory):
+    s = make_server(request.param, tiny_model_dir, tmp_path_factory.mktemp(f"data-{request.param}"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract-adapters")
+    return [make_adapter(tiny_model_dir, root / f"a{i}", seed=20 + i) for i in range(2)]
+
+
+def greedy(n=12):
+    return GenParams(max_new_tokens=n, temperature=0)
+
+
+def wait_until(predicate, what, limit=60.0):
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def test_a_stream_yields_the_deltas_of_its_reply_and_its_token_ids(server):
+    stream = server.stream("", HISTORY, BASE, greedy(16))
+    parts = list(stream)
+    assert "".join(parts) == stream.text() and stream.first_token_at is not None
+    assert 1 <= stream.n_tokens <= 16 and len(stream.token_ids) == stream.n_tokens
+    assert server.tokenizer.decode(stream.token_ids, skip_special_tokens=True).startswith(stream.text())
+
+
+def test_greedy_repeats_seeded_sampling_repeats_and_seeds_differ(server):
+    assert server.generate("", HISTORY, BASE, greedy()) == server.generate("", HISTORY, BASE, greedy())
+    sampled = [server.generate("", HISTORY, BASE, GenParams(max_new_tokens=24, temperature=1.0, top_p=1.0, seed=s))
+               for s in (7, 7, 8)]
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+
+
+def test_max_new_tokens_is_respected(server):
+    s = server.stream("", HISTORY, BASE, greedy(3))
+    s.text()
+    assert 1 <= s.n_tokens <= 3
+
+
+def test_adapters_load_without_restart_change_replies_and_leave_the_base_as_it_was(server, adapters):
+    before = server.generate("", HISTORY, BASE, greedy(16))
+    outs = [server.generate("", HISTORY, AdapterRef(20 + i, p), greedy(16)) for i, p in enumerate(adapters)]
+    assert server.generate("", HISTORY, BASE, greedy(16)) == before
+    assert outs[0] != before and outs[1] != before and outs[0] != outs[1]
+    assert {"p20", "p21"} <= set(server.loaded_adapters)
+    server.unload_adapter(AdapterRef(21, adapters[1]))
+    assert "p21" not in server.loaded_adapters
+    assert server.generate("", HISTORY, AdapterRef(21, adapters[1]), greedy(16)) == outs[1]  # loads again
+
+
+def test_a_broken_adapter_is_refused_with_the_reason(server, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text("{not json")
+    (bad / "adapter_model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(AdapterError, match="policy 66"):
+        server.stream("", HISTORY, AdapterRef(66, str(bad)), greedy())
+    assert "p66" not in server.loaded_adapters
+
+
+def test_concurrent_requests_decode_together_and_each_gets_its_reply(server):
+    alone = [server.generate("", [{"role": "user", "content": f"Count to {i}."}], BASE, greedy(20)) for i in range(4)]
+    streams = [server.stream("", [{"role": "user", "content": f"Count to {i}."}], BASE, greedy(20)) for i in range(4)]
+    together = [s.text() for s in streams]
+    assert all(together) and server.engine.profile()["max_rows"] >= 2
+    assert sum(a == b for a, b in zip(alone, together)) >= 3  # a kernel's rounding may flip a near-tie once
+
+
+def test_cancel_stops_one_reply_and_the_engine_goes_idle(server):
+    long = server.stream("", HISTORY, BASE, GenParams(max_new_tokens=400, temperature=1.0, seed=3))
+    other = server.stream("", HISTORY, BASE, greedy(8))
+    wait_until(lambda: long.n_tokens > 0, "the long reply started")
+    long.cancel()
+    long.text()
+    assert long.n_tokens < 400 and other.text() is not None
+    wait_until(lambda: server.engine_load().idle, "the engine is idle again")
+
+
+def test_engine_load_counts_running_and_submitted(server):
+    before = server.engine_load()
+    s = server.stream("", HISTORY, BASE, GenParams(max_new_tokens=200, temperature=1.0, seed=1))
+    wait_until(lambda: server.engine_load().running == 1, "the reply is running")
+    assert server.engine_load().submitted == before.submitted + 1 and not server.engine_load().idle
+    s.cancel()
+    s.text()
+
+
+def _request(server, adapter):
+    from rlhf.serving.interface import Request
+    from rlhf.serving.server import ReplyStream
+
+    stream = ReplyStream()
+    return Request(server.build_prompt("", HISTORY), adapter, greedy(), stream)
+
+
+def test_unknown_adapter_request_gets_an_error(server):
+    req = _request(server, "never-loaded")
+    server.engine.submit(req)
+    with pytest.raises(KeyError):
+        req.stream.text()
+    assert server.generate("", HISTORY, BASE, greedy(4)) is not None  # the engine serves on
+
+
+def test_a_shared_system_prompt_is_computed_once(server):
+    before = server.engine.profile().get("prefix_hits", 0)
+    for q in ("Hi.", "Hello."):
+        server.generate("You are a terse assistant.", [{"role": "user", "content": q}], BASE, greedy(4))
+    assert server.engine.profile()["prefix_hits"] >= before + 1
+
+
+def test_threads_follow_the_cpu_budget(server):
+    budget = CpuBudget(plan_threads(4))
+    server.use_budget(budget)
+    try:
+        server.generate("", HISTORY, BASE, greedy(2))
+        wait_until(lambda: server.engine.threads == 3, "3 threads while no job runs")
+        budget.job_started()
+        server.generate("", HISTORY, BASE, greedy(2))
+        wait_until(lambda: server.engine.threads == 2, "2 threads beside a job")
+        budget.job_ended()
+        server.generate("", HISTORY, BASE, greedy(2))
+        wait_until(lambda: server.engine.threads == 3, "3 threads again")
+    finally:
+        server.use_budget(CpuBudget(plan_threads(1)))
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_path):
+    from rlhf.serving.interface import engine_class
+    from rlhf.serving.llama_cpp.base import llama_base
+    from rlhf.models import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    if kind == "transformers":
+        engine = engine_class(kind)(load_causal_lm(str(tiny_model_dir), "cpu"), tok, "cpu", queue_size=2, start=False)
+    else:
+        engine = engine_class(kind)(llama_base(str(tiny_model_dir), tmp_path)[0], tok, queue_size=2, start=False,
+                                    cache_dir=tmp_path)
+    s = PolicyServer(None, tok, "cpu", "tiny", 128, engine=engine)
+    streams = [s.stream("", HISTORY, BASE, greedy()) for _ in range(2)]
+    with pytest.raises(Busy) as info:
+        s.stream("", HISTORY, BASE, greedy())
+    assert info.value.retry_after >= 1
+    engine.start()  # the two queued replies are still served
+    assert all(st.text() is not None for st in streams)
+    s.close()
+
+
+def test_loading_an_adapter_while_replies_stream_is_safe(server, adapters):
+    live = server.stream("", HISTORY, BASE, GenParams(max_new_tokens=60, temperature=1.0, seed=4))
+    loader = threading.Thread(target=server.ensure_adapter, args=(AdapterRef(30, adapters[0]),))
+    loader.start()
+    loader.join(60)
+    assert live.text() is not None and "p30" in server.loaded_adapters
