@@ -143,7 +143,7 @@ def cmd_train_ppo(args: argparse.Namespace) -> int:
 
 # ---- jobs, simulate (issue 5) ----
 def add_simulate_args(p: argparse.ArgumentParser) -> None:
-    from rlhf.bench.simulate import ORACLES
+    from rlhf.simulate.oracles import ORACLES
 
     p.add_argument("--oracle", required=True, choices=sorted(ORACLES), help="the built-in preference to play")
     p.add_argument("--votes", type=int, required=True, help="how many comparisons to post")
@@ -164,7 +164,7 @@ def add_simulate_args(p: argparse.ArgumentParser) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from rlhf.bench.simulate import simulate
+    from rlhf.simulate.annotators import simulate
 
     if args.votes < 1:
         print("--votes must be at least 1", file=sys.stderr)
@@ -380,45 +380,55 @@ def cmd_push_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- benchmarks (issue 8) ----
-BENCHES = {"serve": "rlhf.bench.serve", "ingest": "rlhf.bench.ingest", "train": "rlhf.bench.train",
-           "memory": "rlhf.bench.memory", "reward": "rlhf.bench.reward", "queue": "rlhf.bench.queue",
-           "loop": "rlhf.bench.loop", "gate": "rlhf.bench.gate", "decide": "rlhf.bench.decide",
-           "fidelity": "rlhf.bench.fidelity"}
+# ---- benchmarks (issue 8): the checkout's bench/ package, each benchmark with its own flags ----
+class BenchUnavailable(RuntimeError):
+    """`rlhf-studio bench` ran from an installed package: the benchmarks are not in it."""
+
+
+def checkout_bench():
+    """The `bench` package of the source checkout this `rlhf` package runs from (benchmarks are not installed)."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not ((root / "bench" / "__init__.py").is_file() and (root / "pyproject.toml").is_file()):
+        raise BenchUnavailable(f"the benchmarks live in the source checkout (bench/ beside rlhf/), and this rlhf "
+                               f"package is installed without one ({root}); clone the repository and run "
+                               f"`rlhf-studio bench` from it (make setup installs it editable)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("bench")
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("what", choices=sorted(BENCHES), help="which benchmark")
-    p.add_argument("--users", type=int, help="serve: one concurrency level instead of 1, 8 and 32")
-    p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
-    p.add_argument("--during-retrain", action="store_true",
-                   help="serve: the 1- and 8-user levels while a real retrain job runs, against idle in the same run")
-    p.add_argument("--preference", help="reward: one planted preference instead of all")
-    p.add_argument("--data", help="fidelity: a data dir whose newest version (and its reward model) is measured "
-                                  "(default: run a default retrain first)")
-    p.add_argument("--no-baseline", action="store_true", help="reward: skip the slow LoRA baseline")
-    p.add_argument("--oracle", help="loop: one built-in oracle instead of all")
-    p.add_argument("--votes", type=int, help="loop: oracle-labelled votes per oracle (default 64); gate: pool votes "
-                                            "per trial (default 64)")
-    p.add_argument("--trials", type=int, help="gate: null trials (default 300); decide: simulated decisions per "
-                                             "true win rate (default 1000)")
-    p.add_argument("--eval-prompts", type=int,
-                   help="loop: held-out prompts the oracle judges (default 32, at most 160)")
-    p.add_argument("--active", action="store_true",
-                   help="reward: votes to 0.80 held-out accuracy, vote-queue (uncertainty) pairs against random ones; "
-                        "loop: the loop's oracle win rate after N queue-chosen votes against N random ones")
+    try:
+        names = sorted(checkout_bench().BENCHMARKS)
+    except BenchUnavailable:
+        names = None  # `bench` then says why it cannot run
+    p.add_argument("what", choices=names, help="which benchmark; `rlhf-studio bench WHAT --help` lists its flags")
+    p.add_argument("flags", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
-@command("bench", "run a benchmark; prints a table, appends to BENCHMARKS.md, prints one JSON line last",
-         add_bench_args)
+def bench_parser(what: str, module) -> argparse.ArgumentParser:
+    """The parser of one benchmark: the config flags (given before WHAT or after it) and the benchmark's own."""
+    p = argparse.ArgumentParser(prog=f"rlhf-studio bench {what}", description=(module.__doc__ or "").split("\n")[0])
+    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="YAML config file")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=argparse.SUPPRESS,
+                   help="override a config field (repeatable)")
+    module.add_arguments(p)
+    return p
+
+
+@command("bench", "run a benchmark (from a source checkout); prints a table, appends to BENCHMARKS.md, prints one "
+         "JSON line last", add_bench_args)
 def cmd_bench(args: argparse.Namespace) -> int:
-    import importlib
-
-    during = args.what == "serve" and getattr(args, "during_retrain", False)
-    active = args.what == "reward" and getattr(args, "active", False)  # votes the vote queue saves
-    module = importlib.import_module("rlhf.bench.serve_retrain" if during else
-                                     "rlhf.bench.reward_active" if active else BENCHES[args.what])
-    module.run(config_from_args(args), args)  # each module calls rlhf.bench.report.report(...)
+    try:
+        bench = checkout_bench()
+    except BenchUnavailable as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    bench_parser(args.what, bench.benchmark(args.what)).parse_args(args.flags, namespace=args)
+    bench.runner(args.what, args).run(config_from_args(args), args)  # each calls bench.report.report(...)
     return 0
 
 

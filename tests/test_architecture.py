@@ -1,12 +1,12 @@
-"""The tree shows the architecture: no import cycles in rlhf/, ui/, storage/, and REST and Gradio code meet
-only in ui/flows/. The graph is built from the source (ast), so it needs no imports and covers lazy imports."""
+"""The tree shows the architecture: no import cycles in rlhf/, ui/, storage/, bench/, and REST and Gradio code
+meet only in ui/flows/. The graph is built from the source (ast), so it needs no imports and covers lazy imports."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rlhf", "ui", "storage")
+PACKAGES = ("rlhf", "ui", "storage", "bench")
 
 
 def module_name(path: Path) -> str:
@@ -26,7 +26,7 @@ def resolve(target: str, known: dict) -> str | None:
 
 
 def imports_of(name: str, path: Path, known: dict) -> set[str]:
-    """Modules of the three packages that ``name`` imports, at top level or inside functions."""
+    """Modules of our packages that ``name`` imports, at top level or inside functions."""
     found = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
@@ -105,10 +105,18 @@ def test_rest_and_gradio_meet_only_in_flows():
 
 
 def test_layers_point_one_way():
-    """storage imports neither rlhf nor ui; rlhf never imports ui except the CLI and benchmarks that start it."""
+    """storage imports none of ours; rlhf never imports ui except the CLI entry, and never imports bench (the
+    CLI loads the checkout's bench/ by name); ui never imports bench."""
     g = graph()
     for name, deps in g.items():
         if name.startswith("storage"):
-            assert not [d for d in deps if d.startswith(("rlhf", "ui"))], name
-        if name.startswith("rlhf") and name not in ("rlhf.cli",) and not name.startswith("rlhf.bench"):
+            assert not [d for d in deps if d.startswith(("rlhf", "ui", "bench"))], name
+        if name.startswith("rlhf") and name != "rlhf.cli":
             assert not [d for d in deps if d.startswith("ui")], f"{name} imports the UI"
+        if name.startswith(("rlhf", "ui")):
+            assert not [d for d in deps if d.startswith("bench")], f"{name} imports the benchmarks"
+
+
+def test_benchmarks_are_not_in_the_runtime_package():
+    assert not (ROOT / "rlhf" / "bench").exists()
+    assert "bench.serve" in graph() and not [m for m in graph() if m.startswith("rlhf.bench")]

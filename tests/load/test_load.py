@@ -8,7 +8,7 @@ serving, writes and training compete for the same two cores and the same SQLite 
 Every write the server acknowledged (2xx with an id) is remembered with what was sent. At the end the app is
 killed with SIGKILL (no shutdown code runs) and the Store is opened afresh: each acknowledged write must be
 there exactly once with the content that was sent. Requests, errors, busy answers and p50/p99 latencies per
-endpoint go to BENCHMARKS.md (through `rlhf.bench.report.report`).
+endpoint go to BENCHMARKS.md (through `bench.report.report`).
 
 Knobs: RLHF_LOAD_USERS (50), RLHF_LOAD_SECONDS (60).
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rlhf.bench.report import report
-from rlhf.bench.serve import percentile
+from bench.report import report
+from bench.serve import percentile
 from storage import Store
 from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, seed_preferences, wait_until, write_config
 

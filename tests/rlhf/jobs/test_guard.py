@@ -61,7 +61,7 @@ def test_relevance_runs_on_a_real_tiny_model(tiny_model_dir):
 def test_the_base_model_tells_answers_from_deflections(smol_dir):
     """SmolLM2's own likelihoods: its pool answers are far likelier after their prompt than after another one; a
     polite deflection is about as likely after any prompt."""
-    from rlhf.bench.preference_pool import load_pool
+    from rlhf.simulate.pool import load_pool
     from rlhf.models import load_causal_lm, load_tokenizer
 
     model, tok = load_causal_lm(str(smol_dir), "cpu"), load_tokenizer(str(smol_dir))

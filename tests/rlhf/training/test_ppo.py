@@ -351,7 +351,7 @@ def test_python_dash_m_entry_point_lists_train_ppo():
 def test_train_bench_quick_compares_with_rloo(app_config, tmp_path, capsys):
     import argparse
 
-    from rlhf.bench import train as bench_train
+    from bench import train as bench_train
 
     path = tmp_path / "BENCHMARKS.md"
     figures = bench_train.run(app_config, argparse.Namespace(quick=True, users=None), path=path)

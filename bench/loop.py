@@ -1,0 +1,312 @@
+"""`rlhf-studio bench loop`: does a retrain on N votes move the policy toward what the annotators prefer?
+
+The learning path alone, without the app around it, so a change to the reward model or PPO can be judged in
+minutes and on preferences that are not length. For each built-in oracle of ``rlhf-studio simulate``:
+
+1. N votes: pairs of the shipped pool's real replies on the train prompts, labelled by the oracle (ties
+   dropped) — what N arena votes give the app.
+2. The app's reward model on them (linear-head ensemble on frozen features, the ``reward.*`` config) with its
+   grouped k-fold accuracy.
+3. PPO from the base with the ``ppo.*`` config (defaults unless ``--set``) on the pool's train prompts.
+4. The verdict: the oracle judges the new version against the base on held-out prompts nobody voted on
+   (``--eval-prompts``, two sampled replies each), plus fluency of the new replies (mean words, distinct-2), and
+   for scale what a perfect best-of-4 reranker of the base's own replies would score (``best_of_pool``).
+5. The gate: the retrain job's own verdict (promote / inconclusive / reject) on the same adapter, so whether
+   it agrees with the oracle is measured too.
+
+``simulate --retrain`` measures the same thing through the running app (live votes, the real job); this one
+is the fast, repeatable bench for the learning path.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from bench.report import report
+from rlhf.config import AppConfig, ConfigError
+
+SAMPLES = 2  # sampled replies per held-out prompt and version
+REPLY_TOKENS = 64  # as `simulate` asks for while annotating and judging
+EVAL_PROMPTS = 32  # held-out prompts judged per oracle (of the pool's 160): `--eval-prompts`
+
+
+def oracle_pairs(pool: list[dict], oracle: str, prompt_ids, n: int, seed: int = 0) -> list[dict]:
+    """Up to ``n`` oracle-labelled pairs ``{prompt_id, prompt, chosen, rejected}``, one per prompt, seeded order."""
+    from rlhf.simulate.oracles import ORACLES
+
+    judge = ORACLES[oracle]
+    allowed = set(prompt_ids)
+    records = sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"])
+    rng = random.Random(seed)
+    rng.shuffle(records)
+    pairs = []
+    for rec in records:
+        a, b = rng.sample(rec["replies"], 2)
+        winner = judge(rec["prompt"], a, b)
+        if winner == "tie":
+            continue
+        chosen, rejected = (a, b) if winner == "a" else (b, a)
+        pairs.append({"prompt_id": rec["prompt_id"], "prompt": rec["prompt"], "chosen": chosen, "rejected": rejected})
+        if len(pairs) == n:
+            break
+    return pairs
+
+
+def queue_pairs(config: AppConfig, featurize, pool: list[dict], oracle: str, prompt_ids, votes: int, strategy: str,
+                system: str, seed: int = 0) -> list[dict]:
+    """``votes`` votes on pairs chosen the vote queue's way (``active``) or at random, from every pair of the
+    pool's four replies per prompt; a tie is a vote spent that teaches nothing. Returns the decided pairs."""
+    from bench.reward_active import annotate
+    from rlhf.simulate.oracles import ORACLES
+
+    judge, allowed = ORACLES[oracle], set(prompt_ids)
+    cands = [{"prompt_id": rec["prompt_id"], "prompt": rec["prompt"], "a": a, "b": b}
+             for rec in sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"])
+             for i, a in enumerate(rec["replies"]) for b in rec["replies"][i + 1:]]
+    winners = [judge(c["prompt"], c["a"], c["b"]) for c in cands]
+    chats = [chat(system, c["prompt"]) for c in cands]
+    xa, xb = featurize(chats, [c["a"] for c in cands]), featurize(chats, [c["b"] for c in cands])
+    taken: list[int] = []
+    for taken, _ in annotate(xa, xb, winners, strategy, seed, votes, config.queue.refit_every,
+                             config.reward.min_pairs, config.queue.random_share, config.reward.head_c,
+                             config.reward.ensemble):
+        pass
+    return [{"prompt_id": cands[i]["prompt_id"], "prompt": cands[i]["prompt"],
+             "chosen": cands[i]["a"] if winners[i] == "a" else cands[i]["b"],
+             "rejected": cands[i]["b"] if winners[i] == "a" else cands[i]["a"]}
+            for i in taken if winners[i] != "tie"]
+
+
+def chat(system: str, prompt: str) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+
+
+def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
+    """The retrain's reward models on ``pairs``, split as the job splits them (``rlhf.training.judge``): PPO's
+    head on its share with grouped CV figures, and the gate's judge on the rest -> (scorer, cv, judge, evidence)."""
+    from rlhf.jobs.gate import Evidence
+    from rlhf.training.judge import fit_judge, judge_split
+    from rlhf.training.reward import HeadScorer
+    from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
+
+    prompts = [chat(system, p["prompt"]) for p in pairs]
+    xc = featurize(prompts, [p["chosen"] for p in pairs])
+    xr = featurize(prompts, [p["rejected"] for p in pairs])
+    r, g = config.reward, config.gate
+    groups = [p["prompt_id"] for p in pairs]
+    mine, theirs = judge_split(groups, g.judge_share, g.min_judge_pairs, r.seed)
+    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c)
+    head = fit_pairs(xc[mine], xr[mine], c=r.head_c, members=r.ensemble, seed=r.seed)
+    judge_head, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, r.seed)
+    evidence = Evidence.from_metrics({**cv, **judged}, prefix="")
+    judge = HeadScorer(featurize, judge_head, {}) if judge_head is not None else None
+    return HeadScorer(featurize, head, {}), cv, judge, evidence
+
+
+def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, prompts: list[str],
+                 system: str) -> dict:
+    """What the retrain job's gate would say about adapter ``new`` of ``model`` against the base: the same
+    evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts), guard and verdict rule
+    (``rlhf.jobs.gate.decide`` on the held-out judge's scores)."""
+    from rlhf.jobs.evaluation import evaluate_versions
+    from rlhf.jobs.gate import decide, judge_scores
+    from rlhf.jobs.guard import run_guard
+
+    chats = [chat(system, p) for p in prompts]
+    report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.ppo.max_new_tokens)
+    cand_text, act_text = [s["reply"] for s in report.samples], [s["reply"] for s in report.active_samples]
+    guard = run_guard(model, tokenizer, chats, cand_text, act_text, report.kl_to_base, config.gate)
+    cand, act = judge_scores(judge, chats, cand_text, act_text)
+    g = decide(cand, act, evidence, report.kl_to_base, config.retrain.min_win_rate, config.retrain.max_kl, guard,
+               report.candidate_members, report.active_members)
+    for ex in guard["examples"]:  # what tripped it, for a human to read (stderr)
+        print(f"[guard {ex['check']}] {ex['prompt'][:60]!r} -> {ex['candidate'][:200]!r}", file=sys.stderr)
+    own = g.evidence["reward_model"]
+    return {"gate": g.verdict.verdict, "gate_win_rate": round(g.verdict.win_rate, 3),
+            "gate_low": round(g.verdict.low, 3), "gate_high": round(g.verdict.high, 3),
+            "rm_gate_win_rate": round(own.get("win_rate", float("nan")), 3),
+            "judge_accuracy": round(evidence.judge_accuracy or 0.0, 3), "guard": ",".join(guard["tripped"]) or "-",
+            **{f"guard_{k}": f"{v['candidate']:.2f}/{v['active']:.2f}" for k, v in guard["checks"].items()}}
+
+
+def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samples: int = SAMPLES) -> dict:
+    """The oracle's win rate of adapter ``new`` of ``model`` over the base on ``prompts`` (ties half), with
+    fluency figures."""
+    from rlhf.simulate.oracles import ORACLES, distinct_2
+    from rlhf.jobs.evaluation import generate_replies
+
+    judge = ORACLES[oracle]
+    chats = [chat(system, p) for p in prompts]
+    verdicts, new_texts, base_texts = [], [], []
+    for s in range(samples):
+        base, new = generate_replies(model, tokenizer, chats, [None, "new"], REPLY_TOKENS, 1.0, 10_000 + 1000 * s)
+        verdicts += [judge(prompt, a, b) for prompt, a, b in zip(prompts, new.texts, base.texts)]
+        new_texts += new.texts
+        base_texts += base.texts
+
+    for prompt, reply in list(zip(prompts, new_texts))[:3]:  # a few replies for a human to read (stderr)
+        print(f"[{oracle}] {prompt[:60]!r} -> {reply[:300]!r}", file=sys.stderr)
+
+    def words(texts):
+        return round(statistics.mean(len(t.split()) for t in texts), 1) if texts else 0.0
+
+    return {**win_rates(verdicts), "mean_words": words(new_texts),
+            "base_mean_words": words(base_texts), "distinct_2": round(distinct_2(new_texts), 3),
+            "base_distinct_2": round(distinct_2(base_texts), 3), "empty": sum(1 for t in new_texts if not t.split())}
+
+
+def win_rates(verdicts: list[str]) -> dict:
+    """Win rate with ties as half a win, and among the decisive verdicts only (``None`` when all tie)."""
+    wins, losses = verdicts.count("a"), verdicts.count("b")
+    score = wins + 0.5 * (len(verdicts) - wins - losses)
+    return {"oracle_win_rate": round(score / max(1, len(verdicts)), 3),
+            "decisive_win_rate": round(wins / (wins + losses), 3) if wins + losses else None,
+            "tie_share": round(1 - (wins + losses) / max(1, len(verdicts)), 3)}
+
+
+def best_of_pool(pool: list[dict], oracle: str, prompt_ids, seed: int = 0) -> float:
+    """What picking the oracle's favourite of the pool's base replies would score against a random one of them
+    (ties half) on ``prompt_ids``: the win rate of an ideal best-of-n reranker, a scale for the oracle's."""
+    from rlhf.simulate.oracles import ORACLES
+
+    judge, rng, allowed = ORACLES[oracle], random.Random(seed), set(prompt_ids)
+    verdicts = []
+    for rec in sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"]):
+        best = rec["replies"][0]
+        for reply in rec["replies"][1:]:
+            best = reply if judge(rec["prompt"], reply, best) == "a" else best
+        verdicts.append(judge(rec["prompt"], best, rng.choice(rec["replies"])))
+    return win_rates(verdicts)["oracle_win_rate"]
+
+
+def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, oracle: str, n_pairs: int,
+               eval_prompts: int, samples: int, votes_from: str = "pool") -> dict:
+    """Votes -> reward model -> PPO -> the oracle's verdict, for one oracle. ``votes_from``: ``pool`` (one
+    decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the vote
+    queue's way or at random)."""
+    from rlhf.simulate.pool import split_prompts
+    from rlhf.jobs.pipeline import adapters_on_base
+    from rlhf.training.ppo.trainer import train_ppo
+    from storage.store import DEFAULT_SYSTEM_PROMPT as system
+
+    train_ids, held_ids = split_prompts(pool)
+    text = {r["prompt_id"]: r["prompt"] for r in pool}
+    if votes_from == "pool":
+        pairs = oracle_pairs(pool, oracle, train_ids, n_pairs, seed=config.ppo.seed)
+    else:
+        pairs = queue_pairs(config, featurize, pool, oracle, train_ids, n_pairs, votes_from, system, config.ppo.seed)
+    t0 = time.perf_counter()
+    scorer, cv, judge, evidence = fit_reward(config, featurize, pairs, system)
+    reward_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix=f"bench-loop-{oracle}-") as tmp:
+        t0 = time.perf_counter()
+        result = train_ppo(config, source, scorer, [chat(system, text[i]) for i in train_ids], [], Path(tmp) / "run",
+                           device=device)
+        ppo_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model, tokenizer = adapters_on_base(source, device, {"new": str(result.final_dir)})
+        judged = verdict(model, tokenizer, oracle, [text[i] for i in held_ids[:eval_prompts]], system, samples)
+        judged["best_of_pool"] = best_of_pool(pool, oracle, held_ids)
+        # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on.
+        judged.update(gate_verdict(config, model, tokenizer, scorer, judge, evidence,
+                                   [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
+        eval_s = time.perf_counter() - t0
+    history = result.history
+    return {"oracle": oracle, "votes_from": votes_from, "votes": n_pairs if votes_from != "pool" else len(pairs),
+            "pairs": len(pairs), "rm_cv_accuracy": round(cv["cv_accuracy"] or 0.0, 3),
+            "rm_cv_low": round(cv["cv_low"] or 0.0, 3), "rm_cv_high": round(cv["cv_high"] or 0.0, 3),
+            **judged, "kl_last": round(history[-1]["ppo/kl"], 2),
+            "reward_s": round(reward_s, 1), "ppo_s": round(ppo_s, 1), "eval_s": round(eval_s, 1)}
+
+
+def agrees(gate: str, oracle_win_rate: float) -> bool:
+    """The gate's goal: never promote when the oracle's win rate is <= 0.5, and never reject (promote or send it to
+    people's votes) when it is >= 0.6."""
+    if oracle_win_rate >= 0.6:
+        return gate != "reject"
+    return gate != "promote" if oracle_win_rate <= 0.5 else True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's flags (`rlhf-studio bench loop ...`)."""
+    p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
+    p.add_argument("--oracle", help="one built-in oracle instead of all")
+    p.add_argument("--votes", type=int, help="oracle-labelled votes per oracle (default 64)")
+    p.add_argument("--eval-prompts", type=int, help="held-out prompts the oracle judges (default 32, at most 160)")
+    p.add_argument("--active", action="store_true",
+                   help="the loop's oracle win rate after N queue-chosen votes against N random ones")
+
+
+def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None) -> dict:
+    """Every built-in oracle (or ``--oracle``) through votes -> reward model -> PPO -> verdict; one table."""
+    from tqdm import tqdm
+
+    from rlhf.simulate.pool import HELDOUT_PROMPTS, load_pool
+    from rlhf.simulate.oracles import ORACLES
+    from rlhf.models import pick_device, resolve_model
+    from rlhf.training.features import ReplyFeatures, feature_cache
+
+    quick = bool(getattr(args, "quick", False))
+    oracles = [args.oracle] if getattr(args, "oracle", None) else (list(ORACLES)[:1] if quick else list(ORACLES))
+    n_pairs = getattr(args, "votes", None)
+    n_pairs = (16 if quick else 64) if n_pairs is None else n_pairs
+    if set(oracles) - set(ORACLES):
+        raise ConfigError(f"--oracle must be one of {', '.join(ORACLES)}, got {oracles[0]!r}")
+    if n_pairs < 4:
+        raise ConfigError(f"--votes must be at least 4 (the reward model's cross-validation needs pairs), "
+                          f"got {n_pairs}")
+    eval_prompts, samples = (4, 1) if quick else (EVAL_PROMPTS, SAMPLES)
+    eval_prompts = eval_prompts if getattr(args, "eval_prompts", None) is None else args.eval_prompts
+    if not 1 <= eval_prompts <= HELDOUT_PROMPTS:
+        raise ConfigError(f"--eval-prompts must be in 1..{HELDOUT_PROMPTS} (the pool's held-out prompts), "
+                          f"got {eval_prompts}")
+    source = resolve_model(config.base_model, config.data_path)
+    device = pick_device(config.device)
+    featurize = feature_cache(ReplyFeatures.load(source, device, config.reward.max_length))
+    pool = load_pool()
+    sources = ("active", "random") if getattr(args, "active", False) else ("pool",)
+    rows = []
+    for oracle, votes_from in tqdm([(o, v) for o in oracles for v in sources], desc="loop", file=sys.stderr,
+                                   unit="run"):
+        rows.append(one_oracle(config, source, device, featurize, pool, oracle, n_pairs, eval_prompts, samples,
+                               votes_from))
+        print(f"{oracle} ({votes_from}): oracle win rate {rows[-1]['oracle_win_rate']}", file=sys.stderr)
+    if sources != ("pool",):
+        by = {(r["oracle"], r["votes_from"]): r["oracle_win_rate"] for r in rows}
+        return report("loop --active", rows, {
+            "votes": n_pairs, "active_win_rate": {o: by[(o, "active")] for o in oracles},
+            "random_win_rate": {o: by[(o, "random")] for o in oracles}},
+            f"The vote queue's choice against random choice, for the whole loop: {n_pairs} votes per run on pairs "
+            "of the pool's four replies per training prompt (ties are votes that teach nothing), chosen like the "
+            "queue does (random until `reward.min_pairs`, then the pairs the refit head ensemble is least sure "
+            f"about, `queue.random_share` random) or at random; then the same reward model, PPO and verdict as "
+            f"`bench loop` ({eval_prompts} held-out prompts x {samples} samples).", path=path)
+    wins = [r["oracle_win_rate"] for r in rows]
+    figures = {"votes": n_pairs, "oracle_win_rate": {r["oracle"]: r["oracle_win_rate"] for r in rows},
+               "gate": {r["oracle"]: r["gate"] for r in rows},
+               "gate_agrees": all(agrees(r["gate"], r["oracle_win_rate"]) for r in rows),
+               "mean_win_rate": round(statistics.mean(wins), 3), "min_win_rate": min(wins),
+               "distinct_2": {r["oracle"]: r["distinct_2"] for r in rows},
+               "best_of_pool": {r["oracle"]: r["best_of_pool"] for r in rows}}
+    p = config.ppo
+    notes = (f"Model `{config.base_model}` on {device}; {n_pairs} oracle-labelled pool pairs per oracle -> head "
+             f"reward model -> PPO ({p.steps} steps x {p.batch_size} prompts x {p.group_size} replies, lr "
+             f"{p.learning_rate}, "
+             f"{p.ppo_epochs} epochs) from the base -> the oracle judges new vs base on {eval_prompts} held-out "
+             f"prompts x {samples} samples (ties half; `decisive_win_rate` leaves ties out). `best_of_pool`: the "
+             "oracle's favourite of the pool's 4 base replies against a random one of them on all 160 held-out "
+             "prompts, i.e. what a perfect best-of-4 reranker scores; an oracle that ties most pairs caps every "
+             "win rate near 0.5. `gate`: the retrain job's verdict on the same adapter (greedy replies to "
+             f"{config.ppo.eval_prompts} other held-out prompts judged by the head fitted on the votes PPO never "
+             "saw, bootstrap interval; the guard on the same replies). Goal: "
+             "oracle win rate >= 0.65 for every oracle at 64 votes, replies still fluent, and the gate never rejects "
+             "when the oracle says >= 0.6 (promote, or inconclusive: people decide) and never promotes when it says "
+             "<= 0.5. `gate_win_rate`: the held-out judge's; `rm_gate_win_rate`: PPO's own reward model's (what the "
+             "gate used before); `guard`: the reward-hacking checks that tripped.")
+    return report("loop", rows, figures, notes, path=path)
