@@ -62,15 +62,8 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     else:
         scheduler.runner.sweep()
     if config.queue.refill and config.scheduler.enabled:  # the vote queue's generation and scoring (after chat)
-        services.refill = QueueRefill(store, config, lambda agent: loaded_server(services, agent)).start()
+        services.refill = QueueRefill(store, config, lambda agent: services.server_for(agent, load=False)).start()
     return services
-
-
-def loaded_server(services: Services, agent) -> PolicyServer | None:
-    """The agent's PolicyServer when it is already in memory (the vote queue's refill never loads a model)."""
-    if agent.base_model in (services.config.base_model, services.server.model_name):
-        return services.server
-    return services.servers.get(agent.base_model)
 
 
 def widen_thread_pool(config: AppConfig) -> None:

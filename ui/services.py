@@ -23,22 +23,27 @@ class Services:
     scheduler: Optional[Any] = None  # rlhf.jobs.scheduler.StudioScheduler when running
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
     refill: Optional[Any] = None  # rlhf.jobs.refill.QueueRefill when the vote queue refills in the background
-    servers: dict = field(default_factory=dict)  # base model -> PolicyServer of agents on another base
+    servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def server_for(self, agent) -> PolicyServer:
-        """The PolicyServer for an agent's base model: the app's own, or one loaded (once) on first use."""
-        base = getattr(agent, "base_model", None)
-        if not base or _canonical(base) in (_canonical(self.config.base_model), _canonical(self.server.model_name)):
+    def server_for(self, agent, load: bool = True) -> Optional[PolicyServer]:
+        """The PolicyServer for an agent's base model: the app's own (a shipped name and its hub id are the same
+        model), or one loaded (once) on first use. ``load=False``: only a server already in memory, else None (the
+        vote queue's refill never loads a model)."""
+        base = _canonical(getattr(agent, "base_model", None) or "")
+        if not base or base in (_canonical(self.config.base_model), _canonical(self.server.model_name)):
             return self.server
         with self._servers_lock:
             if base not in self.servers:
+                if not load:
+                    return None
                 try:
-                    self.servers[base] = load_server(dataclasses.replace(self.config, base_model=base))
+                    self.servers[base] = load_server(dataclasses.replace(self.config, base_model=agent.base_model))
                     if self.scheduler is not None:  # the same CPU budget as the app's own server
                         self.servers[base].use_budget(self.scheduler.runner.budget)
                 except Exception as exc:  # a missing or broken model dir: the request fails, the app stays up
-                    raise Conflict(f"agent {agent.name!r}: base model {base!r} cannot be loaded: {exc}") from exc
+                    raise Conflict(f"agent {agent.name!r}: base model {agent.base_model!r} cannot be loaded: "
+                                   f"{exc}") from exc
             return self.servers[base]
 
     def close(self) -> None:
