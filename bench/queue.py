@@ -78,7 +78,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     """Chat TTFT with the refill off and on, then vote→next latency on a warm queue."""
     import httpx
 
-    from rlhf.jobs.refill import QueueRefill
+    from rlhf.queue.refill import QueueRefill
     from storage import Store
     from ui.server import create_app
     from ui.services import Services

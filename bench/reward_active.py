@@ -5,7 +5,7 @@ to it one at a time, and the reward head is refit every ``queue.refit_every`` vo
 pairs, from the same candidates (every pair of the four replies to each training prompt, ties included: an
 annotator who is shown two equally good replies spends a vote and teaches nothing):
 
-- ``active``: the vote queue's own code (``rlhf.analysis.queue``): random until the head has
+- ``active``: the vote queue's own code (``rlhf.queue.choice``): random until the head has
   ``reward.min_pairs`` pairs, then the most uncertain pairs under the current head ensemble, with
   ``queue.random_share`` random ones mixed in;
 - ``random``: uniformly random pairs.
@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rlhf.analysis.queue import choose_batch, pair_uncertainty
+from rlhf.queue.choice import choose_batch, pair_uncertainty
 from bench.preferences import PREFERENCES, _flipped, heldout_pairs
 from rlhf.simulate.pool import load_pool, split_prompts
 from bench.report import report

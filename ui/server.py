@@ -12,8 +12,8 @@ from starlette.routing import Mount
 from rlhf.config import AppConfig
 from rlhf.cpu import apply_torch_threads
 from rlhf.jobs.publish import check_adapters, clean_leftovers
-from rlhf.jobs.refill import QueueRefill
 from rlhf.jobs.scheduler import StudioScheduler
+from rlhf.queue.refill import QueueRefill
 from rlhf.serving.server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui

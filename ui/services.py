@@ -22,7 +22,7 @@ class Services:
     server: PolicyServer
     scheduler: Optional[Any] = None  # rlhf.jobs.scheduler.StudioScheduler when running
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
-    refill: Optional[Any] = None  # rlhf.jobs.refill.QueueRefill when the vote queue refills in the background
+    refill: Optional[Any] = None  # rlhf.queue.refill.QueueRefill when the vote queue refills in the background
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

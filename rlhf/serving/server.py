@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from rlhf.config import AppConfig
 from rlhf.models import fit_prompt, pick_device, resolve_model
@@ -197,6 +197,23 @@ class PolicyServer:
     def engine_load(self) -> EngineLoad:
         """The engine's running / waiting / submitted counts and whether it is inside a model call."""
         return self.engine.load()
+
+    # ---- giving way to chat (the vote queue's refill asks these, never the engine) ------------
+    def idle(self) -> bool:
+        """No reply running or waiting and no model call under way."""
+        return self.engine.load().idle
+
+    def requests_seen(self) -> int:
+        """How many replies were ever asked of this server: a mark to count later arrivals from."""
+        return self.engine.load().submitted
+
+    def others(self, mark: int, mine: Sequence["ReplyStream"]) -> tuple[int, int]:
+        """Replies that are not ``mine`` (all asked for after ``requests_seen()`` gave ``mark``): how many were asked
+        for since the mark, and how many are running or waiting now (a reply of ``mine`` that just finished may
+        still count for a moment)."""
+        load = self.engine.load()
+        open_mine = sum(s.finished_at is None for s in mine)
+        return load.submitted - mark - len(mine), load.running + load.waiting - open_mine
 
     # ---- prompts ----------------------------------------------------------------------------
     def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:

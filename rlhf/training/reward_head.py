@@ -89,6 +89,19 @@ def fit_pairs(x_chosen: np.ndarray, x_rejected: np.ndarray, c: float = DEFAULT_C
     return _unit_spread(head, np.concatenate([x_chosen, x_rejected]))
 
 
+def pair_weights(pairs: Sequence[dict]) -> np.ndarray:
+    """Per pair: 1 + its margin (a clearer preference counts more)."""
+    return np.array([1.0 + max(0.0, float(p.get("margin") or 0.0)) for p in pairs])
+
+
+def fit_preference_head(x_chosen: np.ndarray, x_rejected: np.ndarray, pairs: Sequence[dict], cfg) -> LinearHead:
+    """The reward model's head on preference ``pairs`` (their features given), as the reward config
+    (``head_c``, ``ensemble``, ``seed``) and the pairs' margins set it: the one fit the retrain and the vote queue
+    share."""
+    return fit_pairs(x_chosen, x_rejected, c=cfg.head_c, members=cfg.ensemble, seed=cfg.seed,
+                     weights=pair_weights(pairs))
+
+
 def fit_scores(x: np.ndarray, y: Sequence[float], alpha: float = 1.0 / DEFAULT_C, members: int = DEFAULT_MEMBERS,
                seed: int = 0) -> LinearHead:
     """Fit a ridge head on replies with a [0, 1] score each (ratings without comparisons)."""

@@ -5,7 +5,7 @@ import pytest
 
 from rlhf.config import apply_overrides
 from rlhf.jobs import decisions
-from rlhf.jobs.refill import queue_versions
+from rlhf.queue.pool import queue_versions
 from ui import views
 
 INCONCLUSIVE = {"gate/verdict": "inconclusive", "gate/reason": "too close to call"}

@@ -117,6 +117,22 @@ def test_engine_load_counts_running_and_submitted(server):
     s.text()
 
 
+def test_the_server_says_when_it_is_idle_and_which_requests_are_not_ours(server):
+    """What the vote queue's refill asks (never the engine): idle, and replies that are not its own."""
+    wait_until(server.idle, "idle before")
+    mark = server.requests_seen()
+    mine = server.stream("", HISTORY, BASE, GenParams(max_new_tokens=200, temperature=1.0, seed=1))
+    wait_until(lambda: not server.idle(), "busy with our reply")
+    assert server.others(mark, [mine]) == (0, 0)
+    chat = server.stream("", HISTORY, BASE, GenParams(max_new_tokens=200, temperature=1.0, seed=2))
+    arrived, _ = server.others(mark, [mine])
+    assert arrived == 1 and server.requests_seen() == mark + 2
+    for s in (mine, chat):
+        s.cancel()
+        s.text()
+    wait_until(server.idle, "idle after")
+
+
 def _request(server, adapter):
     from rlhf.serving.interface import Request
     from rlhf.serving.server import ReplyStream

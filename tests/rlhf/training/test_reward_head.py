@@ -38,6 +38,17 @@ def test_the_head_learns_a_direction_from_few_pairs():
     assert abs(np.std(scores) - 1.0) < 1e-6  # unit spread on the training replies
 
 
+def test_the_preference_fit_weighs_pairs_by_margin_as_configured():
+    xc, xr = synthetic(40, seed=3)
+    pairs = [{"margin": 2.0 if i % 2 else 0.0} for i in range(40)]
+    cfg = load_config(env={}).reward
+    head = rh.fit_preference_head(xc, xr, pairs, cfg)
+    same = rh.fit_pairs(xc, xr, c=cfg.head_c, members=cfg.ensemble, seed=cfg.seed,
+                        weights=np.array([3.0 if i % 2 else 1.0 for i in range(40)]))
+    assert np.allclose(head.member_scores(xc), same.member_scores(xc))
+    assert list(rh.pair_weights([{"margin": -1}, {}, {"margin": 0.5}])) == [1.0, 1.0, 1.5]
+
+
 def test_members_disagree_more_where_data_is_thin():
     xc, xr = synthetic(12, seed=3)
     head = rh.fit_pairs(xc, xr, c=1.0, members=8, seed=0)

@@ -2,9 +2,10 @@
 
 One thread in the app process. On each tick (every ``queue.poll_seconds``, and at once after a vote), per agent:
 
-1. **Score.** When the Store holds ``reward.min_pairs`` preference pairs, the reward head (same features, C and
-   ensemble as ``rlhf.training.reward``) is refit on them every ``queue.refit_every`` new pairs, and every open
-   item not yet scored by the current fit gets P(A ≻ B) and its uncertainty (``rlhf.analysis.queue``) stored
+1. **Score.** When the Store holds ``reward.min_pairs`` preference pairs, the reward head (the retrain's own fit,
+   ``rlhf.training.reward_head.fit_preference_head``, on the same features) is refit on them every
+   ``queue.refit_every`` new pairs, and every open
+   item not yet scored by the current fit gets P(A ≻ B) and its uncertainty (``rlhf.queue.choice``) stored
    with it. Handing out an item is then a query: nothing is scored on the request path.
 2. **Refill.** While fewer than ``queue.low_water`` unseen items are open, up to ``queue.target_ready``: take
    prompts from the pool (the starter set or ``queue.prompt_file``, plus contexts users typed, deduplicated by
@@ -12,10 +13,11 @@ One thread in the app process. On each tick (every ``queue.poll_seconds``, and a
    and the newest candidate (two samples of the active one when there is no candidate), ``queue.batch_size``
    items per batch on the app's own PolicyServer.
 
-Chat goes first: a batch starts only after the engine has had no request for ``IDLE_S`` seconds; its items go
+Chat goes first (the serving layer says when it is idle and which requests are not ours): a batch starts only after
+the server has had no request for ``IDLE_S`` seconds; its items go
 in one at a time (a forward pass cannot be interrupted, so a chat that arrives waits for at most two refill
 prompts' prefill or one decode step); and the whole batch is cancelled (nothing stored, retried later) as soon as
-a request that is not the refill's own shows up in the engine. Feature extraction runs in small chunks, each
+a request that is not the refill's own shows up in the server. Feature extraction runs in small chunks, each
 after the same idle wait, on one CPU thread.
 """
 from __future__ import annotations
@@ -29,11 +31,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from rlhf.analysis.queue import pair_uncertainty
 from rlhf.config import AppConfig
-from rlhf.jobs.decisions import is_open
-from rlhf.serving.server import AdapterError, AdapterRef, Busy, GenParams, PolicyServer
-from rlhf.training.prompts import STARTER_PROMPTS, PromptState, load_prompt_file, state_key, store_states
+from rlhf.queue.choice import pair_uncertainty
+from rlhf.queue.pool import PoolPrompt, prompt_pool, queue_params, queue_versions
+from rlhf.serving.server import AdapterError, AdapterRef, Busy, PolicyServer
 from storage import Agent, Policy, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -42,59 +43,6 @@ IDLE_S = 0.5  # the engine must have been idle this long before a refill batch o
 POLL_S = 0.02  # how often a running batch looks for live requests
 FEATURE_CHUNK = 8  # replies per feature forward pass between two idle checks
 MAX_MEMO = 20_000  # cached reply features (about 9 KB each on the default model) before the cache is cleared
-
-
-@dataclass(frozen=True)
-class PoolPrompt:
-    """A context the queue may ask about: its history (ending with a user turn) and where it came from."""
-
-    key: str  # the context key its replies get in the Store (under the agent's current system prompt)
-    history: tuple  # {"role", "content"} dicts, no system message
-    source: str  # starter | file | typed
-
-
-def prompt_pool(store: Store, config: AppConfig, agent: Agent) -> list[PoolPrompt]:
-    """The agent's prompt pool: contexts users typed (newest first) interleaved with the starter prompts (or
-    ``queue.prompt_file``), deduplicated by context key under the agent's current system prompt."""
-    system = agent.system_prompt or ""
-    path = config.queue.prompt_file or STARTER_PROMPTS
-    starter = [_rekey(s, system, "file" if config.queue.prompt_file else "starter") for s in load_prompt_file(path)]
-    rows = store.feedback_rows(agent.id)
-    queue_convs = {c["id"] for c in rows["conversations"] if c["source"] == "queue"}
-    typed_rows = {"conversations": [c for c in rows["conversations"] if c["id"] not in queue_convs],
-                  "messages": [m for m in rows["messages"] if m["conversation_id"] not in queue_convs],
-                  "ratings": [], "comparisons": []}
-    typed = [_rekey(s, system, "typed") for s in reversed(store_states(typed_rows))]
-    out, seen = [], set()
-    for i in range(max(len(typed), len(starter))):
-        for group in (typed, starter):
-            if i < len(group) and group[i].key not in seen:
-                seen.add(group[i].key)
-                out.append(group[i])
-    return out
-
-
-def _rekey(state: PromptState, system: str, source: str) -> PoolPrompt:
-    history = tuple(m for m in state.as_messages() if m["role"] != "system")
-    head = [{"role": "system", "content": system}] if system else []
-    return PoolPrompt(state_key(head + list(history)), history, source)
-
-
-def queue_versions(store: Store, agent: Agent) -> tuple[Policy, Policy]:
-    """The two versions that answer queue items: the active one and the newest open decision, else the newest
-    candidate (or the active one twice)."""
-    active = store.active_policy(agent.id)
-    candidates = [p for p in store.list_policies(agent.id) if p.status == "candidate"]
-    waiting = [p for p in candidates if is_open(p)]  # people's votes decide these: they go first
-    return active, (max(waiting or candidates, key=lambda p: p.version) if candidates else active)
-
-
-def queue_params(config: AppConfig, agent: Agent, seed: int) -> GenParams:
-    """Sampling settings of a queue reply: the agent's defaults, ``queue.temperature``, ``queue.max_new_tokens``."""
-    gen = agent.generation or {}
-    max_new = config.queue.max_new_tokens or gen.get("max_new_tokens") or config.serving.max_new_tokens
-    return GenParams(max_new_tokens=int(max_new), temperature=config.queue.temperature,
-                     top_p=gen.get("top_p", config.serving.top_p), seed=seed).validated()
 
 
 @dataclass
@@ -117,7 +65,7 @@ class QueueRefill:
         self._skip: set[tuple] = set()  # (context key, version ids) that gave no usable item
         self._features = None
         self._memo: dict[tuple, np.ndarray] = {}
-        self._base = 0  # the engine's submitted count when the running batch started
+        self._mark = 0  # the server's requests_seen() when the running batch started
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.thread: Optional[threading.Thread] = None
@@ -203,7 +151,7 @@ class QueueRefill:
                 return None
         if not self.wait_idle(server):
             return None
-        self._base = server.engine_load().submitted  # requests submitted from here on that are not ours are chat
+        self._mark = server.requests_seen()  # replies asked for from here on that are not ours are chat
         jobs = []  # (prompt index, policy, params, stream)
         for i, prompt in enumerate(batch):
             try:
@@ -256,12 +204,11 @@ class QueueRefill:
     def wait_idle(self, server: PolicyServer) -> bool:
         """Block until the engine has had no request for ``idle_s`` seconds (False: stopping).
 
-        Idle = nothing waiting, nothing running, and no model call under way (a request the engine has taken off
-        its queue but not yet joined to the running batch is counted nowhere, but its prefill is such a call).
+        Idle (``PolicyServer.idle``) = nothing waiting, nothing running, and no model call under way.
         """
         quiet_since = None
         while not self._stop.is_set():
-            if server.engine_load().idle:
+            if server.idle():
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since >= self.idle_s:
                     return True
@@ -277,13 +224,11 @@ class QueueRefill:
             (lambda s: s.finished_at is None)
         seen = 0
         while any(waiting_for(s) for s in streams):
-            load = server.engine_load()
-            submitted_by_others = load.submitted - self._base - len(streams)
-            # Also a request that slipped in just before the batch: more rows in the engine than ours still open
-            # (a row of ours that just finished stays counted for a moment, hence three polls in a row).
-            mine = sum(s.finished_at is None for s in streams)
-            seen = seen + 1 if load.running + load.waiting > mine else 0
-            if submitted_by_others > 0 or seen >= 3 or self._stop.is_set():
+            arrived, present = server.others(self._mark, streams)
+            # Also a request that slipped in just before the batch: more replies in the server than ours still open
+            # (a reply of ours that just finished stays counted for a moment, hence three polls in a row).
+            seen = seen + 1 if present > 0 else 0
+            if arrived > 0 or seen >= 3 or self._stop.is_set():
                 self._cancel(streams)
                 return False
             time.sleep(POLL_S)
@@ -304,7 +249,7 @@ class QueueRefill:
         """Refit the head when ``queue.refit_every`` new pairs arrived, then score open items it has not scored;
         returns how many were scored (0 before there are ``reward.min_pairs`` pairs)."""
         from rlhf.training.data import build_pairs
-        from rlhf.training.reward_head import fit_pairs
+        from rlhf.training.reward_head import fit_preference_head
 
         r, q = self.config.reward, self.config.queue
         fit = self._fits.get(agent.id)
@@ -317,9 +262,7 @@ class QueueRefill:
                 xr = self._featurize([p["prompt"] for p in pairs], [p["rejected"] for p in pairs], agent)
                 if xc is None or xr is None:
                     return 0
-                weights = np.array([1.0 + max(0.0, float(p.get("margin") or 0.0)) for p in pairs])
-                fit = self._fits[agent.id] = _Fit(fit_pairs(xc, xr, c=r.head_c, members=r.ensemble, seed=r.seed,
-                                                            weights=weights), len(pairs))
+                fit = self._fits[agent.id] = _Fit(fit_preference_head(xc, xr, pairs, r), len(pairs))
                 self.counts["refits"] += 1
             self._watermarks[agent.id] = watermark
         if fit is None:
