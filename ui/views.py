@@ -13,7 +13,6 @@ from typing import Any, Iterable, Optional
 import pandas as pd
 
 from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES, leaderboard, win_rate_matrix
-from rlhf.jobs import decisions
 from storage import Comparison, Job, Policy, RewardModel
 
 DASH = "–"
@@ -110,28 +109,6 @@ def leaderboard_json(table: pd.DataFrame) -> list[dict]:
             row[key] = None if isinstance(value, float) and math.isnan(value) else value
         rows.append(row)
     return rows
-
-
-ARENA_VOTES_NEEDED = 20  # kept for imports; an open decision is now paired first until its votes decide
-
-
-def needs_votes(policy: Policy) -> bool:
-    """True for a candidate the retrain gate left to people until their votes decide (``rlhf.jobs.decisions``)."""
-    return decisions.is_open(policy)
-
-
-def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> list[dict]:
-    """Versions ``rlhf.analysis.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated
-    votes; ``waiting`` ids (open decisions) are marked ``needs_votes``: paired with the active version first."""
-    out = []
-    for row in table.itertuples(index=False):
-        if row.status not in ELIGIBLE_STATUSES:
-            continue
-        rated = row.wins + row.losses + row.ties > 0
-        out.append({"policy_id": int(row.policy_id), "version": int(row.version), "status": row.status,
-                    "votes": int(row.votes), "rating": float(row.bt) if rated else None,
-                    "needs_votes": int(row.policy_id) in waiting})
-    return out
 
 
 BT_VS_ELO = ("**Reading the ratings.** *BT* (Bradley–Terry) fits all votes at once, so their order does not "

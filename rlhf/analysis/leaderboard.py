@@ -6,7 +6,8 @@ counting, excluded from every rating).
 
 Bradley-Terry uses a small symmetric prior: each policy with votes also plays `prior` virtual games
 against a reference player and wins half of them, so all-wins policies stay finite; prior=0 gives
-the plain maximum-likelihood fit. choose_pair takes a numpy.random.Generator.
+the plain maximum-likelihood fit. The arena's pairing rules (``choose_pair``) are
+``rlhf.analysis.arena``.
 """
 
 from __future__ import annotations
@@ -233,44 +234,3 @@ def style_columns(votes: pd.DataFrame, ids: list[int], n_boot: int = 200, seed: 
     at = {p: i for i, p in enumerate(everyone)}
     return ([float(rating[at[p]]) for p in ids], [float(low[at[p]]) for p in ids],
             [float(high[at[p]]) for p in ids])
-
-
-def _pair_weight(va: dict, vb: dict, scale: float) -> float:
-    # Few votes -> more weight: each side counts 1 / (1 + votes).
-    weight = 1.0 / (1.0 + va["votes"]) / (1.0 + vb["votes"])
-    if va.get("rating") is None or vb.get("rating") is None:
-        return weight  # unknown rating: treat as an even match, the most informative kind
-    # Close ratings -> more weight: 4 p (1 - p) is the (normalised) Fisher information of one BT
-    # comparison with win probability p; it is 1 for an even match and falls off with the gap.
-    p = 1.0 / (1.0 + 10.0 ** ((vb["rating"] - va["rating"]) / scale))
-    return weight * 4.0 * p * (1.0 - p)
-
-
-def choose_pair(versions: list[dict], rng: np.random.Generator, newest_prob: float = 0.7,
-                scale: float = 400.0) -> tuple[int, int]:
-    """Pick the next arena pair (policy_id_a, policy_id_b) in random order; rng is a numpy Generator."""
-    eligible = [v for v in versions if v["status"] in ELIGIBLE_STATUSES]
-    if len(eligible) < 2:
-        raise ValueError(f"choose_pair needs at least 2 active or candidate versions, "
-                         f"got {len(eligible)} (archived and broken versions are never shown)")
-    if len({v["policy_id"] for v in eligible}) != len(eligible):
-        raise ValueError("choose_pair got the same policy_id twice")
-    by_recency = sorted(eligible, key=lambda v: v["version"], reverse=True)
-    waiting = [v for v in by_recency if v.get("needs_votes") and v["status"] != "active"]
-    actives = [v for v in by_recency if v["status"] == "active"]
-    if waiting and actives:  # the gate could not tell: the arena's votes decide, against the active version first
-        pair = (waiting[0]["policy_id"], actives[0]["policy_id"])
-    elif rng.random() < newest_prob:
-        newest = by_recency[0]
-        actives = [v for v in by_recency[1:] if v["status"] == "active"]
-        # Newest vs the active version; if the newest is itself active (or none is active),
-        # newest vs the next most recent eligible version.
-        partner = actives[0] if actives and newest["status"] != "active" else by_recency[1]
-        pair = (newest["policy_id"], partner["policy_id"])
-    else:
-        pairs = [(x, y) for i, x in enumerate(eligible) for y in eligible[i + 1:]]
-        weights = np.array([_pair_weight(x, y, scale) for x, y in pairs])
-        weights = weights if weights.sum() > 0 else np.ones(len(pairs))
-        x, y = pairs[rng.choice(len(pairs), p=weights / weights.sum())]
-        pair = (x["policy_id"], y["policy_id"])
-    return pair if rng.random() < 0.5 else (pair[1], pair[0])

@@ -56,14 +56,6 @@ def test_leaderboard_json_is_strict_json_with_nulls():
     assert isinstance(by_id[2]["votes"], int) and "NaN" not in text
 
 
-def test_pair_candidates_skip_archived_and_rate_only_rated_versions():
-    table = views.board([comp(2, 1, "a"), comp(1, 2, "both_bad")], [V0, V1, V2, pol(4, 3)], n_boot=0)
-    cands = {c["policy_id"]: c for c in views.pair_candidates(table)}
-    assert set(cands) == {1, 2, 4}  # v2 is archived
-    assert cands[2]["rating"] > cands[1]["rating"] and cands[4]["rating"] is None
-    assert cands[1]["votes"] == 2 and cands[4]["status"] == "candidate"
-
-
 def test_win_rate_view_counts_ties_half():
     comps = [comp(2, 1, "a"), comp(1, 2, "b"), comp(2, 1, "tie"), comp(2, 1, "both_bad")]
     view = views.win_rate_view(comps, [V1, V0, V2]).set_index("row beats →")

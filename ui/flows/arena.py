@@ -12,7 +12,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from rlhf.analysis.leaderboard import choose_pair
+from rlhf.analysis.arena import choose_pair, pair_candidates
+from rlhf.jobs.decisions import is_open
 from storage import Agent, ArenaPair, Comparison, Conflict, Message, Policy, Store
 from ui import views
 from ui.flows import chat as chatflow
@@ -39,10 +40,11 @@ def need_two_message(agent: Agent, servable: int) -> str:
 
 
 def draw_pair(store: Store, agent: Agent, rng: Optional[np.random.Generator] = None) -> tuple[Policy, Policy]:
-    """The two versions of the next round (A, B), chosen by ``choose_pair`` from votes and BT ratings."""
+    """The two versions of the next round (A, B), by the arena's pairing rules (``rlhf.analysis.arena``) on votes,
+    BT ratings and open decisions."""
     policies = store.list_policies(agent.id)
     table = views.board(store.list_comparisons(agent.id), policies, n_boot=0)
-    candidates = views.pair_candidates(table, frozenset(p.id for p in policies if views.needs_votes(p)))
+    candidates = pair_candidates(table, frozenset(p.id for p in policies if is_open(p)))
     if len(candidates) < 2:
         raise Conflict(need_two_message(agent, len(candidates)))
     a_id, b_id = choose_pair(candidates, rng if rng is not None else np.random.default_rng())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlhf.analysis.arena import pair_candidates
 from rlhf.config import apply_overrides
 from rlhf.jobs import decisions
 from rlhf.queue.pool import queue_versions
@@ -88,9 +89,9 @@ def test_a_losing_candidate_is_archived_under_auto(store, tmp_path):
 def test_open_decisions_go_first_in_the_arena_and_the_vote_queue(store, tmp_path):
     waiting = version(store, tmp_path, 1, INCONCLUSIVE)
     newest = version(store, tmp_path, 2, {"gate/verdict": "reject"})
-    assert views.needs_votes(waiting) and not views.needs_votes(newest)
+    assert decisions.is_open(waiting) and not decisions.is_open(newest)
     table = views.board(store.list_comparisons("assistant"), store.list_policies("assistant"), n_boot=0)
-    marked = {c["policy_id"]: c["needs_votes"] for c in views.pair_candidates(table, frozenset({waiting.id}))}
+    marked = {c["policy_id"]: c["needs_votes"] for c in pair_candidates(table, frozenset({waiting.id}))}
     assert marked[waiting.id] and not marked[newest.id]
     agent = store.get_agent("assistant")
     assert [p.id for p in queue_versions(store, agent)] == [store.active_policy("assistant").id, waiting.id]
