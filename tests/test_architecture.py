@@ -120,3 +120,36 @@ def test_layers_point_one_way():
 def test_benchmarks_are_not_in_the_runtime_package():
     assert not (ROOT / "rlhf" / "bench").exists()
     assert "bench.serve" in graph() and not [m for m in graph() if m.startswith("rlhf.bench")]
+
+
+ENGINE_INTERNALS = ("rlhf.serving.engine", "rlhf.serving.batch", "rlhf.serving.llama_cpp")
+
+
+def engine_reach(path: Path) -> list[str]:
+    """Where a module reaches into a serving engine: ``x.engine_load()``, ``x.engine.<anything>`` or ``x.engine`` on
+    something other than the ``serving`` config section (``cfg.serving.engine`` names the engine setting)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        setting = isinstance(node.value, ast.Attribute) and node.value.attr == "serving"
+        if node.attr == "engine_load" or (node.attr == "engine" and not setting):
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+def test_nothing_outside_serving_touches_engine_internals():
+    """Outside rlhf/serving, code asks the PolicyServer (idle, requests_seen, others, stream, ...) and the seam in
+    rlhf.serving.interface; it never imports an engine module nor reads a server's engine."""
+    g, known = graph(), modules()
+    for name, deps in g.items():
+        if name.startswith("rlhf.serving") or not name.startswith(("rlhf", "ui")):
+            continue
+        assert not [d for d in deps if d.startswith(ENGINE_INTERNALS)], f"{name} imports an engine module"
+        assert not engine_reach(known[name]), f"{name} reads engine internals: {engine_reach(known[name])}"
+
+
+def test_the_engine_check_sees_a_reach(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(server, cfg):\n    return server.engine.threads, server.engine_load(), cfg.serving.engine\n")
+    assert engine_reach(probe) == ["line 2: .engine", "line 2: .engine_load"]
