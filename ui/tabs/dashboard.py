@@ -6,6 +6,7 @@ admin in single-user local mode). Everything shown is read from the Store and re
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Optional
 
 import gradio as gr
@@ -223,8 +224,7 @@ VERSION_WIDTHS = ["7%", "6%", "10%", "8%", "7%", "12%", "15%", "7%", "6%", "11%"
 
 def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
     """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
-    store = services.store
-    agents = [a.name for a in store.list_agents()]
+    agents = [a.name for a in services.store.list_agents()]
     agent = gr.Dropdown(agents, value=agents[0], label="Agent")
     versions = gr.Dataframe(label="Versions (newest first) · missing values show as –", interactive=False,
                             wrap=True, column_widths=VERSION_WIDTHS)
@@ -241,6 +241,39 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
             job = gr.Dropdown([], label="Retrain job", scale=1)
             keys = gr.Dropdown([], multiselect=True, label="Metrics (one panel each)", scale=2)
         curves = gr.HTML(charts.small_multiples({}))
+    pair = _side_by_side_layout()
+    admin = _admin_layout(services)
+    build_decisions_panel(services, agent)
+
+    overview = bind(refresh_overview, services)
+    overview_io = ([agent, pair.pick_a, pair.pick_b, admin.pick, job],
+                   [versions, ratings, volume, pair.pick_a, pair.pick_b, admin.pick, job])
+    curves_fn, pair_fn = bind(show_curves, services), bind(show_side_by_side, services)
+
+    def then_details(dep):
+        """After the overview: the curves and eval replies for the current picks."""
+        dep.then(curves_fn, [job, keys], [curves, keys], api_name=False, show_progress="hidden") \
+            .then(pair_fn, [pair.pick_a, pair.pick_b], [pair.samples], api_name=False, show_progress="hidden")
+
+    then_details(gr.Timer(REFRESH_SECONDS).tick(overview, *overview_io, api_name=False, show_progress="hidden"))
+    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
+        then_details(tab.select(overview, *overview_io, api_name=False, show_progress="hidden"))
+    # On load and on another agent: fresh picks (the old ones belong to the other agent).
+    then_details(gr.on(None, bind(first_paint, services), [agent], overview_io[1], api_name=False))
+    gr.on(None, bind(admin_access, services), [],
+          [admin.promote, admin.rollback, admin.archive, pair.regen_a, pair.regen_b, admin.status], api_name=False)
+    keys.input(curves_fn, [job, keys], [curves, keys], api_name=False)
+    job.change(curves_fn, [job, keys], [curves, keys], api_name=False)
+    for picker in (pair.pick_a, pair.pick_b):
+        picker.change(pair_fn, [pair.pick_a, pair.pick_b], [pair.samples], api_name=False)
+    regen_fn = bind(regenerate_eval, services)
+    pair.regen_a.click(regen_fn, [agent, pair.pick_a], [pair.status], api_name="regenerate_eval_a")
+    pair.regen_b.click(regen_fn, [agent, pair.pick_b], [pair.status], api_name="regenerate_eval_b")
+    _bind_admin(services, agent, admin, lambda dep: dep.then(overview, *overview_io, api_name=False))
+
+
+def _side_by_side_layout() -> SimpleNamespace:
+    """Two versions' replies to the held-out eval prompts, and buttons to regenerate them."""
     with gr.Accordion("Side by side on the eval prompts", open=True):
         with gr.Row():
             pick_a = gr.Dropdown([], label="Version A")
@@ -251,10 +284,16 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
         samples = gr.Dataframe(label="Replies to the held-out eval prompts (generated at publish time)",
                                interactive=False, wrap=True,
                                column_widths=["20%", "34%", "6%", "34%", "6%"])  # views.side_by_side's columns
-        regen_status = gr.Markdown()
+        status = gr.Markdown()
+    return SimpleNamespace(pick_a=pick_a, pick_b=pick_b, regen_a=regen_a, regen_b=regen_b, samples=samples,
+                           status=status)
+
+
+def _admin_layout(services: Services) -> SimpleNamespace:
+    """Promote, roll back and archive (each asks first), and the version download."""
     with gr.Accordion("Admin", open=True):
         with gr.Row():
-            pick_admin = gr.Dropdown([], label="Version", scale=2)
+            pick = gr.Dropdown([], label="Version", scale=2)
             promote = gr.Button("Promote", variant="primary", scale=1)
             rollback = gr.Button("Roll back", scale=1)
             archive = gr.Button("Archive", variant="stop", scale=1)
@@ -264,43 +303,21 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
                 yes = [gr.Button(label, variant=variant, visible=False) for label, variant in
                        (("Yes, promote", "primary"), ("Yes, roll back", "primary"), ("Yes, archive", "stop"))]
                 no = gr.Button("Cancel")
-        admin_status = gr.Markdown(ADMIN_NOTE)
-        build_version_download(services, pick_admin)
-    build_decisions_panel(services, agent)
+        status = gr.Markdown(ADMIN_NOTE)
+        build_version_download(services, pick)
+    return SimpleNamespace(pick=pick, promote=promote, rollback=rollback, archive=archive, confirm_box=confirm_box,
+                           confirm=confirm, yes=yes, no=no, status=status)
 
-    overview = bind(refresh_overview, services)
-    overview_io = ([agent, pick_a, pick_b, pick_admin, job],
-                   [versions, ratings, volume, pick_a, pick_b, pick_admin, job])
-    curves_fn, pair_fn = bind(show_curves, services), bind(show_side_by_side, services)
 
-    def then_details(dep):
-        """After the overview: the curves and eval replies for the current picks."""
-        dep.then(curves_fn, [job, keys], [curves, keys], api_name=False, show_progress="hidden") \
-            .then(pair_fn, [pick_a, pick_b], [samples], api_name=False, show_progress="hidden")
-
-    then_details(gr.Timer(REFRESH_SECONDS).tick(overview, *overview_io, api_name=False, show_progress="hidden"))
-    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
-        then_details(tab.select(overview, *overview_io, api_name=False, show_progress="hidden"))
-    # On load and on another agent: fresh picks (the old ones belong to the other agent).
-    then_details(gr.on(None, bind(first_paint, services), [agent], overview_io[1], api_name=False))
-    gr.on(None, bind(admin_access, services), [], [promote, rollback, archive, regen_a, regen_b, admin_status],
-          api_name=False)
-    keys.input(curves_fn, [job, keys], [curves, keys], api_name=False)
-    job.change(curves_fn, [job, keys], [curves, keys], api_name=False)
-    for picker in (pick_a, pick_b):
-        picker.change(pair_fn, [pick_a, pick_b], [samples], api_name=False)
-
-    regen_fn = bind(regenerate_eval, services)
-    regen_a.click(regen_fn, [agent, pick_a], [regen_status], api_name="regenerate_eval_a")
-    regen_b.click(regen_fn, [agent, pick_b], [regen_status], api_name="regenerate_eval_b")
-    # Each action asks first; the "Yes" runs it on the pick the question named (a new pick hides the question).
-    confirm_io = [confirm_box, confirm, *yes]
-    for button, action in zip((promote, rollback, archive), ACTIONS):
-        button.click(bind(ask, services, action), [agent, pick_admin], confirm_io + [admin_status], api_name=False)
-    gr.on([no.click, pick_admin.input, agent.change], dismiss, None, confirm_io, api_name=False)
-    for button, fn, inputs, name in ((yes[0], promote_version, [pick_admin], "promote"),
-                                     (yes[1], rollback_version, [agent], "rollback"),
-                                     (yes[2], archive_version, [pick_admin], "archive")):
-        button.click(bind(fn, services), inputs, [admin_status], api_name=name) \
-            .then(dismiss, None, confirm_io, api_name=False) \
-            .then(overview, *overview_io, api_name=False)
+def _bind_admin(services: Services, agent: gr.Dropdown, admin: SimpleNamespace, then_overview) -> None:
+    """Each action asks first; the "Yes" runs it on the pick the question named (a new pick hides the question),
+    then the overview repaints."""
+    confirm_io = [admin.confirm_box, admin.confirm, *admin.yes]
+    for button, action in zip((admin.promote, admin.rollback, admin.archive), ACTIONS):
+        button.click(bind(ask, services, action), [agent, admin.pick], confirm_io + [admin.status], api_name=False)
+    gr.on([admin.no.click, admin.pick.input, agent.change], dismiss, None, confirm_io, api_name=False)
+    for button, fn, inputs, name in ((admin.yes[0], promote_version, [admin.pick], "promote"),
+                                     (admin.yes[1], rollback_version, [agent], "rollback"),
+                                     (admin.yes[2], archive_version, [admin.pick], "archive")):
+        then_overview(button.click(bind(fn, services), inputs, [admin.status], api_name=name)
+                      .then(dismiss, None, confirm_io, api_name=False))

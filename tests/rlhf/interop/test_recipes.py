@@ -359,3 +359,16 @@ def test_all_linear_lora_is_spelled_for_each_engine(tmp_path):
     assert "--ds.lora.rank 8 --ds.lora.alpha 16`" in openrlhf  # OpenRLHF's default target is "all-linear"
     argv = command_after(commands(openrlhf), "import-policy")
     assert argv[argv.index("--targets") + 1] == "all-linear"
+
+
+def test_recipe_templates_are_filled_and_shipped_with_the_package():
+    """Every ``@{name}`` of every template gets a value (the shell's ``$VARS`` stay as they are), and the templates
+    are package data: an installed app writes the same LAUNCH.md."""
+    ctx = recipes.Context(Path("/exp"), "hub/base", ["a"], recipes.Lora(8, 16, ["q_proj", "v_proj"]), Path("/conv"))
+    text = recipes.openrlhf_launch(ctx, 500, 5000) + recipes.verl_launch(ctx, 500, 10, 500)
+    assert "@{" not in text and "$EXPORT_DIR" in text and "$(cat $CKPT_DIR" in text and "{style: model}" in text
+    root = Path(__file__).resolve().parents[3]
+    assert '"rlhf.interop" = ["templates/*.md"]' in (root / "pyproject.toml").read_text()
+    assert sorted(p.stem for p in recipes.TEMPLATES.glob("*.md")) == sorted(
+        ["preamble", "preamble_converted", "openrlhf_intro", "openrlhf_reward_model", "openrlhf_ppo", "verl_intro",
+         "verl_reward_model", "verl_ppo"])
