@@ -49,6 +49,7 @@ test-fast: setup
 load: setup
 	RLHF_LOAD=1 $(PY) -m pytest -q tests/load -s
 
+# The benchmarks are the checkout's bench/ package (not installed); `rlhf-studio bench WHAT --help` lists each one's flags.
 bench: setup
 	$(VENV)/bin/rlhf-studio bench reward
 	$(VENV)/bin/rlhf-studio bench serve
