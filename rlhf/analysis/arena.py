@@ -20,7 +20,7 @@ from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES
 
 
 def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> list[dict]:
-    """Versions ``rlhf.analysis.leaderboard.choose_pair`` may pick: servable ones, rated only once they have rated
+    """Versions ``choose_pair`` may pick: servable ones, rated only once they have rated
     votes; ``waiting`` ids (open decisions) are marked ``needs_votes``: paired with the active version first."""
     out = []
     for row in table.itertuples(index=False):

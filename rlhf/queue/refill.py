@@ -39,7 +39,7 @@ from storage import Agent, Policy, Store, StoreError
 
 log = logging.getLogger(__name__)
 
-IDLE_S = 0.5  # the engine must have been idle this long before a refill batch or a feature chunk starts
+IDLE_S = 0.5  # the server must have been idle this long before a refill batch or a feature chunk starts
 POLL_S = 0.02  # how often a running batch looks for live requests
 FEATURE_CHUNK = 8  # replies per feature forward pass between two idle checks
 MAX_MEMO = 20_000  # cached reply features (about 9 KB each on the default model) before the cache is cleared
@@ -202,7 +202,7 @@ class QueueRefill:
 
     # ---- chat priority ---------------------------------------------------------------------------
     def wait_idle(self, server: PolicyServer) -> bool:
-        """Block until the engine has had no request for ``idle_s`` seconds (False: stopping).
+        """Block until the server has had no request for ``idle_s`` seconds (False: stopping).
 
         Idle (``PolicyServer.idle``) = nothing waiting, nothing running, and no model call under way.
         """
@@ -219,7 +219,7 @@ class QueueRefill:
 
     def _watch(self, server: PolicyServer, streams: list, started: bool = False) -> bool:
         """Wait until every stream finished (``started``: has its first token, i.e. was prefilled); cancel them all
-        as soon as a live request is in the engine. True when the wait ended without a live request."""
+        as soon as a live request is in the server. True when the wait ended without a live request."""
         waiting_for = (lambda s: s.first_token_at is None and s.finished_at is None) if started else \
             (lambda s: s.finished_at is None)
         seen = 0
@@ -286,7 +286,7 @@ class QueueRefill:
         return len(items)
 
     def _featurize(self, prompts: list, replies: list, agent: Agent) -> Optional[np.ndarray]:
-        """Reply features (memoised), computed in small chunks, each after the engine went idle; None: stopping."""
+        """Reply features (memoised), computed in small chunks, each after the server went idle; None: stopping."""
         keys = [(tuple((m["role"], m["content"]) for m in p), r) for p, r in zip(prompts, replies)]
         todo = [i for i, k in enumerate(keys) if k not in self._memo]
         if todo:
