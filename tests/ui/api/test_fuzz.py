@@ -6,7 +6,7 @@ documented 503 "busy" aside), and a refused request (any 4xx/5xx) must leave the
 the whole content of every table is compared before and after it. Deterministic: Hypothesis runs derandomized
 with no example database, so every run sends the same cases; failures are collected (not shrunk) and reported
 together. The budget is ``FUZZ_EXAMPLES`` cases per operation (``RLHF_FUZZ_EXAMPLES`` overrides it: the README's
-longer run uses 200).
+longer run uses 800).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from tests.e2e.app_process import TEST_APP, AppProcess, write_config
+from tests.e2e.app_process import TEST_APP, AppProcess, seed_preferences, write_config
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402  (after the skip: it comes with schemathesis)
@@ -28,7 +28,7 @@ from schemathesis.specs.openapi import checks as oa_checks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-FUZZ_EXAMPLES = int(os.environ.get("RLHF_FUZZ_EXAMPLES", "12"))
+FUZZ_EXAMPLES = int(os.environ.get("RLHF_FUZZ_EXAMPLES", "60"))
 # A tiny generation limit and no background work: no scheduler (a queued retrain stays queued, so POST /train
 # costs a row, never minutes of training) and no vote-queue refill (the database changes only by requests).
 FUZZ_APP = {"serving": {"max_new_tokens": 2}, "scheduler": {"enabled": False}, "queue": {"refill": False}}
@@ -41,6 +41,8 @@ def app(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("fuzz")
     config = write_config(root / "config.yaml", TEST_APP, FUZZ_APP)
     with AppProcess(root / "data", tiny_model_dir, config) as running:
+        with running.client() as http:  # a few conversations, replies, ratings and votes: small ids exist
+            seed_preferences(http, 2)
         yield running
 
 
