@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fastapi import APIRouter, Request
+from pydantic import Field
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from rlhf.analysis import quality
 from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
 from storage import InvalidInput, NotFound
+from storage.util import SLUG
 from ui.flows.agents import agent_json, check_generation, create_agent
 from ui.permissions import current_user, is_admin, require_admin
 from ui.api.core import Strict
@@ -32,9 +34,11 @@ EXPORT = {200: {"description": "The export: one file, or a zip of several",
 
 
 class AgentBody(Strict):
-    name: str
+    # Documented, checked by the Store (``check_slug``, with its own message): a 1-64 character slug.
+    name: str = Field(json_schema_extra={"pattern": f"^{SLUG.pattern}$"})
     system_prompt: str
-    base_model: Optional[str] = None
+    # A shipped name, a local directory or GGUF file (a path: at most PATH_MAX bytes), or a hub id.
+    base_model: Optional[str] = Field(None, max_length=4096)
     generation: Optional[dict[str, Any]] = None
 
 
@@ -103,7 +107,8 @@ def export_route(r: APIRouter, services: Services) -> None:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        return FileResponse(path, filename=path.name, media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"),
+        return FileResponse(path, filename=path.name,
+                            media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"),
                             background=BackgroundTask(shutil.rmtree, work, ignore_errors=True))
 
 

@@ -21,14 +21,16 @@ import pytest
 from tests.e2e.app_process import TEST_APP, AppProcess, seed_preferences, write_config
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402  (after the skip: it comes with schemathesis)
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402  (after the skip: it comes with schemathesis)
 from schemathesis import checks as st_checks  # noqa: E402
 from schemathesis.core.failures import FailureGroup  # noqa: E402
+from schemathesis.generation.hypothesis.builder import (  # noqa: E402
+    HypothesisTestConfig, HypothesisTestMode, create_test)
 from schemathesis.specs.openapi import checks as oa_checks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-FUZZ_EXAMPLES = int(os.environ.get("RLHF_FUZZ_EXAMPLES", "60"))
+FUZZ_EXAMPLES = int(os.environ.get("RLHF_FUZZ_EXAMPLES", "40"))
 # A tiny generation limit and no background work: no scheduler (a queued retrain stays queued, so POST /train
 # costs a row, never minutes of training) and no vote-queue refill (the database changes only by requests).
 FUZZ_APP = {"serving": {"max_new_tokens": 2}, "scheduler": {"enabled": False}, "queue": {"refill": False}}
@@ -58,11 +60,10 @@ def snapshot(db) -> str:
 
 
 def fuzz_operation(operation, base_url: str, db, found: dict, tally: Counter) -> None:
-    """FUZZ_EXAMPLES generated cases against one operation; problems go to ``found`` (one per operation, check and status)."""
-    @settings(max_examples=FUZZ_EXAMPLES, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=operation.as_strategy())
-    def run(case):
+    """One operation's cases: its schema examples, Schemathesis' coverage cases (boundary values, missing and
+    wrong-typed fields, each documented constraint broken once) and ``FUZZ_EXAMPLES`` generated ones (as
+    ``st run`` sends them). Problems go to ``found``, one per operation, check and status."""
+    def one_case(case):
         before = snapshot(db)
         response = case.call(base_url=base_url, timeout=60)
         tally[operation.label] += 1
@@ -78,7 +79,12 @@ def fuzz_operation(operation, base_url: str, db, found: dict, tally: Counter) ->
             found.setdefault((operation.label, "a refused request changed the database", response.status_code),
                              case.as_curl_command())
 
-    run()
+    budget = settings(max_examples=FUZZ_EXAMPLES, derandomize=True, database=None, deadline=None,
+                      phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    modes = [HypothesisTestMode.EXAMPLES, HypothesisTestMode.COVERAGE, HypothesisTestMode.FUZZING]
+    create_test(operation=operation, test_func=one_case,
+                config=HypothesisTestConfig(project=operation.schema.config, modes=modes, settings=budget,
+                                            apply_ci_profile=False))()
 
 
 def test_the_rest_api_survives_its_own_fuzzer(app):
