@@ -146,11 +146,12 @@ def token_routes(r: APIRouter, services: Services) -> None:
     @r.post("/tokens", responses=ok(NewToken) | errors(404, write=True))
     def new_token(body: TokenBody, request: Request):
         require_admin(services, request)
+        name = body.name.strip()  # the Store keeps user names stripped: " carol " is carol
         auth = services.auth
-        if auth is not None and auth.mode == "users" and auth.role_for(body.name) is None:
-            raise NotFound(f"{body.name!r} is not a configured user; add them to server.users or the users file")
-        token = store.create_api_token(body.name, body.label, body.expires_in_days)
-        return {"name": body.name, "token": token, "expires": store.list_api_tokens(body.name)[-1]["expires"]}
+        if auth is not None and auth.mode == "users" and auth.role_for(name) is None:
+            raise NotFound(f"{name!r} is not a configured user; add them to server.users or the users file")
+        token = store.create_api_token(name, body.label, body.expires_in_days)
+        return {"name": name, "token": token, "expires": store.list_api_tokens(name)[-1]["expires"]}
 
     @r.get("/tokens", responses=ok(list[TokenOut]) | errors())
     def tokens(request: Request):
