@@ -1,4 +1,4 @@
-"""The REST API's prefix, its open paths and its one error shape, shared by the routers, the request guard and auth.
+"""The REST API's prefix, its open paths and its one error shape, shared by the routers and the request guard.
 
 Every refusal under /api/v1 (a handler's, a Store error, the guard's, FastAPI's own) answers
 ``{"error": "<message>"}`` with a 4xx status, or 503 with ``Retry-After`` when the server or the database is busy.
