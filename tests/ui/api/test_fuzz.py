@@ -5,8 +5,8 @@ Every response must be documented (status code, content type, body schema), none
 documented 503 "busy" aside), and a refused request (any 4xx/5xx) must leave the database exactly as it was:
 the whole content of every table is compared before and after it. Deterministic: Hypothesis runs derandomized
 with no example database, so every run sends the same cases; failures are collected (not shrunk) and reported
-together. The budget is ``FUZZ_EXAMPLES`` cases per operation (``RLHF_FUZZ_EXAMPLES`` overrides it: the README's
-longer run uses 800).
+together. The budget: each operation's schema examples and coverage cases, plus ``FUZZ_EXAMPLES`` generated
+ones (``RLHF_FUZZ_EXAMPLES`` overrides it: the README's longer run uses 400).
 """
 from __future__ import annotations
 
