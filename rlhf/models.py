@@ -118,16 +118,21 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
             return SHIPPED[name][2]
         raise ModelNotFound(f"{name!r} is not cached and {SHIPPED[name][0]!r} is not installed. {HOW_TO}")
     path = Path(name).expanduser()
-    if path.is_file() and path.suffix == ".gguf":  # a local GGUF: llama.cpp serves it, torch trains its copy
+    try:
+        is_gguf, exists = path.is_file() and path.suffix == ".gguf", path.exists()
+    except OSError:  # a name no file system can hold (too long, ...): no local model by that name
+        is_gguf = exists = False
+    if is_gguf:  # a local GGUF: llama.cpp serves it, torch trains its copy
         target = gguf_model_dir(path, data_dir)
         return str(target if _is_model_dir(target) else convert_gguf(path, target))
-    if path.exists():
+    if exists:
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is not a model directory (no config.json). {HOW_TO}")
         return str(path)
-    if allow_hub and "/" in name and not name.startswith((".", "/")):
+    if allow_hub and HUB_ID.fullmatch(name):
         return name
-    raise ModelNotFound(f"cannot find base model {name!r}. {HOW_TO}")
+    shown = name if len(name) <= 200 else name[:200] + f"... ({len(name)} characters)"
+    raise ModelNotFound(f"cannot find base model {shown!r}. {HOW_TO}")
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")

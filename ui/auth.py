@@ -34,10 +34,6 @@ from ui.services import Services
 log = logging.getLogger(__name__)
 
 ROLES = ("admin", "annotator")
-PREFIX = "/api/v1"
-# Open without credentials: the liveness probe and the API's own description (no data in either).
-PUBLIC_PATHS = {f"{PREFIX}/health", f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/docs/oauth2-redirect"}
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 VERIFIED_TTL = 300.0  # seconds a successful Basic login is remembered (scrypt costs ~50 ms per check)
 # scrypt is CPU-bound: a flood of sign-ins may keep at most half the cores busy, the rest keep serving.
 PASSWORD_CHECKS = max(1, (os.cpu_count() or 2) // 2)

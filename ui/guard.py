@@ -32,22 +32,15 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 
 from rlhf.config import AppConfig, ConfigError
+from ui.api.errors import HEALTH, PREFIX, PUBLIC_PATHS, error
 from ui.auth import RateLimiter, basic_name, login_keys
 from ui.forwarded import ForwardedHeaders, TrustedProxies
 from ui.services import Services
 
-PREFIX = "/api/v1"
-HEALTH = f"{PREFIX}/health"
-# Open without credentials: the liveness probe and the API's own description (no data in either).
-PUBLIC_PATHS = {HEALTH, f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/docs/oauth2-redirect"}
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 MAX_LOGIN_BODY = 64 * 1024
-
-
-def _error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 # ---- hosts and origins (pure) ------------------------------------------------------------------------
@@ -148,7 +141,7 @@ class RequestPolicy:
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":
             return await send({"type": "websocket.close", "code": 1008})
-        return await _error(*problem)(scope, receive, send)
+        return await error(*problem)(scope, receive, send)
 
 
 # ---- /login ------------------------------------------------------------------------------------------
@@ -167,7 +160,7 @@ class LoginGuard:
             return await self.app(scope, receive, send)
         body = await _read_body(receive, MAX_LOGIN_BODY)
         if body is None:
-            return await _error(413, "sign-in form too large")(scope, receive, send)
+            return await error(413, "sign-in form too large")(scope, receive, send)
         try:
             form = await Request(scope, _replay(body, receive)).form()
             name = str(form.get("username") or "").strip()
@@ -230,7 +223,7 @@ def _replay(body: bytes, receive):
 
 def _too_many(wait: float) -> JSONResponse:
     seconds = max(1, math.ceil(wait))
-    return _error(429, f"too many failed sign-ins: try again in {seconds} s", {"Retry-After": str(seconds)})
+    return error(429, f"too many failed sign-ins: try again in {seconds} s", {"Retry-After": str(seconds)})
 
 
 def gradio_login(services: Services):
@@ -272,9 +265,9 @@ def install_security(app: FastAPI, services: Services) -> None:
             auth.throttle.succeeded(keys)
         wait = limiter.retry_after(f"user:{user}" if user else f"ip:{client or '?'}")
         if wait is not None:
-            return _error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+            return error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
         if not user:
-            return _error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
+            return error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
                                "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})
         request.state.rlhf_user = user
         return await call_next(request)

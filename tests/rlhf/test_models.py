@@ -101,3 +101,11 @@ def test_fit_prompt_cost_does_not_grow_with_the_history(tokenizer):
     short = CountingTokenizer(tokenizer)
     fit_prompt(short, many[:1] + many[-99:], 256)
     assert counting.messages <= 2 * short.messages + 256  # as cheap as a short history that keeps the same window
+
+
+@pytest.mark.parametrize("name", ["\u0301" * 300, "x" * 5000, "a/" + "b" * 300, "ab/\u0301\u0301/cd"])
+def test_a_name_no_file_system_can_hold_is_not_found_not_a_crash(tmp_path, name):
+    """A few hundred bytes of combining characters (found by the REST fuzzer, issue 28): the path probe raised
+    OSError "File name too long" and POST /agents answered 500. Nor is such a name a hub id."""
+    with pytest.raises(ModelNotFound, match="cannot find base model"):
+        resolve_model(name, tmp_path)

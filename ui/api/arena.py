@@ -1,14 +1,16 @@
 """REST for the arena, the leaderboard and version archiving (mounted under /api/v1 by ui.server)."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from fastapi import APIRouter, Request
 
 from ui import views
 from ui.flows import access, arena
 from ui.permissions import require_admin
-from ui.api.core import PREFIX, ChatMessage, Strict, rest_annotator
+from ui.api.core import ChatMessage, Strict, rest_annotator
+from ui.api.errors import PREFIX, errors
+from ui.api.models import ArenaRound, ArenaVote, PolicyOut, ok
 from ui.services import Services
 
 
@@ -35,7 +37,7 @@ def build_arena_router(services: Services) -> APIRouter:
     r = APIRouter(prefix=PREFIX)
     store = services.store
 
-    @r.post("/arena")
+    @r.post("/arena", responses=ok(ArenaRound) | errors(404, 409, write=True))
     def arena_round(body: ArenaBody, request: Request):
         if body.continue_pair_id is not None:  # only the round's own player continues it
             access.pair_for(store, access.caller_of(services, request), body.continue_pair_id)
@@ -50,19 +52,19 @@ def build_arena_router(services: Services) -> APIRouter:
         return {"pair_id": pair.id, "a": {"message_id": pair.message_a_id, "content": rnd.a.saved.content},
                 "b": {"message_id": pair.message_b_id, "content": rnd.b.saved.content}}
 
-    @r.post("/arena/{pair_id}/vote")
+    @r.post("/arena/{pair_id}/vote", responses=ok(ArenaVote) | errors(404, 409, write=True))
     def arena_vote(pair_id: str, body: VoteBody, request: Request):
         access.pair_for(store, access.caller_of(services, request), pair_id)  # someone else's round: 404
         vote = arena.cast_vote(store, pair_id, body.winner, rest_annotator(services, request, body.annotator))
         return {"comparison_id": vote.id, "a_policy_id": vote.policy_a_id, "b_policy_id": vote.policy_b_id}
 
-    @r.get("/leaderboard")
+    @r.get("/leaderboard", responses=ok(list[dict[str, Any]]) | errors(404))
     def leaderboard(agent: Optional[str] = None):
         agent_rec = store.get_agent(agent)
         table = views.board(store.list_comparisons(agent_rec.id, with_text=True), store.list_policies(agent_rec.id))
         return views.leaderboard_json(table)
 
-    @r.post("/policies/{policy_id}/archive")
+    @r.post("/policies/{policy_id}/archive", responses=ok(PolicyOut) | errors(404, 409))
     def archive(policy_id: int, request: Request):
         require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.api.core's handlers)
         return policy_json(store.archive_policy(policy_id))

@@ -8,18 +8,22 @@ from typing import Any, Iterator, Literal, Optional
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from rlhf.serving.server import Busy
 from storage import Conflict, InvalidInput, StoreError
+from ui.api.errors import PREFIX, error, errors
+from ui.api.models import AgentOut, Created, Health, MessageOut, PolicyOut, Reply, StreamLine, ok
 from ui.flows import access
 from ui.flows import chat as chatflow
 from ui.permissions import Forbidden, current_user, sees_all_feedback
 from ui.services import Services
 
-PREFIX = "/api/v1"
+# The NDJSON lines of /chat/stream (OpenAPI describes the stream's items by the schema of one line).
+STREAM = {200: {"description": "NDJSON: one JSON object per line",
+                "content": {"application/x-ndjson": {"schema": StreamLine.model_json_schema()}}}}
 
 
 class Strict(BaseModel):
@@ -65,10 +69,6 @@ class ComparisonBody(Strict):
     message_b_id: int
     winner: Literal["a", "b", "tie", "both_bad"]
     annotator: Optional[str] = None
-
-
-def error(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -154,21 +154,34 @@ def ndjson_reply(pending: chatflow.PendingReply) -> Iterator[str]:
 def build_router(services: Services) -> APIRouter:
     """The issue-2 REST endpoints; later features add their own routers."""
     r = APIRouter(prefix=PREFIX)
+    read_routes(r, services)
+    chat_routes(r, services)
+    feedback_routes(r, services)
+    return r
+
+
+def read_routes(r: APIRouter, services: Services) -> None:
+    """GET /health, GET /agents, GET /policies."""
     store = services.store
 
-    @r.get("/health")
+    @r.get("/health", responses=ok(Health) | errors())
     def health():
         return {"status": "ok", "model": services.server.model_name, "schema_version": store.schema_version()}
 
-    @r.get("/agents")
+    @r.get("/agents", responses=ok(list[AgentOut]) | errors())
     def agents():
         return [a.to_dict() | {"active_policy_id": store.active_policy(a.id).id} for a in store.list_agents()]
 
-    @r.get("/policies")
+    @r.get("/policies", responses=ok(list[PolicyOut]) | errors(404))
     def policies(agent: Optional[str] = None):
         rows = store.list_policies(agent if agent is not None else None)
         return [{k: p.to_dict()[k] for k in ("id", "agent_id", "version", "parent_id", "status", "created",
                                               "metrics", "error")} for p in rows]
+
+
+def chat_routes(r: APIRouter, services: Services) -> None:
+    """POST /chat, POST /chat/stream, POST /messages/{id}/regenerate."""
+    store = services.store
 
     def user_turn(body: ChatBody, request: Request):
         """The steps /chat and /chat/stream share: agent, version, settings, and the user turn(s) stored in the
@@ -185,16 +198,16 @@ def build_router(services: Services) -> APIRouter:
                                           rest_annotator(services, request, body.annotator), source="api")
         return chatflow.begin_reply(store, server, user_msg.id, policy, params)
 
-    @r.post("/chat")
+    @r.post("/chat", responses=ok(Reply) | errors(404, 409, write=True))
     def chat(body: ChatBody, request: Request):
         return reply_json(user_turn(body, request).save())
 
-    @r.post("/chat/stream")
+    @r.post("/chat/stream", response_class=StreamingResponse, responses=STREAM | errors(404, 409, write=True))
     def chat_stream(body: ChatBody, request: Request):
         """/chat streamed as NDJSON; errors before the first byte (bad input, busy) are ordinary JSON errors."""
         return StreamingResponse(ndjson_reply(user_turn(body, request)), media_type="application/x-ndjson")
 
-    @r.post("/messages/{message_id}/regenerate")
+    @r.post("/messages/{message_id}/regenerate", responses=ok(Reply) | errors(404, 409, write=True))
     def regenerate(message_id: int, body: RegenerateBody, request: Request):
         original = access.message_for(store, access.caller_of(services, request), message_id)
         if store.is_blind(message_id):
@@ -208,7 +221,12 @@ def build_router(services: Services) -> APIRouter:
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
         return reply_json(chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params).save())
 
-    @r.get("/messages/{message_id}")
+
+def feedback_routes(r: APIRouter, services: Services) -> None:
+    """GET /messages/{id}, POST /feedback, POST /comparisons."""
+    store = services.store
+
+    @r.get("/messages/{message_id}", responses=ok(MessageOut) | errors(404))
     def get_message(message_id: int, request: Request):
         """A message of the caller's conversation (or of a vote-queue item shown to them) with the caller's own
         ratings (every annotator's for admins or with open_feedback); blind replies hide their version."""
@@ -218,7 +236,7 @@ def build_router(services: Services) -> APIRouter:
             return message_json(services, message_id, caller=caller)
         return message_json(services, message_id, current_user(services, request), caller)
 
-    @r.post("/feedback")
+    @r.post("/feedback", responses=ok(Created) | errors(404, 409, write=True))
     def feedback(body: FeedbackBody, request: Request):
         if body.thumb is None and body.score is None and body.flags is None and body.note is None:
             raise InvalidInput("feedback needs at least one of thumb, score, flags, note")
@@ -227,7 +245,7 @@ def build_router(services: Services) -> APIRouter:
                                      thumb=body.thumb, score=body.score, flags=body.flags, note=body.note)
         return {"id": rating.id}
 
-    @r.post("/comparisons")
+    @r.post("/comparisons", responses=ok(Created) | errors(404, 409, write=True))
     def comparisons(body: ComparisonBody, request: Request):
         caller = access.caller_of(services, request)
         for message_id in (body.message_a_id, body.message_b_id):
@@ -235,8 +253,6 @@ def build_router(services: Services) -> APIRouter:
         comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner,
                                        rest_annotator(services, request, body.annotator))
         return {"id": comp.id}
-
-    return r
 
 
 def body_size_guard(app: FastAPI, max_bytes: int) -> None:

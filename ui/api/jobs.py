@@ -8,7 +8,9 @@ from fastapi import APIRouter, Request
 from rlhf.jobs.pipeline import dry_run
 from storage import Conflict, InvalidInput
 from ui.permissions import require_admin
-from ui.api.core import PREFIX, Strict
+from ui.api.core import Strict
+from ui.api.errors import PREFIX, errors
+from ui.api.models import JobDetail, JobOut, Promoted, TrainOut, ok
 from ui.services import Services
 
 
@@ -38,7 +40,7 @@ def build_jobs_router(services: Services) -> APIRouter:
     r = APIRouter(prefix=PREFIX)
     store = services.store
 
-    @r.post("/train")
+    @r.post("/train", responses=ok(TrainOut) | errors(404, 409, write=True))
     def train(body: TrainBody, request: Request):
         require_admin(services, request)
         agent = store.get_agent(body.agent)
@@ -50,24 +52,24 @@ def build_jobs_router(services: Services) -> APIRouter:
         job = services.scheduler.enqueue("retrain", agent.name, body.config or {}, reason="manual")
         return {"status": "queued", "job_id": job.id}
 
-    @r.get("/jobs")
+    @r.get("/jobs", responses=ok(list[JobOut]) | errors(404))
     def jobs(agent: Optional[str] = None, limit: int = 50):
         if not 1 <= limit <= 500:
             raise InvalidInput("limit must be in 1..500")
         return [job_json(services, j.id) for j in store.list_jobs(agent, limit)]
 
-    @r.get("/jobs/{job_id}")
+    @r.get("/jobs/{job_id}", responses=ok(JobDetail) | errors(404))
     def job(job_id: int):
         return job_json(services, job_id, detail=True)
 
-    @r.post("/jobs/{job_id}/cancel")
+    @r.post("/jobs/{job_id}/cancel", responses=ok(JobOut) | errors(404, 409))
     def cancel(job_id: int, request: Request):
         require_admin(services, request)
         store.request_cancel(job_id)
         services.scheduler.wake()
         return job_json(services, job_id)
 
-    @r.post("/policies/{policy_id}/promote")
+    @r.post("/policies/{policy_id}/promote", responses=ok(Promoted) | errors(404, 409))
     def promote(policy_id: int, request: Request):
         require_admin(services, request)
         policy = store.promote_policy(policy_id)

@@ -5,11 +5,13 @@ POST /policies/{id}/retrain-without (admin).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 
-from ui.api.core import PREFIX, Strict
+from ui.api.core import Strict
+from ui.api.errors import PREFIX, errors
+from ui.api.models import TrainOut, ok
 from ui.flows import decisions as flow
 from ui.permissions import require_admin
 from ui.services import Services
@@ -23,23 +25,23 @@ def build_policies_router(services: Services) -> APIRouter:
     """Decisions people make on candidates the gate left to them, and what each version learned from."""
     r = APIRouter(prefix=PREFIX)
 
-    @r.get("/policies/{policy_id}/decision")
+    @r.get("/policies/{policy_id}/decision", responses=ok(dict[str, Any]) | errors(404))
     def decision(policy_id: int):
         return flow.decision_json(services, policy_id)
 
-    @r.get("/decisions")
+    @r.get("/decisions", responses=ok(list[dict[str, Any]]) | errors(404))
     def decisions(agent: Optional[str] = None):
         return flow.open_decisions(services, agent)
 
-    @r.get("/policies/{policy_id}/lineage")
+    @r.get("/policies/{policy_id}/lineage", responses=ok(dict[str, Any]) | errors(404))
     def lineage(policy_id: int):
         return flow.lineage_json(services, policy_id)
 
-    @r.get("/lineage")
+    @r.get("/lineage", responses=ok(list[dict[str, Any]]) | errors(404))
     def tainted(agent: Optional[str] = None):
         return flow.tainted(services, agent)
 
-    @r.post("/policies/{policy_id}/retrain-without")
+    @r.post("/policies/{policy_id}/retrain-without", responses=ok(TrainOut) | errors(404, 409, write=True))
     def retrain_without(policy_id: int, request: Request, body: Optional[WithoutBody] = None):
         require_admin(services, request)
         return flow.retrain_without(services, policy_id, body.annotators if body else None)
