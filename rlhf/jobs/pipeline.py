@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig, ConfigError, apply_overrides
-from rlhf.jobs.worker import JobContext, job_kind
+from rlhf.jobs.worker import JobContext
 from storage import InvalidInput, Policy, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
@@ -79,7 +79,6 @@ class Phases:
         self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
 
 
-@job_kind("retrain")
 def retrain(ctx: JobContext) -> dict:
     """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
     from rlhf.models import pick_device, resolve_model
@@ -98,14 +97,16 @@ def retrain(ctx: JobContext) -> dict:
     phases.enter("data", f"snapshot of {agent.name}'s feedback")
     snapshot = FeedbackSnapshot.take(store, agent.id)
 
-    # Reward model on that snapshot
+    # Reward model on that snapshot, on the one copy of the base this job loads (None: the kinds load their own)
     phases.enter("reward", "training the reward model")
-    rm, scorer = train_reward_phase(ctx, phases, agent.name, device, snapshot)
+    base, features = shared_base(cfg, base_source, device)
+    rm, scorer = train_reward_phase(ctx, phases, agent.name, device, snapshot, features)
 
-    # PPO from the active version toward the new reward model, on the snapshot's prompts
+    # PPO from the active version toward the new reward model, on the snapshot's prompts, with its LoRA adapter
+    # on the same base weights (the reward features switch adapters off while they read them)
     phases.enter("ppo", "PPO on the reward model")
     ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, start.adapter_path,
-                                           device, snapshot)
+                                           device, snapshot, base)
 
     # Evaluation against the active version (on PPO's policy and base, already loaded), then the gate
     phases.enter("eval", "evaluating candidate vs active version")
@@ -169,7 +170,21 @@ def phase_split(seconds: dict, ppo_seconds: dict) -> dict:
             "eval_share_with_ppo": share(evaluating)}
 
 
-def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str, snapshot):
+def shared_base(cfg: AppConfig, base_source: str, device: str):
+    """(causal LM, reward features on its decoder) for a job that shares one base between the reward model, PPO's
+    policy and reference, and the evaluation; (None, None) when the two would load it differently (4-bit)."""
+    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.training.reward_kinds import reply_features
+
+    if cfg.reward.load_in_4bit or cfg.ppo.load_in_4bit:  # k-bit training prepares (casts) the base it gets
+        return None, None
+    base = load_causal_lm(base_source, device)
+    features = reply_features(base_source, device, cfg.reward.max_length, max_prompt_tokens=cfg.ppo.max_prompt_tokens,
+                              model=base.base_model, tokenizer=load_tokenizer(base_source))
+    return base, features
+
+
+def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str, snapshot, features=None):
     """Train and register the reward model on the snapshot's rows; returns (result, scorer). The scorer is the
     fitted one, in memory (same weights and features as its saved directory): the base is not loaded again."""
     from rlhf.training.reward import load_reward_model, train_reward_model
@@ -180,7 +195,7 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str,
             ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
 
     rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress,
-                            rows=snapshot.rows, snapshot=snapshot.watermark)
+                            rows=snapshot.rows, snapshot=snapshot.watermark, features=features)
     s = rm.summary()
     ctx.log(f"reward model {rm.reward_model_id} ({rm.method}, {rm.mode}): {rm.pairs_train + rm.pairs_eval} pairs, "
             f"cross-validated accuracy {s['verdict']}")
@@ -189,7 +204,7 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str,
 
 
 def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
-                       init_adapter: Optional[str], device: str, snapshot):
+                       init_adapter: Optional[str], device: str, snapshot, base=None):
     """PPO from the active version's adapter (or the base) on the snapshot's prompts; returns (result, held-out
     eval prompts)."""
     from rlhf.training.ppo.trainer import train_ppo
@@ -205,7 +220,7 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
 
     resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted job
     result = train_ppo(cfg, base_source, scorer, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
-                       resume=resume, on_step=on_step, device=device)
+                       resume=resume, on_step=on_step, device=device, base=base)
     return result, eval_prompts
 
 
@@ -239,6 +254,10 @@ def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[s
     if policy is None or not hasattr(policy, "load_adapter"):
         model, tokenizer = adapters_on_base(base_source, device, {"cand": str(ppo.final_dir), "active": active_dir})
         return model, tokenizer, "cand"
+    import gc
+
+    gc.collect()  # PPO's optimizer and Accelerate wrappers are garbage now: free them before loading more
+    policy.requires_grad_(False)  # trained: from here on it only generates and scores
     if active_dir is not None:
         policy.load_adapter(active_dir, adapter_name="active")
     policy.eval()
@@ -297,7 +316,6 @@ def adapters_on_base(base_source: str, device: str, adapters: dict):
     return model, load_tokenizer(base_source)
 
 
-@job_kind("eval_samples")
 def eval_samples(ctx: JobContext) -> dict:
     """Regenerate one version's replies to the held-out eval prompts, scored by its reward model."""
     from rlhf.jobs.evaluation import generate_replies

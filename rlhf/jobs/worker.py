@@ -23,15 +23,12 @@ from storage import Job, Store
 
 log = logging.getLogger(__name__)
 
-JOB_KINDS: dict[str, Callable[["JobContext"], dict]] = {}
+JOB_KINDS: dict[str, Callable[["JobContext"], dict]] = {}  # filled by rlhf.jobs.kinds.register_builtin_kinds
 
 
-def job_kind(name: str):
-    """Register a function ``fn(ctx) -> result dict`` as a job kind."""
-    def register(fn):
-        JOB_KINDS[name] = fn
-        return fn
-    return register
+def register_job_kind(name: str, fn: Callable[["JobContext"], dict]) -> None:
+    """Make ``fn(ctx) -> result dict`` runnable as jobs of kind ``name``."""
+    JOB_KINDS[name] = fn
 
 
 class JobCancelled(Exception):
@@ -145,7 +142,6 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool
         stop.set()
 
 
-@job_kind("selftest")
 def selftest(ctx: JobContext) -> dict:
     """A fast diagnostic job: steps with progress and metrics; can be told to fail or hang (for tests)."""
     opts = ctx.job.config.get("selftest", {})
@@ -162,14 +158,6 @@ def selftest(ctx: JobContext) -> dict:
     return {"steps": steps}
 
 
-def _load_kinds() -> None:
-    """Import the modules that register job kinds (the retrain pipeline, eval samples)."""
-    import importlib
-
-    for module in ("rlhf.jobs.pipeline",):
-        importlib.import_module(module)
-
-
 def main(argv: list[str]) -> int:
     """``python -m rlhf.jobs.worker DB_PATH JOB_ID [PARENT_PID]``: run one job in this process."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s job %(levelname)s %(name)s: %(message)s")
@@ -177,7 +165,9 @@ def main(argv: list[str]) -> int:
     parent = int(argv[2]) if len(argv) > 2 else 0
     if parent and os.getppid() != parent:
         return 3
-    _load_kinds()
+    from rlhf.jobs.kinds import register_builtin_kinds
+
+    register_builtin_kinds()
     store = Store(db_path)
     try:
         job = run_job(store, job_id, parent, lower_priority=True)
@@ -187,7 +177,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run the copy imported as ``rlhf.jobs.worker``: job kinds register there, not in this ``__main__`` copy.
+    # Run the copy imported as ``rlhf.jobs.worker``: its JOB_KINDS is the registry, not this ``__main__`` copy's.
     from rlhf.jobs.worker import main as registered_main
 
     sys.exit(registered_main(sys.argv[1:]))

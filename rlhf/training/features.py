@@ -9,6 +9,7 @@ with the policy being trained.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Sequence
 
@@ -69,7 +70,7 @@ class ReplyFeatures:
 
         batch = self.tokenizer.pad({"input_ids": [ids for ids, _ in rows]}, padding_side="right",
                                    return_tensors="pt").to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), base_only(self.model):
             states = self.model(**batch, output_hidden_states=True).hidden_states
         lengths = batch["attention_mask"].sum(1)
         reply = torch.zeros_like(batch["attention_mask"], dtype=torch.float32)
@@ -81,6 +82,26 @@ class ReplyFeatures:
         last = states[-1].float()[torch.arange(len(rows)), lengths - 1]
         n_tokens = torch.tensor([[math.log1p(n)] for _, n in rows], dtype=torch.float32, device=last.device)
         return torch.cat(parts + [last, n_tokens], dim=1).cpu().numpy()
+
+
+@contextlib.contextmanager
+def base_only(model):
+    """Switch off every LoRA layer inside ``model`` for the block: the frozen base's own outputs, also when a
+    policy's adapters were put on the same weights (the retrain shares one base between the reward features and
+    PPO's policy). The same switch ``PeftModel.disable_adapter`` uses for PPO's reference; a no-op without them."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        yield
+        return
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and not m.disable_adapters]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def feature_cache(features: ReplyFeatures):

@@ -45,14 +45,18 @@ class PolicyWithValue(nn.Module):
         return logits, values
 
 
-def build_policy(base_source: str, ppo_config, device: str, init_adapter: Optional[str] = None
+def build_policy(base_source: str, ppo_config, device: str, init_adapter: Optional[str] = None, base=None
                  ) -> PolicyWithValue:
-    """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``."""
+    """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``.
+
+    ``base``: the causal LM already loaded in this process (its weights are shared, the adapter goes on them);
+    None loads it from ``base_source``."""
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 
     from rlhf.models import load_causal_lm, lora_targets, name_local_base, quantization
 
-    base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
+    if base is None:
+        base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
     if quantization(ppo_config.load_in_4bit, device) is not None:
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     for p in base.parameters():

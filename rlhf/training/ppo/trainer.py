@@ -128,7 +128,7 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
     return {"reward": sum(finite) / max(len(finite), 1), "kl": sum(kls) / max(len(kls), 1), "samples": samples}
 
 
-def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev):
+def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev, base=None):
     """Tokenizer, policy (its value head trains only with GAE), optimizer, KL controller and trainer state
     (restored on resume)."""
     from rlhf.models import load_tokenizer
@@ -140,7 +140,8 @@ def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resu
     tokenizer = load_tokenizer(base_source)
     torch.manual_seed(cfg.seed)
     # A resumed run rebuilds its adapter from the checkpoint's own config, so the shapes always match.
-    model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter)
+    model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter,
+                         base=base)
     model.value_head.to(dev)
     model.value_head.requires_grad_(cfg.uses_value_head)  # group baselines need no value head (nor DDP its grads)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
@@ -213,7 +214,7 @@ class _Run:
 
 
 def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir: Path, init_adapter, resume,
-           device: str, started: float) -> _Run:
+           device: str, started: float, base=None) -> _Run:
     """Accelerate, the policy and optimizer (restored on resume), trackers and the run dir's config.json."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
@@ -224,7 +225,7 @@ def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir
     if acc.device.type != device:  # Accelerate keeps the first device a process asked for
         raise RuntimeError(f"train_ppo(device={device!r}) but this process's Accelerate state is on {acc.device}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer, model, optimizer, kl_ctl, state = _load(config, base_source, init_adapter, resume, acc.device)
+    tokenizer, model, optimizer, kl_ctl, state = _load(config, base_source, init_adapter, resume, acc.device, base)
     model, optimizer = acc.prepare(model, optimizer)
     run = _Run(config, acc, model, acc.unwrap_model(model), optimizer, tokenizer, kl_ctl, state,
                RewardShaper(cfg, reward_fn), eval_prompts, run_dir, started,
@@ -238,8 +239,9 @@ def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir
 def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuffer | Sequence[list[dict]],
               eval_prompts: Sequence[list[dict]], run_dir: Path, init_adapter: Optional[str] = None,
               resume: Optional[Path] = None, on_step: Optional[Callable[[int, dict], None]] = None,
-              device: str = "cpu") -> Optional[PPOResult]:
+              device: str = "cpu", base=None) -> Optional[PPOResult]:
     """Run PPO on a LoRA policy over ``base_source``; ``reward_fn(prompts, replies) -> scores`` (None = rules only).
+    ``base``: that causal LM when this process has it loaded already (the LoRA adapter goes on its weights).
 
     Returns the result on the main process (None on the others of a multi-process run); raises PPOFailed
     when the guards stop the run, which then has no ``final/``.
@@ -247,7 +249,8 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     started, cfg = time.perf_counter(), config.ppo
     cfg.check()
     buffer = prompts if isinstance(prompts, PromptBuffer) else PromptBuffer(prompts, 0.0, cfg.seed)
-    run = _start(config, base_source, reward_fn, eval_prompts, Path(run_dir), init_adapter, resume, device, started)
+    run = _start(config, base_source, reward_fn, eval_prompts, Path(run_dir), init_adapter, resume, device, started,
+                 base)
     acc, state = run.acc, run.state
     guard = _Guard(cfg.max_guard_events, state["guard_events"])
     try:

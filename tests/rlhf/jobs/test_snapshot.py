@@ -71,7 +71,7 @@ def test_the_retrain_trains_ppo_on_the_snapshot_not_on_what_came_later(store, ap
         return reward.RewardResult(0, "unused", "pairwise", 3, 0, None, 0.0, {}, "head",
                                    scorer=lambda p, r: [0.0] * len(r))
 
-    def ppo_captures(config, base, scorer, prompts, eval_prompts, run_dir, **kwargs):
+    def ppo_captures(config, base_source, scorer, prompts, eval_prompts, run_dir, **kwargs):
         seen["prompts"] = [m["content"] for s in prompts.adversarial + prompts.normal for m in s.messages] + \
             [m["content"] for p in eval_prompts for m in p]
         raise Stop
