@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig, ConfigError, apply_overrides
-from rlhf.jobs.worker import JobContext
+from rlhf.jobs.context import JobContext
 from storage import InvalidInput, Policy, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
