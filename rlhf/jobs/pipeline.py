@@ -111,7 +111,7 @@ def retrain(ctx: JobContext) -> dict:
     # Evaluation against the active version (on PPO's policy and base, already loaded), then the gate
     phases.enter("eval", "evaluating candidate vs active version")
     report, guard = evaluate_phase(ctx, base_source, device, ppo, parent.adapter_path, scorer, eval_prompts)
-    judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device)
+    judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device, features)
     verdict = judged.verdict
     passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
     ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
@@ -264,26 +264,28 @@ def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[s
     return policy, load_tokenizer(base_source), policy.active_adapter
 
 
-def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str):
-    """The gate's verdict (``rlhf.jobs.gate.decide``): the held-out judge scores the same replies."""
+def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str, features=None):
+    """The gate's verdict (``rlhf.jobs.gate.decide``): the held-out judge scores the same replies (on ``features``,
+    the job's shared reward features, when the scorer has none of its own)."""
     from rlhf.jobs.gate import Evidence, decide, judge_scores
 
     cfg = ctx.config
-    judge = load_gate_judge(rm.path, scorer, device, cfg)
+    judge = load_gate_judge(rm.path, scorer, device, cfg, features)
     cand, act = judge_scores(judge, eval_prompts, [s["reply"] for s in report.samples],
                              [s["reply"] for s in report.active_samples])
     return decide(cand, act, Evidence.from_metrics(rm.metrics), report.kl_to_base, cfg.retrain.min_win_rate,
                   cfg.retrain.max_kl, guard, report.candidate_members, report.active_members, seed=cfg.ppo.seed)
 
 
-def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig):
-    """The judge saved with a reward model, on the scorer's own features when it has them; None without one."""
+def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig, features=None):
+    """The judge saved with a reward model, on the scorer's own features when it has them (else ``features``, else
+    a fresh load of the base); None without one."""
     from rlhf.training.judge import JUDGE_FILE
     from rlhf.training.reward import load_judge
 
     if not (Path(rm_path) / JUDGE_FILE).is_file():
         return None
-    features = getattr(scorer, "features", None)
+    features = getattr(scorer, "features", None) or features
     if features is None:
         from rlhf.training.features import ReplyFeatures, feature_cache
 
