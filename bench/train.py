@@ -10,6 +10,7 @@ passes over each rollout (``ppo.ppo_epochs``, RLOO's ``num_iterations``) in mini
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -30,7 +31,7 @@ def bench_settings(config: AppConfig, quick: bool) -> AppConfig:
     values = {"ppo.save_every": 0, "ppo.eval_every": 0, "ppo.report_to": "none"}
     if quick:
         values.update({"ppo.steps": 2, "ppo.batch_size": 2, "ppo.group_size": 2, "ppo.mini_batch_size": 2,
-                       "ppo.max_new_tokens": 8, "ppo.ppo_epochs": 1})
+                       "ppo.max_new_tokens": 8, "eval.max_new_tokens": 8, "ppo.ppo_epochs": 1})
     else:
         values.update({"ppo.steps": 4})  # 1 warm-up + 3 timed steps per trainer
     return apply_overrides(config, values)
@@ -150,7 +151,9 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
                "ratio": round(ours_sps / rloo_sps, 3), "phase_split": split,
                "batch_size": cfg.batch_size, "completions_per_step": completions(cfg),
                "max_new_tokens": cfg.max_new_tokens, "steps": cfg.steps,
-               "threads": threads, "retrain_seconds": retrain["seconds"], "retrain_phase_seconds": retrain["phase_seconds"],
+               "threads": threads, "retrain_seconds": retrain["seconds"],
+               "retrain_peak_rss_mb": retrain["peak_rss_mb"], "retrain_phase_seconds": retrain["phase_seconds"],
+               "load_average": [round(x, 2) for x in os.getloadavg()],
                "retrain_ppo_phase_seconds": retrain["ppo_phase_seconds"], "eval_share": retrain["eval_share"],
                "eval_share_with_ppo": retrain["eval_share_with_ppo"]}
     notes = (f"Model `{config.base_model}` on {device}; {completions(cfg)} completions per rollout "
@@ -160,21 +163,34 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
              "Our phase split (share of a step): "
              + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ". "
              + f"A whole retrain job ({'the --quick config' if quick else 'the default config'}, {retrain['pairs']} votes "
-             f"from the shipped preference pool, its own process) took {retrain['seconds']:.0f} s: "
+             f"from the shipped preference pool, its own process) took {retrain['seconds']:.0f} s and peaked at "
+             f"{retrain['peak_rss_mb'] or float('nan'):.0f} MB resident: "
              + ", ".join(f"{k} {v:.0f} s" for k, v in retrain["phase_seconds"].items())
              + f"; the eval phase is {retrain['eval_share']:.0%} of it ({retrain['eval_share_with_ppo']:.0%} with PPO's "
-             "own before/after evaluations, which the ppo phase contains). Goal: eval <= 25%.")
+             "own before/after evaluations, which the ppo phase contains). Goal: eval <= 25%. Load average "
+             + "/".join(f"{x:.1f}" for x in os.getloadavg()) + " (1/5/15 min) at the end.")
     return report("train", rows, figures, notes, path=path)
 
 
+def peak_child_rss_mb() -> float:
+    """Largest peak resident set size of this process's ended children so far (MB): the job process's, when it
+    is the largest child this process has waited for."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+
+
 def run_retrain(config: AppConfig, quick: bool) -> dict:
-    """One real retrain job on votes from the shipped preference pool: its wall time and phase split."""
+    """One real retrain job on votes from the shipped preference pool: its wall time, phase split and the job
+    process's peak memory (None when an earlier child of this process was larger, so the figure would be its)."""
     from bench.retrain import RetrainRun, retrain_config
 
+    before = peak_child_rss_mb()
     with tempfile.TemporaryDirectory(prefix="bench-retrain-") as tmp:
         run = RetrainRun(retrain_config(config, Path(tmp), quick), n_pairs=16 if quick else 64)
         run.start()
         result = run.wait()
     if result["status"] != "succeeded":
         raise RuntimeError(f"the benchmark retrain failed: {result['error']}")
-    return result
+    after = peak_child_rss_mb()
+    return {**result, "peak_rss_mb": round(after, 1) if after > before else None}

@@ -19,6 +19,22 @@ class FeedbackExportMixin:
                          JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
         return {"rating_id": r["m"], "comparison_id": c["m"]}
 
+    def feedback_snapshot(self, agent: int | str) -> tuple[dict, dict]:
+        """(watermark, rows) read in one read transaction: the rows hold exactly the store at the watermark's
+        moment, so no conversation, message, rating or comparison written after it is in them (a WAL reader
+        sees one moment). What one retrain trains its reward model and its policy on."""
+        conn = self.db.conn
+        if conn.in_transaction:  # inside a caller's transaction: already one moment
+            watermark = self.feedback_watermark(agent)
+            return watermark, self.feedback_rows(agent, until=watermark)
+        conn.execute("BEGIN")
+        try:
+            watermark = self.feedback_watermark(agent)
+            rows = self.feedback_rows(agent, until=watermark)
+        finally:
+            conn.execute("COMMIT")  # reads only: nothing to roll back
+        return watermark, rows
+
     def count_feedback_since(self, agent: int | str, watermark: Optional[dict]) -> int:
         """Ratings + comparisons of an agent newer than a watermark (None = all)."""
         if not watermark:

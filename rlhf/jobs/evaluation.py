@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-RewardFn = Callable[[list, list], list]
+from rlhf.prompting import encode_prompt
+from rlhf.training.shaping import RewardFn
 
 
 @dataclass
@@ -114,15 +115,12 @@ class Replies:
     prompt_ids: list
 
 
-def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    """The chat-templated prompt ids an eval reply continues."""
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                              return_dict=True)["input_ids"])
-
-
 def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequence[Optional[str]],
-                     max_new_tokens: int, temperature: float, seed: int, max_batch_size: int = 64) -> list[Replies]:
+                     max_new_tokens: int, temperature: float, seed: int, max_batch_size: int = 64,
+                     max_prompt_tokens: Optional[int] = None) -> list[Replies]:
     """Every adapter's (None = base) reply to every prompt, all decoded together by the serving engine.
+
+    Prompts are fitted to ``max_prompt_tokens`` by ``rlhf.prompting.encode_prompt`` (the rule PPO's rollouts use).
 
     One continuous batch instead of one ``generate`` per adapter and chunk: rows of different adapters share
     each forward pass (peft mixed-adapter batches) and leave as they finish. Greedy at temperature 0; otherwise
@@ -132,7 +130,7 @@ def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequ
     from rlhf.serving.interface import Request, engine_class
     from rlhf.serving.server import GenParams, ReplyStream
 
-    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    ids = [encode_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
     rows = [(a, i) for a in adapters for i in range(len(ids))]
     if not rows:
         return [Replies([], [], []) for _ in adapters]
@@ -185,7 +183,8 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], reply_ids: list[list[i
 
 def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: RewardFn, candidate: str,
                       active: Optional[str], max_new_tokens: int = 48, temperature: float = 1.0,
-                      seed: int = 1234, kl_to_base: Optional[float] = None) -> EvalReport:
+                      seed: int = 1234, kl_to_base: Optional[float] = None,
+                      max_prompt_tokens: Optional[int] = None) -> EvalReport:
     """Candidate (adapter name) vs active (adapter name or None = base) on held-out prompts.
 
     ``kl_to_base``: the candidate's KL already measured on these prompts (PPO's final evaluation samples the
@@ -193,7 +192,8 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
     """
     import math
 
-    cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, 0.0, seed)
+    cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, 0.0, seed,
+                                 max_prompt_tokens=max_prompt_tokens)
     cand_text, act_text = cand.texts, act.texts
     members = getattr(scorer, "member_scores", None)  # an ensemble: the gate also resamples its members
     if members:  # the reward is the members' mean: one feature pass scores both versions
@@ -207,7 +207,7 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
     if kl_to_base is None or not math.isfinite(kl_to_base):
         # KL to base on the candidate's sampled replies (at the rollout temperature)
         (sampled,) = generate_replies(model, tokenizer, prompts, [candidate], max_new_tokens, temperature or 1.0,
-                                      seed)
+                                      seed, max_prompt_tokens=max_prompt_tokens)
         lp_c = sequence_logprobs(model, sampled.prompt_ids, sampled.token_ids, candidate)
         lp_b = sequence_logprobs(model, sampled.prompt_ids, sampled.token_ids, None)
         kl_to_base = sum(c - b for c, b in zip(lp_c, lp_b)) / max(1, len(prompts))

@@ -54,13 +54,15 @@ def prompt_text(prompt) -> str:
     return users[-1] if users else ""
 
 
-def relevance(model, tokenizer, prompts: list[list[dict]], replies: Sequence[str], batch_size: int = 4) -> list[float]:
+def relevance(model, tokenizer, prompts: list[list[dict]], replies: Sequence[str], batch_size: int = 4,
+              max_prompt_tokens: Optional[int] = None) -> list[float]:
     """Per reply: [log p_base(reply | its prompt) − log p_base(reply | the next prompt)] / reply tokens."""
-    from rlhf.jobs.evaluation import encode_prompt, sequence_logprobs
+    from rlhf.jobs.evaluation import sequence_logprobs
+    from rlhf.prompting import encode_prompt
 
     if len(prompts) < 2:
         return [float("nan")] * len(replies)
-    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    ids = [encode_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
     reply_ids = [list(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies]
     other = [ids[(i + 1) % len(ids)] for i in range(len(ids))]
     own = sequence_logprobs(model, ids, reply_ids, None, batch_size)
@@ -135,10 +137,10 @@ def examples(prompts: list, candidate: Sequence[str], active: Sequence[str], che
 
 
 def run_guard(model, tokenizer, prompts: list[list[dict]], candidate: Sequence[str], active: Sequence[str],
-              kl_to_base: float, cfg) -> dict:
+              kl_to_base: float, cfg, max_prompt_tokens: Optional[int] = None) -> dict:
     """The guard with relevance measured by ``model``'s base (adapters off); ``cfg``: the ``gate`` section."""
     if not cfg.guard:
         return {"tripped": [], "checks": {}, "examples": [], "off": True}
-    rel_c = relevance(model, tokenizer, prompts, candidate)
-    rel_a = relevance(model, tokenizer, prompts, active)
+    rel_c = relevance(model, tokenizer, prompts, candidate, max_prompt_tokens=max_prompt_tokens)
+    rel_a = relevance(model, tokenizer, prompts, active, max_prompt_tokens=max_prompt_tokens)
     return guard_report(prompts, candidate, active, kl_to_base, cfg, rel_c, rel_a)

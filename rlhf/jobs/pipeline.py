@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig, ConfigError, apply_overrides
-from rlhf.jobs.worker import JobContext, job_kind
+from rlhf.jobs.context import JobContext
 from storage import InvalidInput, Policy, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
@@ -18,17 +18,6 @@ RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "ppo": (0.25, 0.8
           "publish": (0.99, 1.0), "done": (1.0, 1.0)}
 # Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
 DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 45.0, "overhead_s": 30.0}
-
-
-def _data_counts(store: Store, config: AppConfig, agent: str) -> dict:
-    from rlhf.training.data import build_pairs, build_pointwise
-
-    rows = store.feedback_rows(agent)
-    r = config.reward
-    pairs = build_pairs(rows, r.exclude_annotators, r.margin_per_score, r.rated_vs_unrated)
-    pointwise = build_pointwise(rows, r.exclude_annotators)
-    return {"pairs": len(pairs), "pointwise": len(pointwise),
-            "feedback_count": len(rows["ratings"]) + len(rows["comparisons"])}
 
 
 def measured_rates(store: Store, agent: str) -> dict:
@@ -47,28 +36,26 @@ def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
 
 
 def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dict] = None) -> dict:
-    """What a retrain would use and cost now: feedback counts, pairs, minutes, and what is missing."""
+    """What a retrain would use and cost now: feedback counts, pairs, minutes, and what is missing.
+
+    Readiness is the retrain's own data preparation (``rlhf.training.reward.prepare_data``) on a snapshot of the
+    feedback: the dry run says ready exactly when a retrain's data phase would pass, and otherwise repeats its
+    NotEnoughData."""
+    from rlhf.training.data import FeedbackSnapshot, NotEnoughData
+    from rlhf.training.reward import prepare_data, reward_rows
+
     try:
         cfg = apply_overrides(config, overrides or {})
     except ConfigError as exc:
         raise InvalidInput(f"config: {exc}") from None
-    counts = _data_counts(store, cfg, agent)
-    mode = cfg.reward.mode
-    if mode == "pairwise" or (mode == "auto" and counts["pairs"] >= cfg.reward.min_pairs):
-        ready, missing = counts["pairs"] >= max(2, cfg.reward.min_pairs if mode != "auto" else 2), None
-        if not ready:
-            missing = f"{cfg.reward.min_pairs - counts['pairs']} more preference pairs (comparisons or " \
-                      "differently rated regenerations)"
-    else:
-        ready = counts["pointwise"] >= cfg.reward.min_pointwise
-        missing = None if ready else (
-            f"{cfg.reward.min_pointwise - counts['pointwise']} more rated replies (thumbs or scores), or "
-            f"{cfg.reward.min_pairs - counts['pairs']} more preference pairs")
-    out = {"feedback_count": counts["feedback_count"], "pairs": counts["pairs"], "pointwise": counts["pointwise"],
-           "estimated_minutes": estimate_minutes(measured_rates(store, agent), counts["pairs"], cfg),
-           "ready": ready}
-    if missing:
-        out["missing"] = missing
+    snapshot = FeedbackSnapshot.take(store, agent)
+    pairs, points = reward_rows(snapshot.rows, cfg.reward)
+    out = {"feedback_count": snapshot.feedback_count, "pairs": len(pairs), "pointwise": len(points),
+           "estimated_minutes": estimate_minutes(measured_rates(store, agent), len(pairs), cfg), "ready": True}
+    try:
+        prepare_data(snapshot.rows, cfg.reward, cfg.gate.judge_share, cfg.gate.min_judge_pairs)
+    except NotEnoughData as exc:
+        out.update(ready=False, missing=exc.missing)
     return out
 
 
@@ -92,11 +79,11 @@ class Phases:
         self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
 
 
-@job_kind("retrain")
 def retrain(ctx: JobContext) -> dict:
     """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
     from rlhf.models import pick_device, resolve_model
     from rlhf.jobs.publish import publish_version
+    from rlhf.training.data import FeedbackSnapshot
 
     store, cfg = ctx.store, ctx.config
     agent = store.get_agent(ctx.job.agent_id)
@@ -106,24 +93,25 @@ def retrain(ctx: JobContext) -> dict:
     device = pick_device(cfg.device)
     base_source = resolve_model(cfg.base_model, cfg.data_path)
 
-    # Data: freeze the feedback snapshot this version is trained on
+    # Data: one read of the feedback; everything below trains and counts on these rows, nothing newer
     phases.enter("data", f"snapshot of {agent.name}'s feedback")
-    snapshot = store.feedback_watermark(agent.id)
+    snapshot = FeedbackSnapshot.take(store, agent.id)
 
-    # Reward model on that snapshot
+    # Reward model on that snapshot, on the one copy of the base this job loads (None: the kinds load their own)
     phases.enter("reward", "training the reward model")
-    rm, scorer = train_reward_phase(ctx, phases, agent.name, device)
+    base, features = shared_base(cfg, base_source, device)
+    rm, scorer = train_reward_phase(ctx, phases, agent.name, device, snapshot, features)
 
-    # PPO from the active version toward the new reward model
+    # PPO from the active version toward the new reward model, on the snapshot's prompts, with its LoRA adapter
+    # on the same base weights (the reward features switch adapters off while they read them)
     phases.enter("ppo", "PPO on the reward model")
     ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, start.adapter_path,
-                                           device)
+                                           device, snapshot, base)
 
-    # Evaluation against the active version, then the gate
+    # Evaluation against the active version (on PPO's policy and base, already loaded), then the gate
     phases.enter("eval", "evaluating candidate vs active version")
-    report, guard = evaluate_phase(ctx, base_source, device, ppo.final_dir, parent.adapter_path, scorer,
-                                   eval_prompts, kl_to_base=ppo.kl)
-    judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device)
+    report, guard = evaluate_phase(ctx, base_source, device, ppo, parent.adapter_path, scorer, eval_prompts)
+    judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device, features)
     verdict = judged.verdict
     passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
     ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
@@ -138,12 +126,12 @@ def retrain(ctx: JobContext) -> dict:
                **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")},
                **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("judge_accuracy", "judge_low",
                                                                                "judge_high", "judge_pairs")},
-               "feedback_used": snapshot_size(store, agent.name, snapshot), "gate/passed": passed,
+               "feedback_used": snapshot.feedback_count, "gate/passed": passed,
                "gate/reasons": reasons, **judged.metrics(), "ppo/reward_before": ppo.reward_before,
                "ppo/reward_after": ppo.reward_after}
     promote = passed and cfg.retrain.auto_promote
     policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=start.id, promote=promote,
-                             job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot,
+                             job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot.watermark,
                              run_config=cfg.to_dict(), metrics=metrics)
     store.record_eval_samples(policy.id, report.samples)
     store.record_eval_samples(parent.id, report.active_samples)  # same prompts, same reward model: comparable
@@ -182,14 +170,23 @@ def phase_split(seconds: dict, ppo_seconds: dict) -> dict:
             "eval_share_with_ppo": share(evaluating)}
 
 
-def snapshot_size(store: Store, agent: str, snapshot: dict) -> int:
-    """How many ratings + comparisons a snapshot covers."""
-    rows = store.feedback_rows(agent, until=snapshot)
-    return len(rows["ratings"]) + len(rows["comparisons"])
+def shared_base(cfg: AppConfig, base_source: str, device: str):
+    """(causal LM, reward features on its decoder) for a job that shares one base between the reward model, PPO's
+    policy and reference, and the evaluation; (None, None) when the two would load it differently (4-bit)."""
+    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.training.reward_kinds import reply_features
+
+    if cfg.reward.load_in_4bit or cfg.ppo.load_in_4bit:  # k-bit training prepares (casts) the base it gets
+        return None, None
+    base = load_causal_lm(base_source, device)
+    features = reply_features(base_source, device, cfg.reward.max_length, max_prompt_tokens=cfg.ppo.max_prompt_tokens,
+                              model=base.base_model, tokenizer=load_tokenizer(base_source))
+    return base, features
 
 
-def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str):
-    """Train, register and load the reward model; returns (result, scorer)."""
+def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str, snapshot, features=None):
+    """Train and register the reward model on the snapshot's rows; returns (result, scorer). The scorer is the
+    fitted one, in memory (same weights and features as its saved directory): the base is not loaded again."""
     from rlhf.training.reward import load_reward_model, train_reward_model
 
     def progress(fraction: float, phase: str = "reward", metrics: Optional[dict] = None) -> None:
@@ -197,21 +194,24 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str)
         if metrics:
             ctx.metrics(int(metrics.get("step", 0)), {k: v for k, v in metrics.items() if k != "step"})
 
-    rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress)
+    rm = train_reward_model(ctx.store, ctx.config, agent, job_id=ctx.job_id, progress=progress,
+                            rows=snapshot.rows, snapshot=snapshot.watermark, features=features)
     s = rm.summary()
     ctx.log(f"reward model {rm.reward_model_id} ({rm.method}, {rm.mode}): {rm.pairs_train + rm.pairs_eval} pairs, "
             f"cross-validated accuracy {s['verdict']}")
-    return rm, load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
+    scorer = rm.scorer or load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
+    return rm, scorer
 
 
 def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
-                       init_adapter: Optional[str], device: str):
-    """PPO from the active version's adapter (or the base); returns (result, held-out eval prompts)."""
+                       init_adapter: Optional[str], device: str, snapshot, base=None):
+    """PPO from the active version's adapter (or the base) on the snapshot's prompts; returns (result, held-out
+    eval prompts)."""
     from rlhf.training.ppo.trainer import train_ppo
     from rlhf.training.prompts import prompt_sets
 
     cfg = ctx.config
-    prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent)
+    prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent, rows=snapshot.rows)
     run_dir = cfg.data_path / "runs" / f"job{ctx.job_id}"
 
     def on_step(step: int, metrics: dict) -> None:
@@ -220,52 +220,77 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
 
     resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted job
     result = train_ppo(cfg, base_source, scorer, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
-                       resume=resume, on_step=on_step, device=device)
+                       resume=resume, on_step=on_step, device=device, base=base)
     return result, eval_prompts
 
 
-def evaluate_phase(ctx: JobContext, base_source: str, device: str, candidate_dir: str | Path,
-                   active_dir: Optional[str], scorer, eval_prompts: list, kl_to_base: Optional[float] = None):
+def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_dir: Optional[str], scorer,
+                   eval_prompts: list):
     """Generate with candidate and active adapters on one base (one batch) and compare them with the reward
-    model; ``kl_to_base`` is PPO's final estimate on the same prompts (measured here when missing). Then the
-    reward-hacking guard on the same replies, with the same base as the judge of relevance: (report, guard)."""
+    model; the KL to the base is PPO's final estimate on the same prompts (measured here when missing). Then the
+    reward-hacking guard on the same replies, with the same base as the judge of relevance: (report, guard).
+
+    The base is PPO's own (its trained adapter is the candidate; the active one is loaded beside it), so the job
+    holds one copy of the base weights; without PPO's model in memory, the base is loaded with both adapters."""
     from rlhf.jobs.evaluation import evaluate_versions
     from rlhf.jobs.guard import run_guard
 
     cfg = ctx.config
-    model, tokenizer = adapters_on_base(base_source, device, {"cand": str(candidate_dir), "active": active_dir})
-    report = evaluate_versions(model, tokenizer, eval_prompts, scorer, "cand", "active" if active_dir else None,
-                               cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=cfg.ppo.seed + 1000,
-                               kl_to_base=kl_to_base)
+    model, tokenizer, candidate = candidate_on_base(base_source, device, ppo, active_dir)
+    report = evaluate_versions(model, tokenizer, eval_prompts, scorer, candidate, "active" if active_dir else None,
+                               cfg.eval.max_new_tokens, cfg.eval.temperature, seed=cfg.ppo.seed + cfg.eval.seed_offset,
+                               kl_to_base=ppo.kl, max_prompt_tokens=cfg.eval.max_prompt_tokens)
     guard = run_guard(model, tokenizer, eval_prompts, [s["reply"] for s in report.samples],
-                      [s["reply"] for s in report.active_samples], report.kl_to_base, cfg.gate)
+                      [s["reply"] for s in report.active_samples], report.kl_to_base, cfg.gate,
+                      max_prompt_tokens=cfg.eval.max_prompt_tokens)
     return report, guard
 
 
-def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str):
-    """The gate's verdict (``rlhf.jobs.gate.decide``): the held-out judge scores the same replies."""
+def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[str]):
+    """(peft model, tokenizer, candidate adapter name) with the active adapter (if any) loaded as ``active``."""
+    from rlhf.models import load_tokenizer
+
+    policy = getattr(ppo.policy, "policy", None)  # PolicyWithValue -> the PeftModel PPO trained
+    if policy is None or not hasattr(policy, "load_adapter"):
+        model, tokenizer = adapters_on_base(base_source, device, {"cand": str(ppo.final_dir), "active": active_dir})
+        return model, tokenizer, "cand"
+    import gc
+
+    gc.collect()  # PPO's optimizer and Accelerate wrappers are garbage now: free them before loading more
+    policy.requires_grad_(False)  # trained: from here on it only generates and scores
+    if active_dir is not None:
+        policy.load_adapter(active_dir, adapter_name="active")
+    policy.eval()
+    return policy, load_tokenizer(base_source), policy.active_adapter
+
+
+def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str, features=None):
+    """The gate's verdict (``rlhf.jobs.gate.decide``): the held-out judge scores the same replies (on ``features``,
+    the job's shared reward features, when the scorer has none of its own)."""
     from rlhf.jobs.gate import Evidence, decide, judge_scores
 
     cfg = ctx.config
-    judge = load_gate_judge(rm.path, scorer, device, cfg)
+    judge = load_gate_judge(rm.path, scorer, device, cfg, features)
     cand, act = judge_scores(judge, eval_prompts, [s["reply"] for s in report.samples],
                              [s["reply"] for s in report.active_samples])
     return decide(cand, act, Evidence.from_metrics(rm.metrics), report.kl_to_base, cfg.retrain.min_win_rate,
                   cfg.retrain.max_kl, guard, report.candidate_members, report.active_members, seed=cfg.ppo.seed)
 
 
-def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig):
-    """The judge saved with a reward model, on the scorer's own features when it has them; None without one."""
+def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig, features=None):
+    """The judge saved with a reward model, on the scorer's own features when it has them (else ``features``, else
+    a fresh load of the base); None without one."""
     from rlhf.training.judge import JUDGE_FILE
     from rlhf.training.reward import load_judge
 
     if not (Path(rm_path) / JUDGE_FILE).is_file():
         return None
-    features = getattr(scorer, "features", None)
+    features = getattr(scorer, "features", None) or features
     if features is None:
         from rlhf.training.features import ReplyFeatures, feature_cache
 
-        features = feature_cache(ReplyFeatures.load(resolve_source(cfg), device, cfg.reward.max_length))
+        features = feature_cache(ReplyFeatures.load(resolve_source(cfg), device, cfg.reward.max_length,
+                                                    max_prompt_tokens=cfg.ppo.max_prompt_tokens))
     return load_judge(rm_path, features)
 
 
@@ -293,7 +318,6 @@ def adapters_on_base(base_source: str, device: str, adapters: dict):
     return model, load_tokenizer(base_source)
 
 
-@job_kind("eval_samples")
 def eval_samples(ctx: JobContext) -> dict:
     """Regenerate one version's replies to the held-out eval prompts, scored by its reward model."""
     from rlhf.jobs.evaluation import generate_replies
@@ -312,7 +336,8 @@ def eval_samples(ctx: JobContext) -> dict:
     model, tokenizer = adapters_on_base(resolve_model(cfg.base_model, cfg.data_path), device,
                                         {"version": policy.adapter_path})
     (replies,) = generate_replies(model, tokenizer, prompts, ["version" if policy.adapter_path else None],
-                                  cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.seed + 1000)
+                                  cfg.eval.max_new_tokens, cfg.eval.temperature, cfg.ppo.seed + cfg.eval.seed_offset,
+                                  max_prompt_tokens=cfg.eval.max_prompt_tokens)
     texts = replies.texts
     ctx.progress(0.7, "score", "reward-model scores" if rm_path else "no reward model yet: unscored")
     rewards = load_reward_model(rm_path, device=device)(prompts, texts) if rm_path else [None] * len(texts)

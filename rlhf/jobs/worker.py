@@ -12,74 +12,17 @@ import logging
 import os
 import sys
 import threading
-import time
 import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from rlhf.config import AppConfig, from_dict
+from rlhf.jobs.context import JobCancelled, JobContext
+from rlhf.jobs.kinds import JOB_KINDS, register_builtin_kinds, register_job_kind
 from storage import Job, Store
 
+__all__ = ["JOB_KINDS", "JobCancelled", "JobContext", "config_of", "register_job_kind", "run_job", "main"]
+
 log = logging.getLogger(__name__)
-
-JOB_KINDS: dict[str, Callable[["JobContext"], dict]] = {}
-
-
-def job_kind(name: str):
-    """Register a function ``fn(ctx) -> result dict`` as a job kind."""
-    def register(fn):
-        JOB_KINDS[name] = fn
-        return fn
-    return register
-
-
-class JobCancelled(Exception):
-    """Raised inside a job when someone asked to cancel it."""
-
-
-@dataclass
-class JobContext:
-    """What a running job may use: the Store, its record and config, and progress/metrics/log reporting."""
-
-    store: Store
-    job: Job
-    config: AppConfig
-    cancel_event: threading.Event = field(default_factory=threading.Event)
-    _last_progress: float = 0.0
-
-    @property
-    def job_id(self) -> int:
-        return self.job.id
-
-    @property
-    def data_dir(self) -> Path:
-        return self.config.data_path
-
-    def check_cancel(self) -> None:
-        """Raise JobCancelled if a cancel was requested."""
-        if self.cancel_event.is_set():
-            raise JobCancelled(f"job {self.job.id} was cancelled")
-
-    def progress(self, fraction: Optional[float] = None, phase: Optional[str] = None, message: Optional[str] = None,
-                 checkpoint: Optional[str] = None) -> None:
-        """Report progress (0–1) and phase; raises JobCancelled when a cancel was requested."""
-        if fraction is not None:
-            self._last_progress = max(self._last_progress, min(1.0, fraction))
-        if self.store.job_progress(self.job.id, self._last_progress if fraction is not None else None, phase,
-                                   message, checkpoint):
-            self.cancel_event.set()
-        if phase or message:
-            self.log(f"[{phase or ''}] {message or ''}".strip())
-        self.check_cancel()
-
-    def metrics(self, step: int, values: dict) -> None:
-        """Store one step's namespaced metrics for the dashboard."""
-        self.store.log_metrics(self.job.id, step, values)
-
-    def log(self, line: str, level: str = "info") -> None:
-        self.store.log_job(self.job.id, line, level)
-        log.log(logging.WARNING if level == "warning" else logging.INFO, "job %s: %s", self.job.id, line)
 
 
 def config_of(job: Job, fallback: Optional[AppConfig] = None) -> AppConfig:
@@ -145,31 +88,6 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool
         stop.set()
 
 
-@job_kind("selftest")
-def selftest(ctx: JobContext) -> dict:
-    """A fast diagnostic job: steps with progress and metrics; can be told to fail or hang (for tests)."""
-    opts = ctx.job.config.get("selftest", {})
-    steps = int(opts.get("steps", 3))
-    for step in range(1, steps + 1):
-        time.sleep(float(opts.get("sleep", 0.05)))
-        ctx.metrics(step, {"selftest/value": step * 1.5})
-        ctx.progress(step / steps, "work", f"step {step}/{steps}")
-        if opts.get("fail_at") == step:
-            raise RuntimeError(f"asked to fail at step {step}")
-    if opts.get("hang"):
-        while True:  # ignores cancel on purpose: the runner must kill it
-            time.sleep(0.2)
-    return {"steps": steps}
-
-
-def _load_kinds() -> None:
-    """Import the modules that register job kinds (the retrain pipeline, eval samples)."""
-    import importlib
-
-    for module in ("rlhf.jobs.pipeline",):
-        importlib.import_module(module)
-
-
 def main(argv: list[str]) -> int:
     """``python -m rlhf.jobs.worker DB_PATH JOB_ID [PARENT_PID]``: run one job in this process."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s job %(levelname)s %(name)s: %(message)s")
@@ -177,7 +95,7 @@ def main(argv: list[str]) -> int:
     parent = int(argv[2]) if len(argv) > 2 else 0
     if parent and os.getppid() != parent:
         return 3
-    _load_kinds()
+    register_builtin_kinds()
     store = Store(db_path)
     try:
         job = run_job(store, job_id, parent, lower_priority=True)
@@ -187,7 +105,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run the copy imported as ``rlhf.jobs.worker``: job kinds register there, not in this ``__main__`` copy.
+    # Run the copy imported as ``rlhf.jobs.worker``: its JOB_KINDS is the registry, not this ``__main__`` copy's.
     from rlhf.jobs.worker import main as registered_main
 
     sys.exit(registered_main(sys.argv[1:]))

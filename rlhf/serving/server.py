@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 from rlhf.config import AppConfig
-from rlhf.models import fit_prompt, pick_device, resolve_model
+from rlhf.models import pick_device, resolve_model
+from rlhf.prompting import encode_prompt
 from rlhf.serving.interface import AdapterError, Engine, EngineLoad, EngineUnavailable, IncrementalDecoder, Request, \
     choose_engine
 
@@ -219,7 +220,7 @@ class PolicyServer:
     def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
         """Token ids of the chat-templated state, dropping the oldest turns to fit the context limit."""
         system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        return fit_prompt(self.tokenizer, system + list(history), self.max_context_tokens)
+        return encode_prompt(self.tokenizer, system + list(history), self.max_context_tokens)
 
     def shared_prefix_len(self, system_prompt: str, ids: list[int]) -> int:
         """How many leading ``ids`` are the templated system prompt alone (0 if none): the engine computes

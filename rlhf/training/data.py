@@ -32,10 +32,11 @@ SOURCES = ("comparison", "siblings", "unsafe", "rated_vs_unrated")
 class NotEnoughData(RuntimeError):
     """Too little usable feedback to train; ``needed`` and ``have`` say how much."""
 
-    def __init__(self, message: str, needed: int = 0, have: int = 0):
+    def __init__(self, message: str, needed: int = 0, have: int = 0, missing: str = ""):
         super().__init__(message)
         self.needed = needed
         self.have = have
+        self.missing = missing or message  # what to add, as a short phrase ("11 more preference pairs ...")
 
 
 class DataError(ValueError):
@@ -311,3 +312,21 @@ def group_labels(rows: list[dict]) -> list[str]:
     owner = {conv: g for g, convs in groups.items() for conv in convs}
     return [str(owner[row["conversation_ids"][0]]) if row.get("conversation_ids") else f"k:{row['context_key']}"
             for row in rows]
+
+
+@dataclass(frozen=True)
+class FeedbackSnapshot:
+    """One read of an agent's feedback: the watermark and the rows it covers (``Store.feedback_snapshot``). A
+    retrain takes it once and hands these rows to the reward model, the prompt sets and the counts."""
+
+    watermark: dict
+    rows: dict
+
+    @classmethod
+    def take(cls, store, agent: int | str) -> "FeedbackSnapshot":
+        return cls(*store.feedback_snapshot(agent))
+
+    @property
+    def feedback_count(self) -> int:
+        """Ratings + comparisons the snapshot covers."""
+        return len(self.rows["ratings"]) + len(self.rows["comparisons"])

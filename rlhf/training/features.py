@@ -9,8 +9,9 @@ with the policy being trained.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -23,16 +24,18 @@ class ReplyFeatures:
     """``features(prompts, replies) -> ndarray (n, d)``: pooled hidden states of the frozen base model."""
 
     def __init__(self, model, tokenizer, device: str = "cpu", max_length: int = 512,
-                 depths: Sequence[float] = DEFAULT_DEPTHS, batch_size: int = 8):
+                 depths: Sequence[float] = DEFAULT_DEPTHS, batch_size: int = 8,
+                 max_prompt_tokens: Optional[int] = None):
         self.model, self.tokenizer, self.device = model, tokenizer, device
-        self.max_length, self.batch_size = max_length, batch_size
+        self.max_length, self.batch_size, self.max_prompt_tokens = max_length, batch_size, max_prompt_tokens
         n_layers = model.config.get_text_config().num_hidden_layers
         self.layers = sorted({max(1, min(n_layers, round(d * n_layers))) for d in depths})
         self.hidden = model.config.get_text_config().hidden_size
 
     @classmethod
     def load(cls, source: str, device: str = "cpu", max_length: int = 512, depths: Sequence[float] = DEFAULT_DEPTHS,
-             batch_size: int = 8, load_in_4bit: bool = False) -> "ReplyFeatures":
+             batch_size: int = 8, load_in_4bit: bool = False, max_prompt_tokens: Optional[int] = None,
+             ) -> "ReplyFeatures":
         """The base model (no LM head) and tokenizer from a model directory."""
         from transformers import AutoModel
 
@@ -44,7 +47,7 @@ class ReplyFeatures:
         if quant is None:
             model.to(device)
         model.eval()
-        return cls(model, load_tokenizer(source), device, max_length, depths, batch_size)
+        return cls(model, load_tokenizer(source), device, max_length, depths, batch_size, max_prompt_tokens)
 
     @property
     def dim(self) -> int:
@@ -53,7 +56,8 @@ class ReplyFeatures:
     def __call__(self, prompts: Sequence[list[dict]], replies: Sequence[str]) -> np.ndarray:
         if len(prompts) != len(replies):
             raise ValueError(f"{len(prompts)} prompts but {len(replies)} replies")
-        rows = [encode_with_reply(self.tokenizer, p, r, self.max_length) for p, r in zip(prompts, replies)]
+        rows = [encode_with_reply(self.tokenizer, p, r, self.max_length, self.max_prompt_tokens)
+                for p, r in zip(prompts, replies)]
         out = np.zeros((len(rows), self.dim), dtype=np.float32)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))  # similar lengths pad less
         for start in range(0, len(order), self.batch_size):
@@ -66,7 +70,7 @@ class ReplyFeatures:
 
         batch = self.tokenizer.pad({"input_ids": [ids for ids, _ in rows]}, padding_side="right",
                                    return_tensors="pt").to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), base_only(self.model):
             states = self.model(**batch, output_hidden_states=True).hidden_states
         lengths = batch["attention_mask"].sum(1)
         reply = torch.zeros_like(batch["attention_mask"], dtype=torch.float32)
@@ -78,6 +82,26 @@ class ReplyFeatures:
         last = states[-1].float()[torch.arange(len(rows)), lengths - 1]
         n_tokens = torch.tensor([[math.log1p(n)] for _, n in rows], dtype=torch.float32, device=last.device)
         return torch.cat(parts + [last, n_tokens], dim=1).cpu().numpy()
+
+
+@contextlib.contextmanager
+def base_only(model):
+    """Switch off every LoRA layer inside ``model`` for the block: the frozen base's own outputs, also when a
+    policy's adapters were put on the same weights (the retrain shares one base between the reward features and
+    PPO's policy). The same switch ``PeftModel.disable_adapter`` uses for PPO's reference; a no-op without them."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        yield
+        return
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and not m.disable_adapters]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 def feature_cache(features: ReplyFeatures):

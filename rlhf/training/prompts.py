@@ -236,10 +236,15 @@ def build_prompt_sets(rows: Optional[dict], system_prompt: str, prompt_file: str
     return split_eval(states, n_eval, seed)
 
 
-def prompt_sets(store, config, agent: int | str | None = None) -> tuple[PromptBuffer, list[list[dict]]]:
-    """(training buffer, held-out eval prompts) for an agent: its Store states + the prompt file."""
+def prompt_sets(store, config, agent: int | str | None = None, rows: Optional[dict] = None
+                ) -> tuple[PromptBuffer, list[list[dict]]]:
+    """(training buffer, held-out eval prompts) for an agent: its Store states + the prompt file.
+
+    ``rows``: the feedback snapshot a retrain took (``FeedbackSnapshot``), so nothing written after it becomes a
+    training prompt; None reads the Store as it is now.
+    """
     record = store.get_agent(agent)
     cfg = config.ppo
-    train, held_out = build_prompt_sets(store.feedback_rows(record.id), record.system_prompt, cfg.prompt_file,
-                                        cfg.eval_prompts, cfg.seed)
+    rows = store.feedback_rows(record.id) if rows is None else rows
+    train, held_out = build_prompt_sets(rows, record.system_prompt, cfg.prompt_file, cfg.eval_prompts, cfg.seed)
     return PromptBuffer(train, cfg.adversarial_ratio, cfg.seed), [s.as_messages() for s in held_out]

@@ -1,6 +1,6 @@
 """Reward model from human feedback: train, measure honestly, save, load, score.
 
-Two kinds, chosen by the amount of data (``reward.method``):
+The kinds (``reward.method``) live behind one interface with a registry (``rlhf.training.reward_kinds``):
 
 - ``head`` (default while data is small): a regularised linear Bradley–Terry head, as a bootstrap ensemble, on
   frozen features of the base model (``rlhf.training.features``, ``rlhf.training.reward_head``). It learns a
@@ -10,18 +10,16 @@ Two kinds, chosen by the amount of data (``reward.method``):
 
 Accuracy is measured by k-fold cross-validation grouped by conversation (no context on both sides) with a 95%
 Wilson interval; below ``reward.cv_min_pairs`` pairs a single held-out split is too small to report. A reward
-directory is self-describing (``meta.json`` + ``head.npz`` or ``adapter/``, ``tokenizer/``, ``data/``) and is
-written to a temp dir, renamed into place, then registered in the Store.
+directory is self-describing (``meta.json`` + the kind's files, ``data/``) and is written to a temp dir, renamed
+into place, then registered in the Store.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,20 +33,24 @@ from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_poi
                                 group_labels, split_by_conversation)
 from rlhf.models import pick_device, resolve_model
 from rlhf.training import reward_head
-from rlhf.training.features import DEFAULT_DEPTHS
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
-from rlhf.training.reward_lora import RewardModelError, RewardScorer, train_lora
+from rlhf.training.reward_kinds import (REWARD_KINDS, FitContext, HeadScorer, kind_for_format,
+                                        reply_features, reward_kind)
+from rlhf.training.reward_lora import RewardModelError, train_lora_on_pairs  # noqa: F401  (re-exported)
+from rlhf.training.reward_metrics import heldout_metrics, pair_metrics, point_metrics  # noqa: F401  (re-exported)
 from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # LoRA reward dirs
-HEAD_FORMAT = 2  # linear head on frozen features
-META_FILE, ADAPTER_DIR, TOKENIZER_DIR, DATA_DIR, HEAD_FILE = "meta.json", "adapter", "tokenizer", "data", "head.npz"
-METHODS = ("auto", "head", "lora")
+META_FILE, DATA_DIR = "meta.json", "data"
 MODES = ("auto", "pairwise", "pointwise")
 MIN_EXPLICIT_PAIRS = 2  # mode=pairwise: one pair to train on, one to hold out
 Progress = Callable[[float, str, Optional[dict]], None]
+
+
+def methods() -> tuple[str, ...]:
+    """The values ``reward.method`` accepts: auto and every registered kind."""
+    return ("auto", *sorted(REWARD_KINDS))
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class RewardResult:
     seconds: float
     metrics: dict = field(default_factory=dict)
     method: str = "head"
+    scorer: Optional[Callable] = field(default=None, repr=False, compare=False)  # the fitted scorer, in memory
 
     def summary(self) -> dict:
         """The CLI's JSON line."""
@@ -95,29 +98,39 @@ def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
     if cfg.mode not in MODES:
         raise ValueError(f"reward.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     pairs_hint = "comparisons with a winner, or regenerated replies rated differently"
+    more_pairs = "{} more preference pairs (comparisons or differently rated regenerations)"
     if cfg.mode == "pairwise":
         if n_pairs < MIN_EXPLICIT_PAIRS:
             raise NotEnoughData(f"pairwise training needs at least {MIN_EXPLICIT_PAIRS} preference pairs "
-                                f"({pairs_hint}); have {n_pairs}", MIN_EXPLICIT_PAIRS, n_pairs)
+                                f"({pairs_hint}); have {n_pairs}", MIN_EXPLICIT_PAIRS, n_pairs,
+                                more_pairs.format(MIN_EXPLICIT_PAIRS - n_pairs))
         return "pairwise"
     if cfg.mode == "auto" and n_pairs >= cfg.min_pairs:
         return "pairwise"
     if n_points >= cfg.min_pointwise:
         return "pointwise"
+    more_points = f"{cfg.min_pointwise - n_points} more rated replies (thumbs or scores)"
     if cfg.mode == "pointwise":
         raise NotEnoughData(f"pointwise training needs at least {cfg.min_pointwise} rated replies (thumb or "
-                            f"score); have {n_points}", cfg.min_pointwise, n_points)
+                            f"score); have {n_points}", cfg.min_pointwise, n_points, more_points)
     raise NotEnoughData(f"not enough feedback to train a reward model: need at least {cfg.min_pairs} preference "
                         f"pairs ({pairs_hint}; have {n_pairs}) or {cfg.min_pointwise} rated replies (have "
-                        f"{n_points})", cfg.min_pairs, n_pairs)
+                        f"{n_points})", cfg.min_pairs, n_pairs,
+                        f"{more_points}, or {more_pairs.format(cfg.min_pairs - n_pairs)}")
+
+
+def reward_rows(rows: dict, cfg: RewardConfig) -> tuple[list, list]:
+    """(preference pairs, rated replies) a reward model could learn from in these feedback rows."""
+    excluded = list(cfg.exclude_annotators or [])
+    return (build_pairs(rows, excluded, cfg.margin_per_score, cfg.rated_vs_unrated),
+            build_pointwise(rows, excluded))
 
 
 def prepare_data(rows: dict, cfg: RewardConfig, judge_share: float = 0.0, min_judge_pairs: int = 8) -> RewardData:
     """Build pairs, pointwise and KTO rows, pick the mode, hold out the judge's share of the pairs (whole
     conversations, ``rlhf.training.judge``), and split the rest by conversation (no model needed)."""
     excluded = list(cfg.exclude_annotators or [])
-    pairs = build_pairs(rows, excluded, cfg.margin_per_score, cfg.rated_vs_unrated)
-    points = build_pointwise(rows, excluded)
+    pairs, points = reward_rows(rows, cfg)
     mode = choose_mode(cfg, len(pairs), len(points))
     judged: list = []
     if mode == "pairwise":
@@ -131,7 +144,8 @@ def prepare_data(rows: dict, cfg: RewardConfig, judge_share: float = 0.0, min_ju
               **{f"pairs_{k}": v for k, v in count_sources(pairs + judged).items()}}
     if mode == "pairwise" and not pairs_train or mode == "pointwise" and not points_train:
         raise NotEnoughData(f"every {mode} training row landed in the held-out split; add feedback from more "
-                            "conversations or lower reward.eval_fraction", 1, 0)
+                            "conversations or lower reward.eval_fraction", 1, 0,
+                            "feedback from more conversations (every training row is in the held-out split)")
     return RewardData(mode, pairs_train, pairs_eval, points_train, points_eval, build_kto(rows, excluded), counts,
                       judged)
 
@@ -147,22 +161,6 @@ def _base_source(meta: dict, path: Path) -> str:
     if source and not Path(source).is_absolute() and "/" in source and not source.startswith("."):
         return source  # a hub id
     raise RewardModelError(f"the base model of {path} ({name or source!r}) cannot be found")
-
-
-class HeadScorer:
-    """A linear-head reward model: ``scorer(prompts, replies) -> list[float]`` (unit-spread ensemble mean)."""
-
-    def __init__(self, features, head: "reward_head.LinearHead", meta: dict):
-        self.features, self.head, self.meta = features, head, meta
-
-    def __call__(self, prompts: list[list[dict]], replies: list[str]) -> list[float]:
-        if len(prompts) != len(replies):
-            raise ValueError(f"{len(prompts)} prompts but {len(replies)} replies")
-        return self.head.scores(self.features(prompts, replies)).tolist() if replies else []
-
-    def member_scores(self, prompts: list[list[dict]], replies: list[str]):
-        """(n, members) each ensemble member's score, for uncertainty (gate, vote queue)."""
-        return self.head.member_scores(self.features(prompts, replies)) / self.head.score_scale
 
 
 def load_judge(path: str | os.PathLike, features) -> Optional[HeadScorer]:
@@ -186,84 +184,18 @@ def load_reward_model(path: str | os.PathLike, device: str = "auto", load_in_4bi
     """Load a trained reward model directory (only its path is needed): ``scorer(prompts, replies)``."""
     path = Path(path)
     meta = _read_meta(path)
-    if meta.get("mode") not in ("pairwise", "pointwise") or meta.get("format") not in (FORMAT, HEAD_FORMAT):
-        raise RewardModelError(f"{path / META_FILE} is not a reward model description (format {FORMAT} or "
-                               f"{HEAD_FORMAT})")
-    device = pick_device(device)
-    if meta["format"] == HEAD_FORMAT:
-        from rlhf.training.features import ReplyFeatures
-
-        try:
-            head = reward_head.LinearHead.load(path / HEAD_FILE)
-        except Exception as exc:
-            raise RewardModelError(f"cannot load the head of {path}: {exc}") from exc
-        features = ReplyFeatures.load(_base_source(meta, path), device, int(meta["max_length"]),
-                                      meta.get("depths") or DEFAULT_DEPTHS, batch_size, load_in_4bit)
-        return HeadScorer(features, head, meta)
-    return _load_lora(path, meta, device, load_in_4bit, batch_size)
-
-
-def _load_lora(path: Path, meta: dict, device: str, load_in_4bit: bool, batch_size: int) -> RewardScorer:
-    from peft import PeftModel
-
-    from rlhf.models import load_tokenizer
-    from rlhf.training.reward_lora import load_backbone
-
-    try:
-        tokenizer = load_tokenizer(str(path / TOKENIZER_DIR))
-    except Exception as exc:
-        raise RewardModelError(f"cannot load the tokenizer of {path}: {exc}") from exc
-    model = load_backbone(_base_source(meta, path), device, load_in_4bit, tokenizer.pad_token_id)
-    try:
-        model = PeftModel.from_pretrained(model, str(path / ADAPTER_DIR), is_trainable=False)
-    except Exception as exc:
-        raise RewardModelError(f"cannot load the adapter of {path}: {exc}") from exc
-    model.eval()
-    return RewardScorer(model, tokenizer, device, int(meta["max_length"]), meta, batch_size)
-
-
-# ---- evaluation ---------------------------------------------------------------------------------
-def pair_metrics(scorer: Callable, pairs: list[dict], prefix: str) -> dict:
-    """Pairwise accuracy (ties count half), mean margin r_c − r_r, and the rewards' mean/std."""
-    if not pairs:
-        return {f"{prefix}_accuracy": None, f"{prefix}_margin": None}
-    scores = scorer([p["prompt"] for p in pairs] * 2, [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs])
-    chosen, rejected = scores[:len(pairs)], scores[len(pairs):]
-    diffs = [c - r for c, r in zip(chosen, rejected)]
-    mean = sum(scores) / len(scores)
-    return {f"{prefix}_accuracy": sum(1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs) / len(diffs),
-            f"{prefix}_margin": sum(diffs) / len(diffs), f"{prefix}_reward_mean": mean,
-            f"{prefix}_reward_std": math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))}
-
-
-def point_metrics(scorer: Callable, points: list[dict], prefix: str) -> dict:
-    """MSE against the [0, 1] targets and Spearman rank correlation (None when either side is constant)."""
-    if not points:
-        return {f"{prefix}_mse": None, f"{prefix}_spearman": None}
-    import pandas as pd
-
-    pred = scorer([p["prompt"] for p in points], [p["completion"] for p in points])
-    target = [p["score"] for p in points]
-    # Spearman's rho = Pearson's r of the (tie-averaged) ranks; pandas' method="spearman" would need scipy.
-    rho = pd.Series(pred).rank().corr(pd.Series(target).rank()) if len(points) > 1 else float("nan")
-    return {f"{prefix}_mse": sum((a - b) ** 2 for a, b in zip(pred, target)) / len(points),
-            f"{prefix}_spearman": None if rho is None or math.isnan(rho) else float(rho)}
-
-
-def heldout_metrics(scorer: Callable, data: RewardData) -> dict:
-    """Held-out metrics of a scorer (pairs always, scores in pointwise mode), keys without namespace."""
-    m = pair_metrics(scorer, data.pairs_eval, "eval")
-    if data.mode == "pointwise":
-        m.update(point_metrics(scorer, data.points_eval, "eval"))
-    m["mean"], m["std"] = m.get("eval_reward_mean"), m.get("eval_reward_std")  # the scale PPO will see
-    return m
+    kind = kind_for_format(meta.get("format"))
+    if meta.get("mode") not in ("pairwise", "pointwise") or kind is None:
+        known = ", ".join(str(k.format) for k in REWARD_KINDS.values())
+        raise RewardModelError(f"{path / META_FILE} is not a reward model description (format {known})")
+    return kind.load(path, meta, _base_source(meta, path), pick_device(device), load_in_4bit, batch_size)
 
 
 # ---- the whole run ------------------------------------------------------------------------------
 def choose_method(cfg: RewardConfig, n_pairs: int) -> str:
-    """head | lora for this many pairs (``auto``: the head until ``reward.lora_min_pairs``)."""
-    if cfg.method not in METHODS:
-        raise ValueError(f"reward.method must be one of {', '.join(METHODS)}, got {cfg.method!r}")
+    """A registered kind's name for this many pairs (``auto``: the head until ``reward.lora_min_pairs``)."""
+    if cfg.method not in methods():
+        raise ValueError(f"reward.method must be one of {', '.join(methods())}, got {cfg.method!r}")
     if cfg.method == "auto":
         return "lora" if n_pairs >= cfg.lora_min_pairs else "head"
     return cfg.method
@@ -277,31 +209,6 @@ def _write_rows(path: Path, data: RewardData) -> None:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def _fit_head(data: RewardData, cfg: RewardConfig, features, report: Progress) -> tuple:
-    """The head ensemble on every row (cross-validation measures it); (head, metrics)."""
-    import numpy as np
-
-    pairs = data.pairs_train + data.pairs_eval
-    report(0.1, "reward/features", None)
-    if data.mode == "pairwise":
-        xc = features([p["prompt"] for p in pairs], [p["chosen"] for p in pairs])
-        xr = features([p["prompt"] for p in pairs], [p["rejected"] for p in pairs])
-        report(0.6, "reward/train", None)
-        weights = np.array([1.0 + max(0.0, float(p.get("margin") or 0.0)) for p in pairs])
-        head = reward_head.fit_pairs(xc, xr, c=cfg.head_c, members=cfg.ensemble, seed=cfg.seed, weights=weights)
-        report(0.7, "reward/cv", None)
-        cv = reward_head.cross_validate_pairs(xc, xr, group_labels(pairs), k=cfg.cv_folds, c=cfg.head_c,
-                                              seed=cfg.seed)
-        metrics = {**cv, "train_accuracy": reward_head.pair_accuracy(head, xc, xr), "pairs_used": len(pairs)}
-    else:
-        points = data.points_train
-        x = features([p["prompt"] for p in points], [p["completion"] for p in points])
-        head = reward_head.fit_scores(x, [p["score"] for p in points], alpha=1.0 / cfg.head_c,
-                                      members=cfg.ensemble, seed=cfg.seed)
-        metrics = {"cv_accuracy": None, "cv_low": None, "cv_high": None, "cv_folds": 0, "cv_pairs": 0}
-    return head, metrics
-
-
 def _fit_judge(data: RewardData, cfg: RewardConfig, features) -> tuple:
     """The gate's judge on the held-out pairs, measured on the policy's pairs (it never saw them); (head, metrics)."""
     import numpy as np
@@ -311,41 +218,30 @@ def _fit_judge(data: RewardData, cfg: RewardConfig, features) -> tuple:
     pairs = data.pairs_train + data.pairs_eval + data.pairs_judge
     xc = features([p["prompt"] for p in pairs], [p["chosen"] for p in pairs])
     xr = features([p["prompt"] for p in pairs], [p["rejected"] for p in pairs])
-    weights = np.array([1.0 + max(0.0, float(p.get("margin") or 0.0)) for p in pairs])
     n = len(pairs) - len(data.pairs_judge)
-    return fit_judge(xc, xr, np.arange(n, len(pairs)), np.arange(n), cfg.head_c, cfg.ensemble, cfg.seed, weights)
-
-
-def _reply_features(source: str, device: str, cfg: RewardConfig):
-    from rlhf.training.features import ReplyFeatures, feature_cache
-
-    return feature_cache(ReplyFeatures.load(source, device, cfg.max_length, load_in_4bit=cfg.load_in_4bit))
-
-
-def _head_metrics(scorer: HeadScorer, data: RewardData, fit_metrics: dict) -> dict:
-    """The head's figures: cross-validated accuracy stands for held-out accuracy (the head saw every pair)."""
-    if data.mode == "pointwise":
-        return {**heldout_metrics(scorer, data), **fit_metrics}
-    pairs = data.pairs_train + data.pairs_eval
-    scores = scorer([p["prompt"] for p in pairs] * 2, [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs])
-    mean = sum(scores) / len(scores)
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
-    return {**fit_metrics, "eval_accuracy": fit_metrics.get("cv_accuracy"), "mean": mean, "std": std}
+    return fit_judge(xc, xr, np.arange(n, len(pairs)), np.arange(n), cfg.head_c, cfg.ensemble, cfg.seed,
+                     reward_head.pair_weights(pairs))
 
 
 def train_reward_model(store, config: AppConfig, agent: int | str | None = None, job_id: Optional[int] = None,
-                       progress: Optional[Progress] = None) -> RewardResult:
-    """Train a reward model on the Store's current feedback, measure it, save it and register it."""
+                       progress: Optional[Progress] = None, rows: Optional[dict] = None,
+                       snapshot: Optional[dict] = None, features=None) -> RewardResult:
+    """Train a reward model on a feedback snapshot, measure it, save it and register it.
+
+    ``rows``/``snapshot``: the job's one read of the feedback (``Store.feedback_rows(agent, until=snapshot)``);
+    when missing, the snapshot is taken here. ``features``: frozen reply features of a base already loaded.
+    """
     t0 = time.perf_counter()
     report: Progress = progress or (lambda fraction, phase, metrics: None)
     cfg = config.reward
     agent_rec = store.get_agent(agent)
     report(0.0, "reward/data", None)
-    snapshot = store.feedback_watermark(agent_rec.id)
-    rows = store.feedback_rows(agent_rec.id, until=snapshot)
+    if rows is None:
+        snapshot = store.feedback_watermark(agent_rec.id)
+        rows = store.feedback_rows(agent_rec.id, until=snapshot)
     data = prepare_data(rows, cfg, config.gate.judge_share, config.gate.min_judge_pairs)
-    method = choose_method(cfg, len(data.pairs_train) + len(data.pairs_eval))
-    log.info("reward data for %s: %s, mode %s, method %s", agent_rec.name, data.counts, data.mode, method)
+    kind = reward_kind(choose_method(cfg, len(data.pairs_train) + len(data.pairs_eval)))
+    log.info("reward data for %s: %s, mode %s, method %s", agent_rec.name, data.counts, data.mode, kind.name)
 
     report(0.02, "reward/load", None)
     device = pick_device(config.device)
@@ -354,42 +250,30 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
         log.warning("agent %s was created on %s; the reward backbone is the served base %s",
                     agent_rec.name, agent_rec.base_model, config.base_model)
     final = config.data_path / "reward_models" / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    meta = {"mode": data.mode, "method": method, "base_model": config.base_model, "base_source": source,
-            "max_length": cfg.max_length, "agent": agent_rec.name, "trained_on": device, "data_snapshot": snapshot,
+    meta = {"mode": data.mode, "method": kind.name, "base_model": config.base_model, "base_source": source,
+            "max_length": cfg.max_length, "max_prompt_tokens": config.ppo.max_prompt_tokens, "agent": agent_rec.name,
+            "trained_on": device, "data_snapshot": snapshot,
             "excluded_annotators": sorted(set(cfg.exclude_annotators or []) | set(rows["excluded_annotators"])),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     counts = {**data.counts, "pairs_train": len(data.pairs_train), "pairs_eval": len(data.pairs_eval),
               "points_train": len(data.points_train), "points_eval": len(data.points_eval), "kto_rows": len(data.kto)}
+    ctx = FitContext(source, device, config.ppo.max_prompt_tokens, features)
     renamed = False
     try:
         with atomic_dir(final, replace=False) as tmp:
-            features = None
-            if method == "head":
-                features = _reply_features(source, device, cfg)
-                head, fit_metrics = _fit_head(data, cfg, features, report)
-                report(0.85, "reward/eval", None)
-                metrics = {**_head_metrics(HeadScorer(features, head, meta), data, fit_metrics), **counts}
-                head.save(tmp / HEAD_FILE)
-                meta.update(format=HEAD_FORMAT, depths=list(DEFAULT_DEPTHS), head_c=cfg.head_c,
-                            ensemble=cfg.ensemble)
-            else:
-                scorer, train_metrics = train_lora(data.pairs_train, data.points_train, data.mode, cfg, source, device,
-                                                   report)
-                report(0.85, "reward/eval", None)
-                held = heldout_metrics(scorer, data)
-                metrics = {**held, **train_metrics, **counts, **_split_interval(held, len(data.pairs_eval))}
-                scorer.model.save_pretrained(str(tmp / ADAPTER_DIR))
-                scorer.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
-                meta.update(format=FORMAT, pad_token_id=scorer.tokenizer.pad_token_id,
-                            lora={"r": cfg.lora_r, "alpha": cfg.lora_alpha, "layers": cfg.lora_layers})
+            fitted = kind.fit(data, cfg, ctx, report)
+            kind.save(fitted, tmp)
+            meta.update(fitted.meta)
             report(0.9, "reward/judge", None)
-            judge, judge_metrics = _fit_judge(data, cfg, features or (data.pairs_judge and
-                                                                      _reply_features(source, device, cfg)))
+            judge_features = fitted.features or ctx.features or (
+                data.pairs_judge and reply_features(source, device, cfg.max_length, cfg.load_in_4bit,
+                                                    ctx.max_prompt_tokens))
+            judge, judge_metrics = _fit_judge(data, cfg, judge_features)
             if judge is not None:
                 judge.save(tmp / JUDGE_FILE)
             meta["judge"] = judge is not None
             report(0.95, "reward/save", None)
-            metrics = {f"reward/{k}": v for k, v in {**metrics, **judge_metrics}.items()}
+            metrics = {f"reward/{k}": v for k, v in {**fitted.metrics, **counts, **judge_metrics}.items()}
             _write_rows(tmp, data)
             (tmp / META_FILE).write_text(json.dumps({**meta, "metrics": metrics}, indent=2, sort_keys=True))
         renamed = True  # the directory appears complete or not at all
@@ -403,13 +287,5 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
         raise
     report(1.0, "reward/done", metrics)
     return RewardResult(rec.id, str(final), data.mode, len(data.pairs_train), len(data.pairs_eval),
-                        metrics.get("reward/eval_accuracy"), seconds, metrics, method)
-
-
-def _split_interval(held: dict, n: int) -> dict:
-    """The LoRA path's figure: one held-out split (it is taken only with plenty of pairs), with its interval."""
-    acc = held.get("eval_accuracy")
-    if acc is None or n == 0:
-        return {"cv_accuracy": None, "cv_low": None, "cv_high": None, "cv_folds": 0, "cv_pairs": 0}
-    low, high = reward_head.wilson_interval(acc * n, n)
-    return {"cv_accuracy": acc, "cv_low": low, "cv_high": high, "cv_folds": 1, "cv_pairs": n}
+                        metrics.get("reward/eval_accuracy"), seconds, metrics, kind.name,
+                        scorer=fitted.scorer)

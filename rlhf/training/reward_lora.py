@@ -71,14 +71,16 @@ class RewardScorer:
     """A reward model: ``scorer(prompts, replies) -> list[float]``, batched, without gradients."""
 
     def __init__(self, model, tokenizer, device: str, max_length: int, meta: Optional[dict] = None,
-                 batch_size: int = 8):
+                 batch_size: int = 8, max_prompt_tokens: Optional[int] = None):
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.max_length, self.meta, self.batch_size = max_length, meta or {}, batch_size
+        self.max_prompt_tokens = max_prompt_tokens
 
     def __call__(self, prompts: list[list[dict]], replies: list[str]) -> list[float]:
         if len(prompts) != len(replies):
             raise ValueError(f"{len(prompts)} prompts but {len(replies)} replies")
-        return self.score_ids([encode(self.tokenizer, p, r, self.max_length) for p, r in zip(prompts, replies)])
+        return self.score_ids([encode(self.tokenizer, p, r, self.max_length, self.max_prompt_tokens)
+                               for p, r in zip(prompts, replies)])
 
     def score_ids(self, sequences: list[list[int]]) -> list[float]:
         """Scores of already encoded sequences (see ``encode``)."""
@@ -157,15 +159,16 @@ def _quiet(trainer) -> None:
         trainer.remove_callback(cb)
 
 
-def _train_pairwise(model, tokenizer, pairs: list[dict], cfg: RewardConfig, device: str, work: str, callback):
+def _train_pairwise(model, tokenizer, pairs: list[dict], cfg: RewardConfig, device: str, work: str, callback,
+                    max_prompt_tokens: Optional[int] = None):
     from datasets import Dataset
     from trl import RewardConfig as TrlRewardConfig
     from trl import RewardTrainer
 
-    rows = [{"chosen_ids": encode(tokenizer, p["prompt"], p["chosen"], cfg.max_length),
-             "rejected_ids": encode(tokenizer, p["prompt"], p["rejected"], cfg.max_length),
+    rows = [{"chosen_ids": encode(tokenizer, p["prompt"], p["chosen"], cfg.max_length, max_prompt_tokens),
+             "rejected_ids": encode(tokenizer, p["prompt"], p["rejected"], cfg.max_length, max_prompt_tokens),
              "margin": float(p["margin"])} for p in pairs]
-    # max_length=None: rows are already cut from the left; TRL would silently drop longer ones.
+    # max_length=None: rows are already fitted to it; TRL would silently drop longer ones.
     args = _training_args(TrlRewardConfig, cfg, device, work, max_length=None)
     trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                             peft_config=lora_config(model, cfg), callbacks=[callback])
@@ -174,7 +177,8 @@ def _train_pairwise(model, tokenizer, pairs: list[dict], cfg: RewardConfig, devi
     return trainer.model
 
 
-def _train_pointwise(model, tokenizer, points: list[dict], cfg: RewardConfig, device: str, work: str, callback):
+def _train_pointwise(model, tokenizer, points: list[dict], cfg: RewardConfig, device: str, work: str, callback,
+                     max_prompt_tokens: Optional[int] = None):
     import torch
     from datasets import Dataset
     from peft import get_peft_model
@@ -182,8 +186,8 @@ def _train_pointwise(model, tokenizer, points: list[dict], cfg: RewardConfig, de
 
     model.config.problem_type = "regression"
     model = get_peft_model(model, lora_config(model, cfg))
-    rows = [{"input_ids": encode(tokenizer, p["prompt"], p["completion"], cfg.max_length), "labels": float(p["score"])}
-            for p in points]
+    rows = [{"input_ids": encode(tokenizer, p["prompt"], p["completion"], cfg.max_length, max_prompt_tokens),
+             "labels": float(p["score"])} for p in points]
     pad = tokenizer.pad_token_id
 
     def collate(batch):
@@ -207,8 +211,9 @@ def _train_pointwise(model, tokenizer, points: list[dict], cfg: RewardConfig, de
 
 
 def train_lora(pairs: list[dict], points: list[dict], mode: str, cfg: RewardConfig, source: str, device: str,
-               report: Progress, start: float = 0.05, span: float = 0.75):
-    """Train the LoRA reward model on pairs (``mode="pairwise"``) or scores; (scorer, training-split metrics)."""
+               report: Progress, start: float = 0.05, span: float = 0.75, max_prompt_tokens: Optional[int] = None):
+    """Train the LoRA reward model on pairs (``mode="pairwise"``) or scores; (scorer, training-split metrics).
+    ``max_prompt_tokens``: the prompt budget of ``rlhf.training.tokens.encode`` (PPO's)."""
     from transformers import set_seed
 
     from rlhf.models import load_tokenizer
@@ -220,12 +225,13 @@ def train_lora(pairs: list[dict], points: list[dict], mode: str, cfg: RewardConf
     try:
         steps = trainer_callback(report, start, span)
         if mode == "pairwise":
-            model = _train_pairwise(model, tokenizer, pairs, cfg, device, work, steps)
+            model = _train_pairwise(model, tokenizer, pairs, cfg, device, work, steps, max_prompt_tokens)
         else:
-            model = _train_pointwise(model, tokenizer, points, cfg, device, work, steps)
+            model = _train_pointwise(model, tokenizer, points, cfg, device, work, steps, max_prompt_tokens)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return RewardScorer(model, tokenizer, device, cfg.max_length), steps.last_epoch(cfg.epochs, mode)
+    return (RewardScorer(model, tokenizer, device, cfg.max_length, max_prompt_tokens=max_prompt_tokens),
+            steps.last_epoch(cfg.epochs, mode))
 
 
 def train_lora_on_pairs(pairs: list[dict], config: AppConfig, source: str) -> "RewardScorer":

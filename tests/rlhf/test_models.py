@@ -45,6 +45,7 @@ class CountingTokenizer:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.chat_template = tokenizer.chat_template
         self.calls = self.messages = 0
 
     def apply_chat_template(self, messages, **kwargs):
@@ -76,8 +77,8 @@ def history(n: int, seed: int = 0, system: bool = True) -> list[dict]:
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 7, 8, 25, 60])
-def test_fit_prompt_keeps_what_dropping_pairs_kept(tokenizer, n):
-    from rlhf.models import fit_prompt
+def test_encode_prompt_keeps_what_dropping_pairs_kept(tokenizer, n):
+    from rlhf.prompting import encode_prompt as fit_prompt
 
     for max_tokens in (8, 40, 120, 400, 4000):
         for system in (True, False) if n else (True,):
@@ -86,8 +87,8 @@ def test_fit_prompt_keeps_what_dropping_pairs_kept(tokenizer, n):
                 fit_by_dropping_one_pair_at_a_time(tokenizer, messages, max_tokens), (n, max_tokens, system)
 
 
-def test_fit_prompt_cost_does_not_grow_with_the_history(tokenizer):
-    from rlhf.models import fit_prompt
+def test_encode_prompt_cost_does_not_grow_with_the_history(tokenizer):
+    from rlhf.prompting import encode_prompt as fit_prompt
 
     many = [{"role": "system", "content": "Be brief."}] + [
         {"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(9_999)]

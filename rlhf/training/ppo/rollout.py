@@ -1,4 +1,5 @@
-"""The PPO policy as a module (causal LM + LoRA + value head), batched rollouts, and log-prob forwards.
+"""The PPO policy as a module (causal LM + LoRA + a value head that only ppo.advantage=gae reads), batched rollouts,
+and log-prob forwards.
 
 Layout of a rollout batch: every prompt is left-padded to the same length P, every response is
 right-padded to R, so the response always sits in the last R columns. One forward that keeps only the
@@ -13,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from rlhf.models import fit_prompt
+from rlhf.prompting import encode_prompt
 from rlhf.training.ppo.core import logprobs_from_logits
 
 
@@ -44,14 +45,18 @@ class PolicyWithValue(nn.Module):
         return logits, values
 
 
-def build_policy(base_source: str, ppo_config, device: str, init_adapter: Optional[str] = None
+def build_policy(base_source: str, ppo_config, device: str, init_adapter: Optional[str] = None, base=None
                  ) -> PolicyWithValue:
-    """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``."""
+    """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``.
+
+    ``base``: the causal LM already loaded in this process (its weights are shared, the adapter goes on them);
+    None loads it from ``base_source``."""
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 
     from rlhf.models import load_causal_lm, lora_targets, name_local_base, quantization
 
-    base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
+    if base is None:
+        base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
     if quantization(ppo_config.load_in_4bit, device) is not None:
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     for p in base.parameters():
@@ -70,8 +75,8 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
 
 
 def encode_prompts(tokenizer, prompts: list[list[dict]], max_prompt_tokens: int) -> list[list[int]]:
-    """Chat-templated token ids per prompt, fitted to ``max_prompt_tokens`` (``rlhf.models.fit_prompt``)."""
-    return [fit_prompt(tokenizer, messages, max_prompt_tokens) for messages in prompts]
+    """Chat-templated token ids per prompt, fitted to ``max_prompt_tokens`` (``rlhf.prompting.encode_prompt``)."""
+    return [encode_prompt(tokenizer, messages, max_prompt_tokens) for messages in prompts]
 
 
 @dataclass

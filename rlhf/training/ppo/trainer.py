@@ -1,14 +1,16 @@
 """Our PPO for LLM RLHF (TRL 1.16 has none), as one readable page in the spirit of CleanRL's ppo.py.
 
-Each step: Rollout (batched sampling, KV cache) -> Score (reward model + rule terms) -> KL (per-token
-penalty against the reference = the same base with the LoRA adapter disabled) -> Values (a head on the
-policy's hidden states) -> GAE -> several epochs of clipped policy and value updates on shuffled
-minibatches. Guards skip minibatches with NaN/inf, runaway ratios or KL and fail the run after
+Each step: Rollout (batched sampling, KV cache; each prompt ``ppo.group_size`` times) -> Score (reward model +
+rule terms) -> KL (per-token penalty against the reference = the same base with the LoRA adapter disabled) ->
+Advantages -> several epochs of clipped policy updates on shuffled minibatches. Advantages (``ppo.advantage``):
+``group``, the default, is each reply's KL-penalised return minus the mean of the other replies to its prompt
+(RLOO; no value head, no value loss); ``gae`` puts a value head on the policy's hidden states and uses GAE with a
+clipped value loss. Guards skip minibatches with NaN/inf, runaway ratios or KL and fail the run after
 ``ppo.max_guard_events``; a failed run never writes ``final/``.
 
 References: Ziegler et al. 2019 (RL fine-tuning of LMs from human preferences, adaptive KL);
 Stiennon et al. 2020; Ouyang et al. 2022 (InstructGPT); Schulman et al. 2016 (GAE), 2017 (PPO);
-Huang et al. 2024, "The N+ implementation details of RLHF with PPO".
+Huang et al. 2024, "The N+ implementation details of RLHF with PPO"; Ahmadian et al. 2024 (RLOO baselines).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -58,6 +60,7 @@ class PPOResult:
     eval_samples: list = field(default_factory=list)
     history: list = field(default_factory=list)
     guard_events: int = 0
+    policy: Any = field(default=None, repr=False, compare=False)  # the trained PolicyWithValue, in memory
 
     def summary(self) -> dict:
         """The JSON line `train-ppo` prints last."""
@@ -125,8 +128,9 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
     return {"reward": sum(finite) / max(len(finite), 1), "kl": sum(kls) / max(len(kls), 1), "samples": samples}
 
 
-def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev):
-    """Tokenizer, policy with value head, optimizer, KL controller and trainer state (restored on resume)."""
+def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev, base=None):
+    """Tokenizer, policy (its value head trains only with GAE), optimizer, KL controller and trainer state
+    (restored on resume)."""
     from rlhf.models import load_tokenizer
 
     cfg = config.ppo
@@ -136,9 +140,10 @@ def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resu
     tokenizer = load_tokenizer(base_source)
     torch.manual_seed(cfg.seed)
     # A resumed run rebuilds its adapter from the checkpoint's own config, so the shapes always match.
-    model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter)
+    model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter,
+                         base=base)
     model.value_head.to(dev)
-    model.value_head.requires_grad_(cfg.group_size == 1)  # group baselines need no value head (nor DDP its grads)
+    model.value_head.requires_grad_(cfg.uses_value_head)  # group baselines need no value head (nor DDP its grads)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
                                   eps=1e-5)
     kl_ctl = AdaptiveKLController(cfg.kl_init, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target > 0 \
@@ -152,85 +157,120 @@ def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resu
     return tokenizer, model, optimizer, kl_ctl, state
 
 
-def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuffer | Sequence[list[dict]],
-              eval_prompts: Sequence[list[dict]], run_dir: Path, init_adapter: Optional[str] = None,
-              resume: Optional[Path] = None, on_step: Optional[Callable[[int, dict], None]] = None,
-              device: str = "cpu") -> Optional[PPOResult]:
-    """Run PPO on a LoRA policy over ``base_source``; ``reward_fn(prompts, replies) -> scores`` (None = rules only).
+@dataclass
+class _Run:
+    """One run's moving parts, so ``train_ppo`` reads as the loop it is."""
 
-    Returns the result on the main process (None on the others of a multi-process run); raises PPOFailed
-    when the guards stop the run, which then has no ``final/``.
-    """
+    config: AppConfig
+    acc: Any
+    model: Any  # as prepared by Accelerate (DDP-wrapped in a multi-process run)
+    policy: Any  # the unwrapped PolicyWithValue
+    optimizer: Any
+    tokenizer: Any
+    kl_ctl: Any
+    state: dict
+    shaper: RewardShaper
+    eval_prompts: Sequence[list[dict]]
+    run_dir: Path
+    started: float = field(default_factory=time.perf_counter)
+    metrics_log: Optional[MetricsLog] = None
+
+    @property
+    def main(self) -> bool:
+        return self.acc.is_main_process
+
+    def elapsed(self) -> float:
+        return self.state["seconds"] + time.perf_counter() - self.started
+
+    def evaluate(self) -> dict:
+        """Evaluate on the held-out prompts (timed as the ``eval`` phase)."""
+        t, cfg = time.perf_counter(), self.config.ppo
+        result = evaluate_policy(self.policy, self.tokenizer, self.shaper, self.eval_prompts, cfg, self.acc.device,
+                                 cfg.seed) if self.eval_prompts else {"reward": math.nan, "kl": math.nan, "samples": []}
+        self.state["phase_seconds"]["eval"] += time.perf_counter() - t
+        return result
+
+    def record(self, step: int, metrics: dict, guard: "_Guard", on_step) -> None:
+        """Phase times, the periodic evaluation (best/), the metrics log, checkpoints and the caller's hook."""
+        cfg, state = self.config.ppo, self.state
+        for name in ("generate", "score", "reference", "update"):
+            state["phase_seconds"][name] += metrics[f"time/{name}"]
+        state["guard_events"] = guard.events
+        if self.main and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            ev = self.evaluate()
+            metrics.update({"eval/reward": ev["reward"], "eval/kl": ev["kl"]})
+            if state["best_reward"] is None or ev["reward"] > state["best_reward"]:
+                state["best_reward"] = ev["reward"]
+                save_policy(self.policy, self.run_dir / "best", {"step": step, **metrics})
+        state["history"].append(metrics)
+        if self.main:
+            self.metrics_log.log(step, metrics)
+            self.acc.log(finite_numbers(metrics), step=step)
+            if cfg.save_every and step % cfg.save_every == 0:
+                save_checkpoint(self.run_dir, step, self.policy, self.optimizer,
+                                {**state, "kl_ctl": self.kl_ctl.state_dict(), "seconds": self.elapsed()})
+            if on_step is not None:
+                on_step(step, metrics)  # may raise to cancel the run: let it propagate
+
+
+def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir: Path, init_adapter, resume,
+           device: str, started: float, base=None) -> _Run:
+    """Accelerate, the policy and optimizer (restored on resume), trackers and the run dir's config.json."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
     cfg = config.ppo
-    cfg.check()
-    started = time.perf_counter()
-    run_dir = Path(run_dir)
     acc = Accelerator(cpu=device == "cpu", log_with=tracker_for(cfg.report_to),
                       project_config=ProjectConfiguration(str(run_dir), logging_dir=str(run_dir / "tensorboard")))
-    main, dev = acc.is_main_process, acc.device
-    if dev.type != device:  # Accelerate keeps the first device a process asked for
-        raise RuntimeError(f"train_ppo(device={device!r}) but this process's Accelerate state is on {dev}")
+    if acc.device.type != device:  # Accelerate keeps the first device a process asked for
+        raise RuntimeError(f"train_ppo(device={device!r}) but this process's Accelerate state is on {acc.device}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    shaper = RewardShaper(cfg, reward_fn)
-    buffer = prompts if isinstance(prompts, PromptBuffer) else PromptBuffer(prompts, 0.0, cfg.seed)
-    tokenizer, model, optimizer, kl_ctl, state = _load(config, base_source, init_adapter, resume, dev)
+    tokenizer, model, optimizer, kl_ctl, state = _load(config, base_source, init_adapter, resume, acc.device, base)
     model, optimizer = acc.prepare(model, optimizer)
-    policy = acc.unwrap_model(model)
-    guard = _Guard(cfg.max_guard_events, state["guard_events"])
-    phase, seconds_before = state["phase_seconds"], state["seconds"]
-    metrics_log = MetricsLog(run_dir, state["step"]) if main else None
+    run = _Run(config, acc, model, acc.unwrap_model(model), optimizer, tokenizer, kl_ctl, state,
+               RewardShaper(cfg, reward_fn), eval_prompts, run_dir, started,
+               metrics_log=MetricsLog(run_dir, state["step"]) if acc.is_main_process else None)
     start_trackers(acc, cfg.report_to, run_dir.name, config.to_dict())
-    if main:
+    if run.main:
         (run_dir / "config.json").write_text(config.to_json())
+    return run
 
-    def elapsed() -> float:
-        return seconds_before + time.perf_counter() - started
 
-    def timed_eval() -> dict:
-        t = time.perf_counter()
-        result = evaluate_policy(policy, tokenizer, shaper, eval_prompts, cfg, dev, cfg.seed) if eval_prompts else \
-            {"reward": math.nan, "kl": math.nan, "samples": []}
-        phase["eval"] += time.perf_counter() - t
-        return result
+def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuffer | Sequence[list[dict]],
+              eval_prompts: Sequence[list[dict]], run_dir: Path, init_adapter: Optional[str] = None,
+              resume: Optional[Path] = None, on_step: Optional[Callable[[int, dict], None]] = None,
+              device: str = "cpu", base=None) -> Optional[PPOResult]:
+    """Run PPO on a LoRA policy over ``base_source``; ``reward_fn(prompts, replies) -> scores`` (None = rules only).
+    ``base``: that causal LM when this process has it loaded already (the LoRA adapter goes on its weights).
 
+    Returns the result on the main process (None on the others of a multi-process run); raises PPOFailed
+    when the guards stop the run, which then has no ``final/``.
+    """
+    started, cfg = time.perf_counter(), config.ppo
+    cfg.check()
+    buffer = prompts if isinstance(prompts, PromptBuffer) else PromptBuffer(prompts, 0.0, cfg.seed)
+    run = _start(config, base_source, reward_fn, eval_prompts, Path(run_dir), init_adapter, resume, device, started,
+                 base)
+    acc, state = run.acc, run.state
+    guard = _Guard(cfg.max_guard_events, state["guard_events"])
     try:
-        if state["reward_before"] is None and main:
-            state["reward_before"] = timed_eval()["reward"]
+        if state["reward_before"] is None and run.main:
+            state["reward_before"] = run.evaluate()["reward"]
         for step in range(state["step"] + 1, cfg.steps + 1):
-            metrics = ppo_step(step, model, policy, optimizer, tokenizer, buffer, shaper, kl_ctl, guard, cfg, acc)
-            for name in ("generate", "score", "reference", "update"):
-                phase[name] += metrics[f"time/{name}"]
-            state["guard_events"] = guard.events
-            if main and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                ev = timed_eval()
-                metrics.update({"eval/reward": ev["reward"], "eval/kl": ev["kl"]})
-                if state["best_reward"] is None or ev["reward"] > state["best_reward"]:
-                    state["best_reward"] = ev["reward"]
-                    save_policy(policy, run_dir / "best", {"step": step, **metrics})
-            state["history"].append(metrics)
-            if main:
-                metrics_log.log(step, metrics)
-                acc.log(finite_numbers(metrics), step=step)
-                if cfg.save_every and step % cfg.save_every == 0:
-                    save_checkpoint(run_dir, step, policy, optimizer,
-                                    {**state, "kl_ctl": kl_ctl.state_dict(), "seconds": elapsed()})
-                if on_step is not None:
-                    on_step(step, metrics)  # may raise to cancel the run: let it propagate
+            metrics = ppo_step(step, run.model, run.policy, run.optimizer, run.tokenizer, buffer, run.shaper,
+                               run.kl_ctl, guard, cfg, acc)
+            run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None
-        if main:
-            final = timed_eval()
-            result = _finish(policy, run_dir, state, final, guard.events, elapsed(),
+        if run.main:
+            result = _finish(run.policy, run.run_dir, state, run.evaluate(), guard.events, run.elapsed(),
                              {"step": cfg.steps, "base": base_source, "init_adapter": init_adapter,
-                              "processes": acc.num_processes, "device": str(dev)})
+                              "processes": acc.num_processes, "device": str(acc.device)})
         acc.wait_for_everyone()
         return result
     except PPOFailed as exc:
-        if main:
-            (run_dir / "failed.json").write_text(json.dumps({"reason": str(exc), "step": len(state["history"])}))
+        if run.main:
+            (run.run_dir / "failed.json").write_text(json.dumps({"reason": str(exc), "step": len(state["history"])}))
         raise
     finally:
         acc.end_training()
@@ -247,7 +287,7 @@ def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, 
     (run_dir / "eval_samples.json").write_text(json.dumps(final["samples"], indent=1))
     return PPOResult(run_dir, info["step"], state["reward_before"], final["reward"], final["kl"], seconds,
                      dict(state["phase_seconds"]), final_dir / "adapter", run_dir / "best" / "adapter",
-                     final["samples"], state["history"], guard_events)
+                     final["samples"], state["history"], guard_events, policy)
 
 
 def _reduce(acc, values: Sequence[float]) -> list[float]:
@@ -260,7 +300,7 @@ def _reduce(acc, values: Sequence[float]) -> list[float]:
 
 def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffer, shaper: RewardShaper, kl_ctl,
              guard: _Guard, cfg, acc) -> dict:
-    """One PPO iteration: rollout, score, KL, values, GAE, update; returns the step's metrics."""
+    """One PPO iteration: rollout, score, KL, advantages (group or GAE), update; returns the step's metrics."""
     rank, world, dev = acc.process_index, acc.num_processes, acc.device
     t0 = time.perf_counter()
 
@@ -269,7 +309,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     _seed(cfg.seed, step, rank)
     ro = generate(policy, tokenizer, encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens),
                   cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True,
-                  with_values=cfg.group_size == 1)
+                  with_values=cfg.uses_value_head)
     t1 = time.perf_counter()
 
     # Score
@@ -287,7 +327,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     t2 = time.perf_counter()
 
     # KL: per-token log-ratio against the reference policy = the same weights with the adapter disabled.
-    # Values: the value head reads the policy's last hidden state. Both policy quantities come from the
+    # Values (ppo.advantage=gae): the value head reads the policy's last hidden state. Both come from the
     # logits and hidden states generation already computed (a forward only when they are missing).
     logprobs, values = ro.logprobs, ro.values
     if logprobs is None:
@@ -297,9 +337,9 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     kl_per_reply = kl.sum(1)
     t3 = time.perf_counter()
 
-    # Advantages. Groups: the reply's KL-penalised return against its prompt's other replies, on every token.
-    # Otherwise GAE (Schulman et al. 2016) on the value head, whitened per batch.
-    if cfg.group_size > 1:
+    # Advantages. group: the reply's KL-penalised return against its prompt's other replies, on every token.
+    # gae: GAE (Schulman et al. 2016) on the value head, whitened per batch.
+    if not cfg.uses_value_head:
         advantages = group_advantages(rewards.sum(1), mask.sum(1) > 0, cfg.group_size).unsqueeze(1) * mask
         returns = None  # no value head, no value loss
     else:
@@ -367,7 +407,7 @@ def _update(step: int, model, optimizer, ro, b: Batch, guard: _Guard, cfg, acc) 
     """PPO epochs over shuffled minibatches with guards and early stop; per-minibatch stats of those applied."""
     stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "approx_kl", "clipfrac", "entropy")}
     generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    with_values = cfg.group_size == 1  # group baselines replace the value head
+    with_values = cfg.uses_value_head  # group baselines replace the value head
     if _reduce(acc, [float(b.mask.sum() == 0)])[0] == 1.0:  # every reply was dropped: nothing to learn from
         return stats
     for _ in range(cfg.ppo_epochs):

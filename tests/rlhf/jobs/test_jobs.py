@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -196,12 +197,13 @@ def test_job_process_gets_its_thread_budget_and_serving_gets_the_cores_back(sche
 def test_a_job_queued_before_its_data_dir_moved_writes_where_the_store_is_now(tmp_path, app_config):
     """A restored or moved data dir: the job's stored config still names the old data dir."""
     from rlhf.config import apply_overrides
-    from rlhf.jobs.worker import job_kind, run_job
+    from rlhf.jobs.worker import register_job_kind, run_job
     from storage import Store
 
-    @job_kind("where_am_i")
     def where_am_i(ctx):
         return {"data_dir": str(ctx.data_dir)}
+
+    register_job_kind("where_am_i", where_am_i)
 
     store = Store(tmp_path / "moved" / "studio.db")
     store.ensure_default_agent("tiny")
@@ -211,3 +213,15 @@ def test_a_job_queued_before_its_data_dir_moved_writes_where_the_store_is_now(tm
     done = run_job(store, job.id)
     assert done.status == "succeeded" and done.result["data_dir"] == str(tmp_path / "moved")
     store.close()
+
+
+def test_job_kinds_are_registered_in_one_place_not_by_imports():
+    import subprocess
+    import sys
+
+    code = ("import rlhf.jobs.pipeline, rlhf.jobs.selftest, rlhf.jobs.worker as w; before = sorted(w.JOB_KINDS); "
+            "from rlhf.jobs.kinds import register_builtin_kinds; register_builtin_kinds(); "
+            "print(before, sorted(w.JOB_KINDS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[3])).stdout.strip()
+    assert out == "[] ['eval_samples', 'retrain', 'selftest']"

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-f
 
 FAST = {"reward.epochs": 1, "reward.min_pairs": 4, "reward.batch_size": 4, "reward.max_length": 128,
         "ppo.steps": 2, "ppo.batch_size": 2, "ppo.group_size": 2, "ppo.mini_batch_size": 2, "ppo.max_new_tokens": 8,
-        "ppo.eval_prompts": 4, "ppo.save_every": 1, "retrain.min_win_rate": 0.0, "retrain.max_kl": 1000.0}
+        "eval.max_new_tokens": 8, "ppo.eval_prompts": 4, "ppo.save_every": 1, "retrain.min_win_rate": 0.0, "retrain.max_kl": 1000.0}
 
 
 def seed_feedback(store, n=12):

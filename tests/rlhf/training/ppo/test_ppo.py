@@ -86,7 +86,7 @@ def test_ppo_raises_a_synthetic_reward_while_kl_stays_bounded(tmp_path, planted,
         ids = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
         return [sum(i in favoured for i in x) / max(len(x), 1) for x in ids]
 
-    config = ppo_config(tmp_path, model_dir, "ppo.steps=10", "ppo.batch_size=8", "ppo.group_size=1",
+    config = ppo_config(tmp_path, model_dir, "ppo.steps=10", "ppo.batch_size=8", "ppo.group_size=1", "ppo.advantage=gae",
                         "ppo.mini_batch_size=4",
                         "ppo.max_new_tokens=8", "ppo.learning_rate=1e-3", "ppo.kl_init=0.02", "ppo.ppo_epochs=2")
     try:

@@ -1,0 +1,65 @@
+"""The app config: one section per concern, gathered in ``AppConfig``."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlhf.config.fields import opt
+from rlhf.config.jobs import GateConfig, QueueConfig, RetrainConfig, SchedulerConfig
+from rlhf.config.server import ServerConfig
+from rlhf.config.serving import ServingConfig
+from rlhf.config.training import EvalConfig, PPOConfig, RewardConfig
+
+
+@dataclass
+class AppConfig:
+    data_dir: str = opt("./data", "Holds the database, cached models, adapters and runs.")
+    base_model: str = opt("smollm2-135m-instruct",
+                          "Shipped model name, Hugging Face model id, local dir, or local .gguf file.")
+    device: str = opt("auto", "auto | cpu | cuda.")
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_path / "studio.db"
+
+    def to_dict(self) -> dict:
+        """Every field as plain data, secrets blanked: job configs, run dirs and trackers never see them."""
+        tree = dataclasses.asdict(self)
+        for dotted in SECRETS:
+            section, key = dotted.split(".")
+            if tree[section][key]:
+                tree[section][key] = ""
+        return tree
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+SECTIONS = ["serving", "reward", "ppo", "eval", "retrain", "gate", "scheduler", "queue", "server"]
+SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / tokens
+
+
+def check(cfg: AppConfig) -> None:
+    """Raise ConfigError naming the key when a value cannot work: every section's own ``check``."""
+    from rlhf.config.fields import one_of
+
+    one_of("device", cfg.device, ("auto", "cpu", "cuda"))
+    for name in SECTIONS:
+        section_check = getattr(getattr(cfg, name), "check", None)
+        if section_check is not None:
+            section_check()

@@ -1,0 +1,34 @@
+"""What every config section is made of: ``opt`` fields (default, one line of help, optional group) and the error."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Any, Optional
+
+
+class ConfigError(ValueError):
+    """A config value or key that cannot be used."""
+
+
+def opt(default: Any, help: str, group: Optional[str] = None) -> Any:
+    """A config field with a default, one line of help and, for long sections, the concern it belongs to."""
+    metadata = {"help": help, **({"group": group} if group else {})}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value."""
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def groups(section: type) -> dict[str, str]:
+    """Key -> group of every field of ``section`` that names one (the README table shows it)."""
+    return {f.name: f.metadata["group"] for f in dataclasses.fields(section) if "group" in f.metadata}
+
+
+def one_of(key: str, value: Any, allowed: tuple) -> None:
+    """Raise ConfigError unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))}, got {value!r}")

@@ -1,0 +1,31 @@
+"""The ``server`` section: where the app listens, who may sign in, and what the web stack trusts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhf.config.fields import opt
+
+
+@dataclass
+class ServerConfig:
+    host: str = opt("127.0.0.1", "Interface the app listens on.")
+    port: int = opt(7860, "Port the app listens on.")
+    users: str = opt("", "Users as 'name:password:role,...' (empty = single-user local mode).")
+    users_file: str = opt("", "YAML/JSON file of users {name, password|password_hash, role}.")
+    admins: list = opt([], "Hugging Face user names that are admins on Spaces.")
+    rate_limit_per_minute: int = opt(120, "Requests a user may make per minute (0 = unlimited).")
+    max_body_bytes: int = opt(1_000_000, "Largest accepted request body.")
+    max_file_size: str = opt("5mb", "Largest file a browser may upload to the UI.")
+    space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in and Spaces defaults).")
+    persistent_dir: str = opt("/data", "Spaces persistent storage mount; the data dir when it exists on a Space.")
+    hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` and `push-policy` (also read from HF_TOKEN).")
+    hf_endpoint: str = opt("", "Hugging Face Hub URL for `push-policy` (empty = huggingface.co; also read from "
+                           "HF_ENDPOINT).")
+    allowed_origins: list = opt([], "Other origins (scheme://host[:port]) that may call the app from a browser; default same-origin only.")
+    allowed_hosts: list = opt([], "Host names the app answers to besides localhost, server.host and a Space's own host; '*' = any.")
+    login_max_failures: int = opt(10, "Failed sign-ins per client address (any name, and so per name from that address) "
+                                  "before every attempt from it gets 429 (0 = off); others elsewhere are not locked out.")
+    login_window_seconds: float = opt(600.0, "Window over which failed sign-ins are counted; a lock-out lifts as old failures leave it.")
+    trusted_proxies: list = opt([], "Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For/-Proto/-Host "
+                                "are believed; empty = none (the default; a Space trusts its own proxy). '*' = any peer.")
+    open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")

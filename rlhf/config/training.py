@@ -1,0 +1,161 @@
+"""The training sections: ``reward`` (the reward model), ``ppo`` (the policy update) and ``eval`` (how a
+candidate is compared with the active version before the gate)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from rlhf.config.fields import ConfigError, default_of, groups, one_of, opt
+
+GAE_ONLY = ("gamma", "lam", "vf_coef", "clip_range_value")  # ppo keys that only the value-head path reads
+
+
+@dataclass
+class RewardConfig:
+    mode: str = opt("auto", "auto | pairwise | pointwise: how the reward model is trained.")
+    method: str = opt("auto", "auto | head | lora: linear head on frozen features, or LoRA fine-tuning (auto: the "
+                      "head until lora_min_pairs).")
+    lora_min_pairs: int = opt(2000, "With method=auto, LoRA fine-tuning from this many pairs on.")
+    head_c: float = opt(0.05, "Inverse L2 strength of the linear head (smaller = stronger regularisation).")
+    ensemble: int = opt(8, "Bootstrap members of the linear head (their spread is the model's uncertainty).")
+    cv_folds: int = opt(5, "Folds of the cross-validated accuracy (grouped by conversation).")
+    min_pairs: int = opt(16, "Pairs needed for pairwise training when mode=auto.")
+    min_pointwise: int = opt(8, "Rated replies needed for pointwise training.")
+    epochs: float = opt(2.0, "LoRA method: training epochs over the reward data.")
+    learning_rate: float = opt(2e-4, "LoRA method: learning rate.")
+    batch_size: int = opt(8, "LoRA method: batch size.")
+    max_length: int = opt(512, "Longest prompt+reply in tokens; longer rows are truncated from the left.")
+    lora_r: int = opt(16, "LoRA rank of the reward model adapter.")
+    lora_alpha: int = opt(32, "LoRA alpha of the reward model adapter.")
+    lora_layers: int = opt(8, "LoRA only in the top N transformer layers (0 = all); fewer train faster.")
+    eval_fraction: float = opt(0.2, "LoRA method: share of conversations held out for evaluation.")
+    seed: int = opt(0, "Seed for the split and training.")
+    load_in_4bit: bool = opt(False, "Load the reward backbone in 4-bit (CUDA only).")
+    margin_per_score: float = opt(0.25, "Pair margin added per point of score difference.")
+    rated_vs_unrated: bool = opt(False, "Also pair a thumbs-up reply with an unrated sibling.")
+    exclude_annotators: list = opt([], "Annotator names whose feedback is left out of training.")
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
+        one_of("reward.mode", self.mode, ("auto", "pairwise", "pointwise"))
+        if not self.method.isidentifier():  # auto or a kind registered in rlhf.training.reward_kinds (checked there)
+            raise ConfigError(f"reward.method must be auto or a reward model kind such as head or lora, "
+                              f"got {self.method!r}")
+        if min(self.min_pairs, self.min_pointwise, self.ensemble, self.batch_size, self.lora_r) < 1:
+            raise ConfigError("reward.min_pairs, reward.min_pointwise, reward.ensemble, reward.batch_size and "
+                              "reward.lora_r must be >= 1")
+        if self.cv_folds < 2 or self.max_length < 8 or self.epochs <= 0 or self.head_c <= 0:
+            raise ConfigError("reward.cv_folds must be >= 2, reward.max_length >= 8, reward.epochs and "
+                              "reward.head_c > 0")
+        if not 0 <= self.eval_fraction < 1:
+            raise ConfigError(f"reward.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+@dataclass
+class PPOConfig:
+    """PPO settings; each key names its concern (``group``), which the README table shows."""
+    batch_size: int = opt(4, "Prompts per rollout (per process under accelerate launch).", "rollout")
+    group_size: int = opt(4, "Replies sampled per prompt (ppo.advantage=group needs at least 2).", "rollout")
+    max_new_tokens: int = opt(48, "Reply length during rollouts.", "rollout")
+    max_prompt_tokens: int = opt(384, "Longest rollout prompt in tokens; the oldest turns are cut first.", "rollout")
+    temperature: float = opt(1.0, "Sampling temperature during rollouts.", "rollout")
+    top_p: float = opt(1.0, "Nucleus mass during rollouts.", "rollout")
+    adversarial_ratio: float = opt(0.5, "Share of rollout prompts drawn from low-rated contexts.", "rollout")
+    prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.", "rollout")
+    steps: int = opt(8, "PPO iterations (rollout + update).", "optimisation")
+    mini_batch_size: int = opt(4, "Rollouts per gradient step.", "optimisation")
+    ppo_epochs: int = opt(2, "Passes over each rollout batch.", "optimisation")
+    advantage: str = opt("group", "group | gae: a reply's return minus the mean of the other replies to its prompt "
+                         "(RLOO, no value head), or GAE on a value head (Schulman et al. 2016).", "optimisation")
+    learning_rate: float = opt(1e-3, "Policy LoRA (+ value head with ppo.advantage=gae) learning rate.",
+                               "optimisation")
+    gamma: float = opt(1.0, "GAE discount (ppo.advantage=gae only).", "optimisation")
+    lam: float = opt(0.95, "GAE lambda (ppo.advantage=gae only).", "optimisation")
+    clip_range: float = opt(0.2, "Policy ratio clip.", "optimisation")
+    clip_range_value: float = opt(0.2, "Value clip (ppo.advantage=gae only).", "optimisation")
+    vf_coef: float = opt(0.5, "Value loss weight (ppo.advantage=gae only).", "optimisation")
+    ent_coef: float = opt(0.0, "Entropy bonus weight.", "optimisation")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.", "optimisation")
+    kl_init: float = opt(0.05, "Initial KL penalty coefficient.", "KL")
+    kl_target: float = opt(6.0, "Target KL (nats per reply) for the adaptive coefficient; 0 = fixed.", "KL")
+    kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.", "KL")
+    kl_limit: float = opt(20.0, "Hard KL limit per reply; a minibatch above it is skipped.", "KL")
+    approx_kl_stop: float = opt(0.5, "Stop the update epochs early when approx KL exceeds this.", "KL")
+    max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.", "guards")
+    ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].", "guards")
+    reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.", "shaping")
+    whiten_rewards: bool = opt(False, "Whiten the scalar reward over the batch.", "shaping")
+    length_target: int = opt(0, "Rule term: preferred reply length in tokens (0 = off).", "shaping")
+    length_weight: float = opt(0.0, "Rule term weight for distance from length_target.", "shaping")
+    repetition_weight: float = opt(0.0, "Rule term weight penalising repeated n-grams.", "shaping")
+    polite_weight: float = opt(0.0, "Rule term weight for a polite, complete ending.", "shaping")
+    reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.",
+                                 "shaping")
+    lora_r: int = opt(16, "LoRA rank of the policy adapter.", "adapter")
+    lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.", "adapter")
+    load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).", "adapter")
+    eval_prompts: int = opt(32, "Held-out prompts used for evaluation and the gate (fewer: wider intervals).", "run")
+    save_every: int = opt(4, "Checkpoint every N steps (0 = only final).", "run")
+    eval_every: int = opt(0, "Evaluate every N steps to pick best/ (0 = only at the end).", "run")
+    seed: int = opt(0, "Seed for prompts, sampling and init.", "run")
+    report_to: str = opt("none", "none | tensorboard | wandb | trackio: mirror metrics there.", "run")
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
+        if min(self.steps, self.batch_size, self.group_size, self.ppo_epochs, self.max_new_tokens) < 1:
+            raise ConfigError("ppo.steps, ppo.batch_size, ppo.group_size, ppo.ppo_epochs and ppo.max_new_tokens "
+                              "must be >= 1")
+        if not 1 <= self.mini_batch_size <= self.batch_size * self.group_size:
+            raise ConfigError("ppo.mini_batch_size must be in 1..ppo.batch_size * ppo.group_size (the replies of "
+                              "one rollout)")
+        if self.temperature <= 0:
+            raise ConfigError("ppo.temperature must be > 0 (PPO needs sampled replies)")
+        if self.ratio_limit <= 1 or self.max_guard_events < 1:
+            raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
+        if not 0 <= self.adversarial_ratio <= 1:
+            raise ConfigError(f"ppo.adversarial_ratio must be in [0, 1], got {self.adversarial_ratio}")
+        one_of("ppo.advantage", self.advantage, ("group", "gae"))
+        if self.advantage == "group":
+            if self.group_size < 2:
+                raise ConfigError("ppo.advantage=group compares the replies to one prompt: ppo.group_size must be "
+                                  ">= 2 (or set ppo.advantage=gae)")
+            defaults = {f.name: default_of(f) for f in dataclasses.fields(self)}
+            unused = [k for k in GAE_ONLY if getattr(self, k) != defaults[k]]
+            if unused:
+                raise ConfigError(f"{', '.join('ppo.' + k for k in unused)} only appl"
+                                  f"{'ies' if len(unused) == 1 else 'y'} with ppo.advantage=gae (a value head); "
+                                  "with ppo.advantage=group nothing reads "
+                                  f"{'it' if len(unused) == 1 else 'them'}: remove or set ppo.advantage=gae")
+
+    @property
+    def uses_value_head(self) -> bool:
+        """GAE needs a value head; group advantages do not."""
+        return self.advantage == "gae"
+
+
+PPO_GROUPS = groups(PPOConfig)  # key -> concern, from the fields themselves
+
+
+@dataclass
+class EvalConfig:
+    """How the retrain's evaluation and the eval-samples job generate: defaults = what they borrowed from ppo."""
+    max_new_tokens: int = opt(48, "Reply length of the candidate's and the active version's eval replies.")
+    temperature: float = opt(1.0, "Sampling temperature of the KL-to-base estimate when PPO did not measure it (the "
+                             "compared replies are greedy).")
+    max_prompt_tokens: int = opt(384, "Longest eval prompt in tokens; the oldest turns are cut first (the rule "
+                                 "rollouts, the reward model and chat use).")
+    seed_offset: int = opt(1000, "Eval sampling seed = ppo.seed + this (so eval never replays a rollout's noise).")
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot work (called at load)."""
+        if min(self.max_new_tokens, self.max_prompt_tokens) < 1 or self.temperature <= 0:
+            raise ConfigError("eval.max_new_tokens and eval.max_prompt_tokens must be >= 1, eval.temperature > 0")

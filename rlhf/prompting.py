@@ -1,0 +1,62 @@
+"""The one prompt encoder: a chat state -> the token ids a reply continues, fitted to a token budget.
+
+Serving, PPO's rollouts, the reward model and the gate's evaluation all call ``encode_prompt``, so on a long
+conversation each of them sees the same prompt (they used to drop turns, cut tokens from the left, or not
+truncate at all).
+
+The truncation rule, the only one: keep a leading system message and the newest turn, and drop whole turns,
+oldest first, two at a time (so the kept turns still alternate user/assistant), until the templated prompt fits
+``max_tokens``. Only when the system message and the newest turn alone are still too long is the templated
+prompt cut from the left (the reply must still follow the newest user words).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Ids of ``messages`` templated for the assistant's reply (plain ``role: text`` lines for a base model
+    without a chat template)."""
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(tokenizer, messages: list[dict], max_tokens: Optional[int] = None) -> list[int]:
+    """Templated ids of ``messages``, ready for the assistant's reply, fitted to ``max_tokens`` (None = whole).
+
+    The longest fitting window is found by doubling, then bisection, over the window sizes the rule allows: only
+    windows up to about twice the kept one are ever templated, so a history of 10,000 short messages costs what a
+    short one does (re-templating after each drop would be quadratic in the history).
+    """
+    if max_tokens is None:
+        return template_ids(tokenizer, messages)
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    turns = list(messages[len(system):])
+    n = len(turns)
+    encoded: dict[int, list[int]] = {}
+
+    def encode(k: int) -> list[int]:  # the newest k turns, templated
+        if k not in encoded:
+            encoded[k] = template_ids(tokenizer, system + turns[n - k:])
+        return encoded[k]
+
+    if n <= 1:
+        return encode(n)[-max_tokens:]
+    sizes = [1] + list(range(2 if n % 2 == 0 else 3, n + 1, 2))  # what dropping two at a time leaves, then one
+
+    def fits(i: int) -> bool:
+        return len(encode(sizes[i])) <= max_tokens
+
+    if not fits(0):
+        return encode(1)[-max_tokens:]
+    lo, step = 0, 1  # sizes[lo] fits; find a size that does not (or the end), doubling the step
+    while lo + step < len(sizes) and fits(lo + step):
+        lo, step = lo + step, step * 2
+    hi = min(lo + step, len(sizes))  # sizes[hi] does not fit (or hi is past the end)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return encode(sizes[lo])
