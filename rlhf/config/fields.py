@@ -10,6 +10,16 @@ class ConfigError(ValueError):
     """A config value or key that cannot be used."""
 
 
+class Checked:
+    """Base of a config section whose values are checked as soon as it is built (its own ``check``)."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot work."""
+
+
 def opt(default: Any, help: str, group: Optional[str] = None) -> Any:
     """A config field with a default, one line of help and, for long sections, the concern it belongs to."""
     metadata = {"help": help, **({"group": group} if group else {})}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhf.config.fields import ConfigError, opt
+from rlhf.config.fields import Checked, ConfigError, opt
 
 
 @dataclass
@@ -20,7 +20,7 @@ class RetrainConfig:
 
 
 @dataclass
-class GateConfig:
+class GateConfig(Checked):
     """How a retrained version gets promoted: held-out judge, reward-hacking guard, and people's votes."""
     judge_share: float = opt(0.33, "Share of preference pairs (whole conversations) kept out of PPO's reward model "
                              "to fit the gate's judge, which PPO never optimised (0 = no judge: people decide).")
@@ -48,9 +48,6 @@ class GateConfig:
                                   "active version stays).")
     decision_check_seconds: float = opt(30.0, "How often the scheduler settles decided comparisons.")
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
         if not 0 <= self.judge_share < 1:
@@ -77,7 +74,7 @@ class SchedulerConfig:
 
 
 @dataclass
-class QueueConfig:
+class QueueConfig(Checked):
     refill: bool = opt(True, "Refill each agent's vote queue in the background while chat is idle (with "
                        "scheduler.enabled; the Vote tab and /queue API work either way).")
     low_water: int = opt(8, "Refill when fewer unseen items than this are ready.")
@@ -94,9 +91,6 @@ class QueueConfig:
     lease_minutes: float = opt(10.0, "An item shown to an annotator is held for them this long; unvoted, it goes "
                                "to others (never back to them).")
     poll_seconds: float = opt(5.0, "How often the refill worker looks at the queue (votes also wake it).")
-
-    def __post_init__(self) -> None:
-        self.check()
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""

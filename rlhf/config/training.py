@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from rlhf.config.fields import ConfigError, default_of, groups, one_of, opt
+from rlhf.config.fields import Checked, ConfigError, default_of, groups, one_of, opt
 
 GAE_ONLY = ("gamma", "lam", "vf_coef", "clip_range_value")  # ppo keys that only the value-head path reads
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(Checked):
     mode: str = opt("auto", "auto | pairwise | pointwise: how the reward model is trained.")
     method: str = opt("auto", "auto | head | lora: linear head on frozen features, or LoRA fine-tuning (auto: the "
                       "head until lora_min_pairs).")
@@ -35,9 +35,6 @@ class RewardConfig:
     rated_vs_unrated: bool = opt(False, "Also pair a thumbs-up reply with an unrated sibling.")
     exclude_annotators: list = opt([], "Annotator names whose feedback is left out of training.")
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
         one_of("reward.mode", self.mode, ("auto", "pairwise", "pointwise"))
@@ -55,7 +52,7 @@ class RewardConfig:
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(Checked):
     """PPO settings; each key names its concern (``group``), which the README table shows."""
     batch_size: int = opt(4, "Prompts per rollout (per process under accelerate launch).", "rollout")
     group_size: int = opt(4, "Replies sampled per prompt (ppo.advantage=group needs at least 2).", "rollout")
@@ -103,9 +100,6 @@ class PPOConfig:
     seed: int = opt(0, "Seed for prompts, sampling and init.", "run")
     report_to: str = opt("none", "none | tensorboard | wandb | trackio: mirror metrics there.", "run")
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
         if min(self.steps, self.batch_size, self.group_size, self.ppo_epochs, self.max_new_tokens) < 1:
@@ -143,7 +137,7 @@ PPO_GROUPS = groups(PPOConfig)  # key -> concern, from the fields themselves
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Checked):
     """How the retrain's evaluation and the eval-samples job generate: defaults = what they borrowed from ppo."""
     max_new_tokens: int = opt(48, "Reply length of the candidate's and the active version's eval replies.")
     temperature: float = opt(1.0, "Sampling temperature of the KL-to-base estimate when PPO did not measure it (the "
@@ -151,9 +145,6 @@ class EvalConfig:
     max_prompt_tokens: int = opt(384, "Longest eval prompt in tokens; the oldest turns are cut first (the rule "
                                  "rollouts, the reward model and chat use).")
     seed_offset: int = opt(1000, "Eval sampling seed = ppo.seed + this (so eval never replays a rollout's noise).")
-
-    def __post_init__(self) -> None:
-        self.check()
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
