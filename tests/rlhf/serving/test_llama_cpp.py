@@ -69,6 +69,7 @@ def test_a_converted_base_computes_what_torch_computes(tiny_model_dir, f32_gguf,
     np.testing.assert_allclose(ours, theirs, atol=2e-3, rtol=0)
 
 
+@pytest.mark.slow  # converts a model or builds adapters: the full suite only
 @pytest.mark.parametrize("targets,rslora", [(["q_proj", "k_proj"], False),
                                             (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"], True)])
 def test_a_converted_lora_computes_what_peft_computes(tiny_model_dir, f32_gguf, prompt_ids, tmp_path, targets, rslora):
@@ -95,6 +96,7 @@ def test_a_converted_lora_computes_what_peft_computes(tiny_model_dir, f32_gguf, 
 @pytest.mark.parametrize("change,reason", [({"use_dora": True}, "DoRA"),
                                            ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
                                            ({"bias": "all"}, "bias")])
+@pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_an_adapter_llama_cpp_cannot_serve_is_refused_with_the_reason(tiny_model_dir, f32_gguf, tmp_path,
                                                                       change, reason):
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
@@ -107,6 +109,7 @@ def test_an_adapter_llama_cpp_cannot_serve_is_refused_with_the_reason(tiny_model
         lora_to_gguf(path, BaseInfo.read(f32_gguf), tmp_path / "a.gguf")
 
 
+@pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_an_adapter_for_another_base_is_refused(tiny_model_dir, f32_gguf, tmp_path, tokenizer):
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
     from tests.conftest import make_adapter, make_tiny_model
@@ -158,6 +161,7 @@ def test_auto_picks_llama_cpp_on_cpu_and_transformers_on_cuda():
         choose_engine("vllm-please", "cpu")
 
 
+@pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_the_app_serves_through_llama_cpp_by_default_on_cpu(app_config):
     from rlhf.serving.server import load_server
 
@@ -169,6 +173,7 @@ def test_the_app_serves_through_llama_cpp_by_default_on_cpu(app_config):
         server.close()
 
 
+@pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_a_local_gguf_base_serves_and_converts_for_torch(f32_gguf, tmp_path):
     from rlhf.models import resolve_model
 
@@ -198,6 +203,7 @@ def test_a_version_llama_cpp_cannot_serve_is_marked_broken_with_the_reason(lserv
     assert broken.status == "broken" and "DoRA" in (broken.error or "")
 
 
+@pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_weights_can_be_requantized_for_llama_cpp(tiny_model_dir, tmp_path):
     from rlhf.config import ConfigError, load_config
 
