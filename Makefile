@@ -43,8 +43,9 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# One worker per core (pytest-xdist), each on one torch thread so the workers do not oversubscribe the cores.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not browser"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow and not browser"
 
 load: setup
 	RLHF_LOAD=1 $(PY) -m pytest -q tests/load -s
