@@ -49,13 +49,17 @@ def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dic
     except ConfigError as exc:
         raise InvalidInput(f"config: {exc}") from None
     snapshot = FeedbackSnapshot.take(store, agent)
-    pairs, points = reward_rows(snapshot.rows, cfg.reward)
-    out = {"feedback_count": snapshot.feedback_count, "pairs": len(pairs), "pointwise": len(points),
-           "estimated_minutes": estimate_minutes(measured_rates(store, agent), len(pairs), cfg), "ready": True}
+    missing = None
     try:
-        prepare_data(snapshot.rows, cfg.reward, cfg.gate.judge_share, cfg.gate.min_judge_pairs)
+        counts = prepare_data(snapshot.rows, cfg.reward, cfg.gate.judge_share, cfg.gate.min_judge_pairs).counts
+        n_pairs, n_points = counts["pairs"], counts["points"]
     except NotEnoughData as exc:
-        out.update(ready=False, missing=exc.missing)
+        pairs, points = reward_rows(snapshot.rows, cfg.reward)
+        n_pairs, n_points, missing = len(pairs), len(points), exc.missing
+    out = {"feedback_count": snapshot.feedback_count, "pairs": n_pairs, "pointwise": n_points,
+           "estimated_minutes": estimate_minutes(measured_rates(store, agent), n_pairs, cfg), "ready": missing is None}
+    if missing is not None:
+        out["missing"] = missing
     return out
 
 
