@@ -3,10 +3,11 @@
 Two torch processes that each take every core collapse on a small machine (measured on 2 cores: greedy
 decode fell from 12.7 to under 0.5 tokens/s when a second busy process shared the cores), because an OpenMP
 team waits at every barrier for a thread the kernel has descheduled. So the job process gets ``job`` threads,
-and the app's serving engine uses every core but one (its web stack's) while no job runs and gives the job's
-share up while one does: serving + job <= cores whenever there are at least two cores (on 2 cores: 1 + 1). With
-one core both run single-threaded and time-share it (no OpenMP team then waits on a descheduled peer), the job
-at a lower priority (``nice``).
+and the serving engine (its own process) uses every core while no job runs and gives the job's share up while one
+does: serving + job <= cores whenever there are at least two cores (on 2 cores: 2 alone, 1 + 1 beside a job).
+The web stack needs no core of its own: it works while the engine samples between two decode steps. With one core
+both run single-threaded and time-share it (no OpenMP team then waits on a descheduled peer), the job at a lower
+priority (``nice``).
 
 torch's intra-op thread count is per *calling thread* (OpenMP's nthreads ICV and MKL's local setting), so
 ``torch.set_num_threads`` called from one thread leaves another thread's parallel regions as they were: the
@@ -63,13 +64,13 @@ class ThreadPlan:
 
 def plan_threads(cores: int, serving_threads: int = 0, job_threads: int = 0, job_nice: int = 0) -> ThreadPlan:
     """The budget arithmetic. ``job_threads`` 0 = half the cores (at least 1); any job leaves serving at least
-    one core when there are two or more. ``serving_threads`` 0 = every core but one: the app's web stack (HTTP,
-    Store writes, tokenizing, the engine's own Python) needs a core too. Measured on 2 cores under outside load:
-    8 users got 39-60 tokens/s with 1 serving thread and 4-11 with 2. A running job then takes its share."""
+    one core when there are two or more. ``serving_threads`` 0 = every core (BENCHMARKS.md, ``bench serve``: on 2
+    quiet cores the engine decodes faster on 2 threads than on 1, the web stack included). A running job then
+    takes its share."""
     cores = max(1, int(cores))
     job = int(job_threads) if job_threads and job_threads > 0 else max(1, cores // 2)
     job = max(1, min(job, cores - 1)) if cores > 1 else 1
-    idle = min(int(serving_threads), cores) if serving_threads and serving_threads > 0 else max(1, cores - 1)
+    idle = min(int(serving_threads), cores) if serving_threads and serving_threads > 0 else cores
     return ThreadPlan(cores, idle, max(1, min(idle, cores - job)), job, max(0, min(19, int(job_nice))))
 
 

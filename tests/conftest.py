@@ -76,6 +76,14 @@ def make_tiny_model(target: Path, tokenizer, seed: int = 0, layers: int = 2, hid
     return target
 
 
+def stall(engine) -> threading.Event:
+    """Hold an in-process engine loop between two steps (a call that waits) until the returned event is set."""
+    gate, inside = threading.Event(), threading.Event()
+    threading.Thread(target=engine.call, args=(lambda: inside.set() or gate.wait(120),), daemon=True).start()
+    assert inside.wait(60), "the engine loop never ran the stalling call"
+    return gate
+
+
 def make_adapter(model_dir, target, seed: int, alpha: int = 64) -> str:
     """A LoRA adapter with non-zero random weights (so it really changes outputs), saved to ``target``."""
     import torch

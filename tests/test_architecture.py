@@ -122,7 +122,8 @@ def test_benchmarks_are_not_in_the_runtime_package():
     assert "bench.serve" in graph() and not [m for m in graph() if m.startswith("rlhf.bench")]
 
 
-ENGINE_INTERNALS = ("rlhf.serving.engine", "rlhf.serving.batch", "rlhf.serving.llama_cpp")
+ENGINE_INTERNALS = ("rlhf.serving.transformers", "rlhf.serving.llama_cpp", "rlhf.serving.loop",
+                    "rlhf.serving.process")
 
 
 def engine_reach(path: Path) -> list[str]:

@@ -19,10 +19,13 @@ class ServingConfig:
     max_batch_size: int = opt(32, "Most replies generated together in one batch (continuous batching).")
     queue_size: int = opt(64, "Chat requests that may wait for a batch slot; beyond it the server answers busy.")
     batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
-    threads: int = opt(0, "CPU threads of the serving engine (0 = every core but one, which the web stack keeps, "
-                       "less a running job's share; `config show` prints the budget).")
-    engine: str = opt("auto", "auto | llama_cpp | transformers: what decodes replies (auto: llama.cpp on CPU when "
-                      "installed, transformers on CUDA or without llama.cpp). Training always runs in torch.")
+    threads: int = opt(0, "CPU threads of the serving engine (0 = every core, less a running job's share; "
+                       "`config show` prints the budget).")
+    engine: str = opt("auto", "auto | llama_cpp | transformers: what decodes replies (auto: the first that works "
+                      "here, proved at start: llama.cpp on CPU when installed, then llama.cpp's safe load, then "
+                      "transformers; transformers on CUDA). Training always runs in torch.")
+    isolation: str = opt("process", "process | thread: run the engine in its own process (a native fault ends the "
+                         "replies in flight, the engine restarts or falls back, the app lives on) or in the app's.")
     kv_cache_tokens: int = opt(4096, "llama.cpp: KV cache cells per context, shared by its replies (a reply "
                                "reserves its prompt + max_new_tokens; at least max_context_tokens + 64).")
     llama_contexts: int = opt(4, "llama.cpp: most contexts (each with its own KV cache) on the one base: versions "
@@ -34,6 +37,7 @@ class ServingConfig:
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
         one_of("serving.engine", self.engine, ("auto", "llama_cpp", "transformers"))
+        one_of("serving.isolation", self.isolation, ("process", "thread"))
         one_of("serving.llama_weights", self.llama_weights, ("shipped", "q4_0", "q8_0", "f16"))
         if self.llama_contexts < 1:
             raise ConfigError("serving.llama_contexts must be at least 1")

@@ -127,8 +127,8 @@ def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequ
     temperature -> top-k 50 -> top-p 1 sampling (HF ``generate``'s filters) with one generator per reply seeded
     ``seed + prompt index``, so a reply does not depend on what else shares the batch.
     """
-    from rlhf.serving.interface import Request, engine_class
-    from rlhf.serving.server import GenParams, ReplyStream
+    from rlhf.serving.interface import Request
+    from rlhf.serving.server import GenParams, ReplyStream, local_engine
 
     ids = [encode_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
     rows = [(a, i) for a in adapters for i in range(len(ids))]
@@ -136,9 +136,8 @@ def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequ
         return [Replies([], [], []) for _ in adapters]
     device = str(next(model.parameters()).device)
     # The torch engine of the serving seam: the adapters live on this job's peft model (training stays in torch).
-    engine = engine_class("transformers")(model, tokenizer, device, max_batch_size=max_batch_size,
-                                          queue_size=len(rows), batch_window_ms=0,
-                                          max_prefill_tokens=max(1024, sum(map(len, ids))), start=False)
+    engine = local_engine(model, tokenizer, device, max_batch_size=max_batch_size, queue_size=len(rows),
+                          batch_window_ms=0, max_prefill_tokens=max(1024, sum(map(len, ids))), start=False)
     streams = [ReplyStream(prompt_tokens=len(ids[i])) for _ in adapters for i in range(len(ids))]
     for (adapter, i), stream in zip(rows, streams):
         params = GenParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=seed + i)

@@ -1,28 +1,36 @@
-"""The engine seam: the one small interface ``PolicyServer`` (and the vote queue, and the retrain's evaluation)
-talk to, whatever decodes underneath.
+"""The engine seam: the types every part of serving shares, the one interface a backend implements, and the
+registry of backends.
 
-An engine takes ``Request``s (prompt token ids, an adapter name or None for the base, per-request settings and a
-stream to write text to), decodes them (streaming, honouring ``stream.cancelled``), loads and unloads a
-version's adapter without a restart, reports its load (running, waiting, idle) and follows a CPU thread budget.
-Two engines implement it: ``transformers`` (``rlhf.serving.engine``: torch, GPU, exact mode, fallback) and
-``llama_cpp`` (``rlhf.serving.llama_cpp``: the CPU default). A new backend is one new module registered in
-``ENGINES``; nothing outside an engine touches its locks, threads or counters.
+* ``GenParams``, ``Request``, ``ReplyStream``: one reply to generate, its settings and where its text goes.
+* ``EngineCore``: what a backend implements (start requests, advance them one step, adapters, threads). It is
+  called from one thread only, so a backend needs no locks of its own.
+* ``Engine``: what ``PolicyServer`` talks to. Two implementations drive any core: ``rlhf.serving.loop.EngineLoop``
+  (the queue, the worker thread and shutdown, in this process) and ``rlhf.serving.process.EngineProcess`` (the
+  same loop in a child process, so a fault in native code ends replies, not the app).
+* ``ENGINES``: backend name -> ``"module:factory"``. A new backend is one module whose factory takes keyword
+  settings and returns an ``EngineCore``, plus one line here.
 """
 from __future__ import annotations
 
 import abc
 import importlib
-import importlib.util
-import logging
-from dataclasses import dataclass
-from typing import Any, Optional
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
 
-log = logging.getLogger(__name__)
-
-ENGINE_CHOICES = ("auto", "llama_cpp", "transformers")
 # HF ``generate`` applies top-k 50 when a model sets none; the server sampled that way before batching existed,
 # so every engine keeps it: replies keep their character, and a 50-way top-p sort is far cheaper than a 49k-way one.
 TOP_K = 50
+
+# backend name -> "module:factory"; the factory takes keyword settings (``EngineSpec.settings``) -> EngineCore
+ENGINES = {
+    "transformers": "rlhf.serving.transformers.engine:build",
+    "llama_cpp": "rlhf.serving.llama_cpp.engine:build",
+}
+ENGINE_CHOICES = ("auto", *ENGINES)
 
 
 class AdapterError(RuntimeError):
@@ -31,6 +39,126 @@ class AdapterError(RuntimeError):
 
 class EngineUnavailable(RuntimeError):
     """The configured engine cannot run here (its library is not installed, or the base model is unsupported)."""
+
+
+class Busy(RuntimeError):
+    """The generation queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float, message: Optional[str] = None):
+        super().__init__(message or f"the model is busy; retry in {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+class EngineFault(Busy):
+    """The engine's process died (a native fault such as SIGSEGV or SIGILL, or it was killed) while this reply was
+    decoding: the reply is lost, the engine starts again on its own, so the caller may retry (a busy answer)."""
+
+    def __init__(self, message: str, retry_after: float = 5.0):
+        super().__init__(retry_after, message)
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Per-request generation settings."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.7
+    top_p: float = 0.9
+    seed: Optional[int] = None
+
+    def validated(self, max_tokens_limit: int = 2048) -> "GenParams":
+        """Self, or ValueError naming the bad field."""
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or not 1 <= self.max_new_tokens <= max_tokens_limit:
+            raise ValueError(f"max_new_tokens must be an integer in 1..{max_tokens_limit}")
+        for name, lo, hi in (("temperature", 0.0, 5.0), ("top_p", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo}, {hi}]")
+        if self.top_p == 0:
+            raise ValueError("top_p must be > 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2**63):
+            raise ValueError("seed must be a non-negative integer")
+        return self
+
+    def to_dict(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed}
+
+
+@dataclass
+class ReplyStream:
+    """Text deltas of one reply as they are generated; iterate it, or call ``text()`` to wait.
+
+    An engine writes to it with ``_emit`` and ``_close`` and reads ``cancelled``; it sets ``n_tokens`` as it goes
+    and ``token_ids`` (the reply's ids, EOS not included) when the reply ends.
+    """
+
+    prompt_tokens: int = 0
+    _queue: "queue.Queue" = field(default_factory=queue.Queue)
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    n_tokens: int = 0
+    token_ids: list = field(default_factory=list)
+    parts: list = field(default_factory=list)
+    on_cancel: Optional[object] = None  # called once by cancel(): an engine in another process is told at once
+    _done: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        while not self._done:
+            item = self._queue.get()
+            if item is None:
+                self._done = True
+                break
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            self.parts.append(item)
+            yield item
+
+    def text(self) -> str:
+        """Block until the reply is complete and return it."""
+        for _ in self:
+            pass
+        return "".join(self.parts)
+
+    def cancel(self) -> None:
+        """Stop generating this reply (other requests are not affected)."""
+        if not self._cancel.is_set():
+            self._cancel.set()
+            if callable(self.on_cancel):
+                self.on_cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def latency_ms(self) -> float:
+        end = self.finished_at or time.perf_counter()
+        return (end - self.submitted) * 1000.0
+
+    # called by the engine
+    def _emit(self, delta: str) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._queue.put(delta)
+
+    def _close(self, error: Optional[BaseException] = None) -> None:
+        if self.finished_at is not None:
+            return
+        self.finished_at = time.perf_counter()
+        if error is not None:
+            self._queue.put(error)
+        self._queue.put(None)
 
 
 class IncrementalDecoder:
@@ -65,17 +193,14 @@ class IncrementalDecoder:
 class Request:
     """One reply to generate: prompt ids, adapter name (None = base model), settings, and where text goes.
 
-    ``params`` needs ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``; ``stream`` needs ``_emit(str)``,
-    ``_close(error=None)``, ``cancelled``, ``n_tokens`` and ``token_ids`` (set to the reply's ids when it ends)
-    (``rlhf.serving.server.GenParams`` / ``ReplyStream``).
     ``prefix_len`` marks the first ids as a prefix many requests share (an agent's system prompt): an engine may
     compute it once per adapter and reuse it.
     """
 
     input_ids: list
     adapter: Optional[str]
-    params: Any
-    stream: Any
+    params: GenParams
+    stream: ReplyStream
     prefix_len: int = 0
 
 
@@ -95,15 +220,30 @@ class EngineLoad:
         return self.running == 0 and self.waiting == 0 and not self.active
 
 
-class Engine(abc.ABC):
-    """The interface every serving engine implements (see the module docstring)."""
+class EngineCore(abc.ABC):
+    """What a serving backend implements. Every method is called from ONE thread (the loop's), so a core keeps
+    no locks; it finishes a reply by closing its stream (``stream._close(error=None)``)."""
 
-    name: str = "engine"
-    threads: Optional[int] = None  # CPU threads the engine decodes with now (None until it applied a budget)
+    name: str = "core"
+    tokenizer = None
 
     @abc.abstractmethod
-    def submit(self, request: Request) -> None:
-        """Queue a request; raises ``queue.Full`` when the engine's queue is full."""
+    def admit(self, requests: list[Request]) -> list[Request]:
+        """Start as many of ``requests`` (in order) as fit now; return the rest, which wait for a later step.
+        A request that can never run is closed with its error and not returned."""
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """Advance every running reply by one token (dropping cancelled ones); a no-op when none runs."""
+
+    @property
+    @abc.abstractmethod
+    def running(self) -> int:
+        """Replies decoding now."""
+
+    @abc.abstractmethod
+    def set_threads(self, threads: int) -> None:
+        """Decode with this many CPU threads from the next step on."""
 
     @abc.abstractmethod
     def load_adapter(self, name: str, path: str) -> None:
@@ -111,7 +251,43 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def unload_adapter(self, name: str) -> None:
-        """Forget an adapter (requests already decoding with it finish first or fail cleanly)."""
+        """Forget an adapter (replies already decoding with it finish first)."""
+
+    @property
+    @abc.abstractmethod
+    def adapters(self) -> list[str]:
+        """Names of the adapters loaded now."""
+
+    @abc.abstractmethod
+    def fail_all(self, error: BaseException) -> None:
+        """End every running reply with ``error`` and forget their state."""
+
+    def profile(self) -> dict:
+        """Cumulative counters of where the time went (decode steps, rows per step, ...)."""
+        return {}
+
+    def close(self) -> None:
+        """Free the model (after ``fail_all``)."""
+
+
+class Engine(abc.ABC):
+    """What ``PolicyServer`` talks to: a queue in front of a core, in this process or in a child process."""
+
+    name: str = "engine"
+    threads: Optional[int] = None  # CPU threads the engine decodes with now (None until it applied a budget)
+    status: str = ""  # which engine serves and why, for people (health, the Training tab)
+
+    @abc.abstractmethod
+    def submit(self, request: Request) -> None:
+        """Queue a request; raises ``queue.Full`` when the engine's queue is full."""
+
+    @abc.abstractmethod
+    def load_adapter(self, name: str, path: str) -> None:
+        """Make a version's PEFT adapter servable under ``name`` (blocks until done); AdapterError if it cannot."""
+
+    @abc.abstractmethod
+    def unload_adapter(self, name: str) -> None:
+        """Forget an adapter."""
 
     @property
     @abc.abstractmethod
@@ -124,7 +300,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def profile(self) -> dict:
-        """Cumulative counters of where the engine's time went (decode steps, rows per step, ...)."""
+        """The core's counters plus the queue's."""
 
     @abc.abstractmethod
     def retry_after(self) -> float:
@@ -135,46 +311,25 @@ class Engine(abc.ABC):
         """Follow a ``rlhf.cpu.CpuBudget``: serve with its threads, fewer while a training job runs."""
 
     @abc.abstractmethod
-    def start(self) -> None:
-        """Start the worker (engines built with ``start=False`` queue requests until then)."""
+    def start(self):
+        """Start serving (an engine built not to start queues requests until then)."""
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Stop after the current step; unfinished replies end with an error."""
+        """Stop within seconds; unfinished replies end with an error."""
 
 
-# name -> "module:factory"; a factory takes (tokenizer, device, **settings) plus engine-specific keywords.
-ENGINES = {
-    "transformers": "rlhf.serving.engine:TransformersEngine",
-    "llama_cpp": "rlhf.serving.llama_cpp.engine:LlamaCppEngine",
-}
-
-
-def engine_class(name: str) -> type:
-    """The class registered under ``name``; ValueError for an unknown name."""
+def build_core(name: str, **settings) -> EngineCore:
+    """The core of backend ``name`` built with ``settings``; ValueError for an unknown name."""
     if name not in ENGINES:
         raise ValueError(f"unknown serving engine {name!r}; choose one of {', '.join(ENGINE_CHOICES)}")
     module, _, attr = ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return getattr(importlib.import_module(module), attr)(**settings)
 
 
 def llama_cpp_installed() -> bool:
-    """True when llama-cpp-python can be imported here (``make setup`` builds it)."""
+    """True when llama-cpp-python can be imported here (``make setup`` builds it). Finds the package without
+    importing it: loading the native library is for the engine's own process."""
+    import importlib.util
+
     return importlib.util.find_spec("llama_cpp") is not None
-
-
-def choose_engine(setting: str, device: str) -> str:
-    """The engine a ``serving.engine`` setting means on ``device``: ``auto`` is llama.cpp on CPU when it is
-    installed, else transformers (CUDA, or llama.cpp missing). An explicit ``llama_cpp`` that cannot run raises."""
-    if setting not in ENGINE_CHOICES:
-        raise ValueError(f"serving.engine must be one of {', '.join(ENGINE_CHOICES)}, got {setting!r}")
-    if setting == "transformers":
-        return "transformers"
-    if setting == "llama_cpp":
-        if not llama_cpp_installed():
-            raise EngineUnavailable("serving.engine=llama_cpp but llama-cpp-python is not installed "
-                                    "(`make setup` builds it)")
-        return "llama_cpp"
-    if device == "cpu" and llama_cpp_installed():
-        return "llama_cpp"
-    return "transformers"

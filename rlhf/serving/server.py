@@ -8,62 +8,21 @@ per-request adapters and settings); a full queue says "busy, retry in N s" inste
 from __future__ import annotations
 
 import logging
-import math
 import queue
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 from rlhf.config import AppConfig
-from rlhf.models import pick_device, resolve_model
+from rlhf.models import pick_device
 from rlhf.prompting import encode_prompt
-from rlhf.serving.interface import AdapterError, Engine, EngineLoad, EngineUnavailable, IncrementalDecoder, Request, \
-    choose_engine
+from rlhf.serving.interface import AdapterError, Busy, Engine, EngineLoad, GenParams, ReplyStream, Request, build_core
+from rlhf.serving.loop import EngineLoop
+from rlhf.serving.process import EngineProcess, EngineSpec
 
-__all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "IncrementalDecoder", "PolicyServer", "ReplyStream",
-           "load_server"]
+__all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "PolicyServer", "ReplyStream", "load_server"]
 
 log = logging.getLogger(__name__)
-
-
-class Busy(RuntimeError):
-    """The generation queue is full; retry after ``retry_after`` seconds."""
-
-    def __init__(self, retry_after: float):
-        super().__init__(f"the model is busy; retry in {retry_after:.0f} s")
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class GenParams:
-    """Per-request generation settings."""
-
-    max_new_tokens: int = 128
-    temperature: float = 0.7
-    top_p: float = 0.9
-    seed: Optional[int] = None
-
-    def validated(self, max_tokens_limit: int = 2048) -> "GenParams":
-        """Self, or ValueError naming the bad field."""
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
-                or not 1 <= self.max_new_tokens <= max_tokens_limit:
-            raise ValueError(f"max_new_tokens must be an integer in 1..{max_tokens_limit}")
-        for name, lo, hi in (("temperature", 0.0, 5.0), ("top_p", 0.0, 1.0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not lo <= value <= hi:
-                raise ValueError(f"{name} must be a number in [{lo}, {hi}]")
-        if self.top_p == 0:
-            raise ValueError("top_p must be > 0")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not 0 <= self.seed < 2**63):
-            raise ValueError("seed must be a non-negative integer")
-        return self
-
-    def to_dict(self) -> dict:
-        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -78,108 +37,56 @@ class AdapterRef:
         return f"p{self.policy_id}"
 
 
-@dataclass
-class ReplyStream:
-    """Text deltas of one reply as they are generated; iterate it, or call ``text()`` to wait."""
-
-    prompt_tokens: int = 0
-    _queue: "queue.Queue" = field(default_factory=queue.Queue)
-    _cancel: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.perf_counter)
-    first_token_at: Optional[float] = None
-    finished_at: Optional[float] = None
-    n_tokens: int = 0
-    token_ids: list = field(default_factory=list)  # the reply's token ids (EOS not included), set when it ends
-    parts: list = field(default_factory=list)
-    _done: bool = False
-
-    def __iter__(self) -> Iterator[str]:
-        while not self._done:
-            item = self._queue.get()
-            if item is None:
-                self._done = True
-                break
-            if isinstance(item, BaseException):
-                self._done = True
-                raise item
-            self.parts.append(item)
-            yield item
-
-    def text(self) -> str:
-        """Block until the reply is complete and return it."""
-        for _ in self:
-            pass
-        return "".join(self.parts)
-
-    def cancel(self) -> None:
-        """Stop generating this reply (other requests are not affected)."""
-        self._cancel.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    @property
-    def latency_ms(self) -> float:
-        end = self.finished_at or time.perf_counter()
-        return (end - self.submitted) * 1000.0
-
-    # called by the worker
-    def _emit(self, delta: str) -> None:
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-        self._queue.put(delta)
-
-    def _close(self, error: Optional[BaseException] = None) -> None:
-        self.finished_at = time.perf_counter()
-        if error is not None:
-            self._queue.put(error)
-        self._queue.put(None)
-
-
 class PolicyServer:
     """Builds prompts, loads a version's adapter on demand, and answers generation requests through an engine."""
 
-    def __init__(self, model=None, tokenizer=None, device: str = "cpu", model_name: str = "",
-                 max_context_tokens: int = 2048, queue_size: int = 64, max_batch_size: int = 32,
-                 batch_window_ms: float = 10.0, engine: Optional[Engine] = None):
-        from rlhf.serving.engine import TransformersEngine
-
+    def __init__(self, engine: Engine, tokenizer, model_name: str = "", max_context_tokens: int = 2048,
+                 device: str = "cpu"):
+        self.engine = engine
         self.tokenizer = tokenizer
         self.device = device
         self.model_name = model_name
         self.max_context_tokens = max_context_tokens
-        self.engine: Engine = engine or TransformersEngine(model, tokenizer, device, max_batch_size=max_batch_size,
-                                                           queue_size=queue_size, batch_window_ms=batch_window_ms)
         self._system_ids: dict[str, list[int]] = {}  # system prompt -> its templated ids (the shared prefix)
+
+    @classmethod
+    def from_model(cls, model, tokenizer, device: str = "cpu", model_name: str = "", max_context_tokens: int = 2048,
+                   **settings) -> "PolicyServer":
+        """A server over a torch model already in memory, decoded by the transformers engine in this process."""
+        return cls(local_engine(model, tokenizer, device, **settings), tokenizer, model_name, max_context_tokens,
+                   device)
 
     @classmethod
     def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048,
              load_in_4bit: bool = False, queue_size: int = 64, max_batch_size: int = 32,
              batch_window_ms: float = 10.0, engine: str = "transformers", data_dir: Optional[str] = None,
-             options: Optional[dict] = None) -> "PolicyServer":
-        """Load a base model + tokenizer and start an engine on it.
+             options: Optional[dict] = None, isolation: str = "thread") -> "PolicyServer":
+        """Load a base model + tokenizer and start an engine on it, in this process (``isolation="thread"``) or
+        in its own (``"process"``).
 
         ``engine="transformers"``: ``source`` is what ``from_pretrained`` loads. ``engine="llama_cpp"``: ``source``
         is a shipped model name, a ``.gguf`` file or a model directory (converted to GGUF once, cached under
         ``data_dir``); ``options`` are the llama.cpp engine's settings (``rlhf.serving.llama_cpp.engine``).
         """
-        from rlhf.models import load_causal_lm, load_tokenizer
+        from rlhf.models import load_tokenizer
 
+        options = dict(options or {})
         if engine == "llama_cpp":
             from rlhf.serving.llama_cpp.base import llama_base
-            from rlhf.serving.llama_cpp.engine import LlamaCppEngine
 
-            options = dict(options or {})
             gguf, tokenizer_source = llama_base(source, data_dir, options.pop("weights", "shipped"))
-            tokenizer = load_tokenizer(tokenizer_source)
-            eng = LlamaCppEngine(gguf, tokenizer, queue_size=queue_size, max_batch_size=max_batch_size,
-                                 batch_window_ms=batch_window_ms, cache_dir=data_dir, **options)
-            return cls(None, tokenizer, "cpu", model_name, max_context_tokens, engine=eng)
-        tokenizer = load_tokenizer(source)
-        model = load_causal_lm(source, device, load_in_4bit=load_in_4bit)
-        return cls(model, tokenizer, device, model_name, max_context_tokens, queue_size=queue_size,
-                   max_batch_size=max_batch_size, batch_window_ms=batch_window_ms)
+            spec = EngineSpec("llama_cpp", {"gguf": str(gguf), "tokenizer_source": tokenizer_source,
+                                            "max_batch_size": max_batch_size, "cache_dir": data_dir, **options},
+                              "llama.cpp")
+        else:
+            tokenizer_source = source
+            spec = EngineSpec("transformers", {"model_source": source, "device": device,
+                                               "load_in_4bit": load_in_4bit, "max_batch_size": max_batch_size,
+                                               **options}, "transformers")
+        loop_settings = {"queue_size": queue_size, "max_batch_size": max_batch_size,
+                         "batch_window_ms": batch_window_ms}
+        return cls(start_engine([spec], isolation, loop_settings), load_tokenizer(tokenizer_source), model_name,
+                   max_context_tokens, device)
 
     def use_budget(self, budget) -> None:
         """Follow a ``rlhf.cpu.CpuBudget``: serve with all its threads, fewer while a training job runs."""
@@ -191,9 +98,15 @@ class PolicyServer:
         return self.engine.name
 
     @property
+    def engine_status(self) -> str:
+        """Which engine serves and why (for the start-up log, /health and the Training tab)."""
+        return self.engine.status
+
+    @property
     def model(self):
-        """The transformers engine's torch model (a ``PeftModel`` once an adapter is loaded); None on llama.cpp."""
-        return getattr(self.engine, "model", None)
+        """The torch model when the transformers engine runs in this process (a ``PeftModel`` once an adapter is
+        loaded); None otherwise."""
+        return getattr(getattr(self.engine, "core", None), "model", None)
 
     def engine_load(self) -> EngineLoad:
         """The engine's running / waiting / submitted counts and whether it is inside a model call."""
@@ -296,38 +209,49 @@ class PolicyServer:
         self.engine.close()
 
 
+def local_engine(model, tokenizer, device: str = "cpu", *, queue_size: int = 64, max_batch_size: int = 32,
+                 batch_window_ms: float = 10.0, start: bool = True, **core_settings) -> EngineLoop:
+    """The transformers engine over a torch model already in memory, in this process (a job's evaluation
+    decodes its own peft model's adapters this way)."""
+    from rlhf.serving.transformers.engine import TransformersCore
+
+    core = TransformersCore(model, tokenizer, device, max_batch_size=max_batch_size, **core_settings)
+    return EngineLoop(core, queue_size=queue_size, max_batch_size=max_batch_size, batch_window_ms=batch_window_ms,
+                      start=start)
+
+
+def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, threads: int = 1,
+                 verdicts=None) -> Engine:
+    """The first engine of ``specs`` that works: proved in its own process (``isolation="process"``, falling back
+    along ``specs``), or built in this process (``"thread"``: the first spec, no protection from native faults)."""
+    if isolation == "process":
+        return EngineProcess(specs, threads=threads, verdicts=verdicts, **loop_settings).start()
+    if isolation != "thread":
+        raise ValueError(f"serving.isolation must be process or thread, got {isolation!r}")
+    spec = specs[0]
+    loop = EngineLoop(build_core(spec.name, **spec.settings), **loop_settings)
+    loop.status = f"{spec.label} (in the app's process)"
+    return loop
+
+
 def load_server(config: "AppConfig") -> PolicyServer:
-    """The base model behind the configured engine (``serving.engine``; base converted and cached on first use),
-    warmed up. ``auto`` falls back to transformers when llama.cpp cannot serve this base (logged)."""
+    """The base model behind the engine that works here (``serving.engine``, proved in its own process unless
+    ``serving.isolation`` is ``thread``), warmed up; the log says which engine serves and why."""
+    from rlhf.cpu import thread_plan
+    from rlhf.models import load_tokenizer
+    from rlhf.serving.startup import Verdicts, engine_specs
+
     t0 = time.perf_counter()
     s = config.serving
     device = pick_device(config.device)
-    kind = choose_engine(s.engine, device)
-    server = None
-    if kind == "llama_cpp":
-        try:
-            server = PolicyServer.load(config.base_model, device, config.base_model, s.max_context_tokens,
-                                       queue_size=s.queue_size, max_batch_size=s.max_batch_size,
-                                       batch_window_ms=s.batch_window_ms, engine="llama_cpp",
-                                       data_dir=str(config.data_path), options=llama_options(config))
-        except (EngineUnavailable, OSError) as exc:  # OSError: e.g. no room in the data dir for the converted base
-            if s.engine == "llama_cpp":
-                raise
-            log.warning("llama.cpp cannot serve %s (%s); serving with transformers", config.base_model, exc)
-    if server is None:
-        source = resolve_model(config.base_model, config.data_path)
-        server = PolicyServer.load(source, device, config.base_model, s.max_context_tokens, s.load_in_4bit,
-                                   queue_size=s.queue_size, max_batch_size=s.max_batch_size,
-                                   batch_window_ms=s.batch_window_ms)
-    log.info("model %s served by %s, loaded in %.1f s", config.base_model, server.engine_name,
+    specs, tokenizer_source = engine_specs(config, device)
+    loop_settings = {"queue_size": s.queue_size, "max_batch_size": s.max_batch_size,
+                     "batch_window_ms": s.batch_window_ms}
+    engine = start_engine(specs, s.isolation, loop_settings, threads=thread_plan(config).serving_idle,
+                          verdicts=Verdicts(config.data_path / "serving" / "verdicts.json"))
+    server = PolicyServer(engine, load_tokenizer(tokenizer_source), config.base_model, s.max_context_tokens, device)
+    log.info("model %s served by %s, ready in %.1f s", config.base_model, server.engine_status,
              time.perf_counter() - t0)
     if config.serving.warmup:
         log.info("warm-up generation took %.1f s", server.warmup())
     return server
-
-
-def llama_options(config: "AppConfig") -> dict:
-    """The llama.cpp engine's settings from the config."""
-    s = config.serving
-    return {"kv_cache_tokens": max(s.kv_cache_tokens, s.max_context_tokens + 64), "max_contexts": s.llama_contexts,
-            "weights": s.llama_weights}

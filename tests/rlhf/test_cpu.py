@@ -11,9 +11,9 @@ from rlhf.cpu import THREAD_VARIABLES, CpuBudget, available_cores, plan_threads,
 
 @pytest.mark.parametrize("cores, idle, busy, job", [
     (1, 1, 1, 1),  # one core: both single-threaded, time-shared (the job niced)
-    (2, 1, 1, 1),  # the fair share: one core each while a job runs; the web stack keeps the other when idle
-    (4, 3, 2, 2),
-    (16, 15, 8, 8),
+    (2, 2, 1, 1),  # every core while no job runs; the fair share, one core each, while one does
+    (4, 4, 2, 2),
+    (16, 16, 8, 8),
 ])
 def test_default_budget(cores, idle, busy, job):
     plan = plan_threads(cores)
@@ -53,11 +53,11 @@ def test_plan_from_config_and_env():
 
 def test_budget_follows_the_running_job():
     budget = CpuBudget(plan_threads(4))
-    assert budget.serving_threads() == 3 and "no job is running" in budget.status()
+    assert budget.serving_threads() == 4 and "no job is running" in budget.status()
     budget.job_started(2)
     assert budget.serving_threads() == 2 and "a job is running" in budget.status()
     budget.job_ended()
-    assert budget.serving_threads() == 3
+    assert budget.serving_threads() == 4
 
 
 def wait_for(predicate, timeout=10.0):
@@ -76,18 +76,18 @@ def test_serving_engine_drops_threads_while_a_job_runs_and_takes_them_back(tiny_
     from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
 
     server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=256)
-    budget = CpuBudget(plan_threads(4))  # 4 "cores" whatever this machine has: 3 threads idle, 2 beside a job
+    budget = CpuBudget(plan_threads(4, job_threads=1))  # 4 "cores" whatever this machine has: 4 idle, 3 beside a job
     main_threads = torch.get_num_threads()
     try:
         server.use_budget(budget)
-        assert wait_for(lambda: server.engine.threads == 3)
+        assert wait_for(lambda: server.engine.threads == 4)
         budget.job_started()
-        assert wait_for(lambda: server.engine.threads == 2)
+        assert wait_for(lambda: server.engine.threads == 3)
         reply = server.generate("", [{"role": "user", "content": "hi"}], AdapterRef(0),
                                 GenParams(max_new_tokens=4, temperature=0))
-        assert isinstance(reply, str) and server.engine.threads == 2
+        assert isinstance(reply, str) and server.engine.threads == 3
         budget.job_ended()
-        assert wait_for(lambda: server.engine.threads == 3)
+        assert wait_for(lambda: server.engine.threads == 4)
         assert torch.get_num_threads() == main_threads  # the engine changed its own thread only
     finally:
         server.close()

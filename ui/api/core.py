@@ -166,7 +166,9 @@ def read_routes(r: APIRouter, services: Services) -> None:
 
     @r.get("/health", responses=ok(Health) | errors())
     def health():
-        return {"status": "ok", "model": services.server.model_name, "schema_version": store.schema_version()}
+        server = services.server
+        return {"status": "ok", "model": server.model_name, "schema_version": store.schema_version(),
+                "engine": server.engine_name, "engine_status": server.engine_status}
 
     @r.get("/agents", responses=ok(list[AgentOut]) | errors())
     def agents():

@@ -15,6 +15,8 @@ class Health(BaseModel):
     status: str
     model: str
     schema_version: int
+    engine: str  # the serving engine: llama_cpp | transformers
+    engine_status: str  # which engine serves and why (a fault seen on this CPU, a fallback)
 
 
 class AgentOut(BaseModel):

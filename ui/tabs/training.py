@@ -118,6 +118,7 @@ def refresh(services: Services, agent: str, job_id):
         estimate = estimate_markdown(dry_run(store, services.config, agent))
     except StoreError as exc:
         estimate = f"⚠️ {exc}"
+    estimate += f"\n\n**Serving engine:** {services.server.engine_status}"
     if services.scheduler is not None:  # how the cores are split between chat and a running job
         estimate += "\n\n" + services.scheduler.runner.budget.status()
     job = None

@@ -1,6 +1,6 @@
 """The llama.cpp engine: continuous batching over one GGUF base with one LoRA per policy version, on CPU.
 
-One worker thread runs steps. In a step every busy lane (``rlhf.serving.llama_cpp.lanes``: a context bound to one
+The engine loop (``rlhf.serving.loop``) calls ``step``: in a step every busy lane (``rlhf.serving.llama_cpp.lanes``: a context bound to one
 version) decodes ONE ``llama_batch`` holding the next token of each of its running replies plus a slice of the
 prompts that joined (chunked prefill, at most ``max_prefill_tokens`` prompt tokens per step, so a long prompt
 never freezes the replies already streaming). Replies join between steps and leave the moment they finish or are
@@ -15,39 +15,38 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
-import threading
+import os
 import time
 from pathlib import Path
 from typing import Optional
 
-from rlhf.serving.interface import AdapterError, Engine, EngineLoad, Request
+from rlhf.serving.interface import AdapterError, EngineCore, Request
 from rlhf.serving.llama_cpp.lanes import Lane, Seq, sample_token
 from rlhf.serving.llama_cpp.lib import Batch, Context, Lora, Model
 
 log = logging.getLogger(__name__)
 
 
-class LlamaCppEngine(Engine):
-    """A worker thread that serves queued ``Request``s with llama.cpp (see the module docstring).
+class LlamaCppCore(EngineCore):
+    """Continuous batching with llama.cpp (see the module docstring); driven by ``rlhf.serving.loop``.
 
     ``kv_cache_tokens``: KV cells per context; ``max_contexts``: contexts (versions decoding at once);
-    ``max_batch_size``: replies decoding at once over all contexts; ``queue_size``: requests that may wait.
+    ``max_batch_size``: replies decoding at once over all contexts; ``extra_buffers``: let llama.cpp repack the
+    weights into its extra buffer types (AMX, CPU repack) at load; False is the safe load for CPUs where those
+    kernels fault.
     """
 
     name = "llama_cpp"
 
-    def __init__(self, gguf: str | Path, tokenizer, *, max_batch_size: int = 32, queue_size: int = 64,
-                 batch_window_ms: float = 10.0, max_prefill_tokens: int = 512, max_prefixes: int = 8,
-                 kv_cache_tokens: int = 4096, max_contexts: int = 4, threads: int = 1,
-                 cache_dir: Optional[str | Path] = None, lora_dtype: str = "f16", start: bool = True):
+    def __init__(self, gguf: str | Path, tokenizer, *, max_batch_size: int = 32, max_prefill_tokens: int = 512,
+                 max_prefixes: int = 8, kv_cache_tokens: int = 4096, max_contexts: int = 4, threads: int = 1,
+                 cache_dir: Optional[str | Path] = None, lora_dtype: str = "f16", extra_buffers: bool = True):
         from rlhf.serving.llama_cpp.base import gguf_dir
         from rlhf.serving.llama_cpp.convert import BaseInfo
 
-        self.model = None  # no torch model here (``PolicyServer.model`` reads this)
         self.tokenizer = tokenizer
         self.gguf = str(gguf)
-        self.llama = Model(gguf)
+        self.llama = Model(gguf, extra_buffers=extra_buffers)
         self.base_info = BaseInfo.read(gguf)
         self.lora_dir = gguf_dir(cache_dir) / "loras"
         self.lora_dtype = lora_dtype
@@ -56,37 +55,35 @@ class LlamaCppEngine(Engine):
         self.max_prefixes = max(0, int(max_prefixes))
         self.kv_cache_tokens = int(kv_cache_tokens)
         self.max_contexts = max(1, int(max_contexts))
-        self.batch_window_s = max(0.0, batch_window_ms) / 1000.0
-        self.queue: "queue.Queue[Request]" = queue.Queue(maxsize=queue_size)
         self.eos = {i for i in (tokenizer.eos_token_id, self.llama.eos) if isinstance(i, int) and i >= 0}
         self.threads = max(1, int(threads))
-        self.budget = None
         self._lanes: list[Lane] = []
         self._batch = Batch(self.llama.lib, self.max_prefill_tokens + self.max_batch_size)
-        self._pending: collections.deque[Request] = collections.deque()
         self._loras: dict[str, Lora] = {}
-        self._paths: dict[str, str] = {}
-        self._lock = threading.Lock()  # the model: held for each decode, and to load or free an adapter
-        self._adapter_lock = threading.Lock()  # one conversion at a time
-        self._count_lock = threading.Lock()
-        self._stop = threading.Event()
-        self.avg_reply_s = 2.0
         self.stats = collections.Counter()
         self.timings = collections.defaultdict(float)
-        self.thread = threading.Thread(target=self._run, name="llama-cpp-engine", daemon=True)
-        if start:
-            self.thread.start()
 
-    # ---- the seam -------------------------------------------------------------------------------
-    def submit(self, request: Request) -> None:
-        self.queue.put_nowait(request)
-        with self._count_lock:
-            self.stats["submitted"] += 1
+    # ---- the core interface (rlhf.serving.interface.EngineCore) -------------------------------------
+    @property
+    def running(self) -> int:
+        return sum(len(lane.seqs) for lane in self._lanes)
 
-    def load(self) -> EngineLoad:
-        running = sum(len(lane.seqs) for lane in self._lanes)
-        return EngineLoad(running, self.queue.qsize() + len(self._pending), self.stats["submitted"],
-                          self._lock.locked())
+    def admit(self, requests: list[Request]) -> list[Request]:
+        """Place requests in lanes until one has no room yet; return it and the ones after it."""
+        for i, req in enumerate(requests):
+            if self._place(req) is False:
+                return requests[i:]
+        return []
+
+    def step(self) -> None:
+        for lane in self._lanes:
+            if lane.seqs:
+                self._step(lane)
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = max(1, int(threads))
+        for lane in self._lanes:
+            lane.ctx.set_threads(self.threads)
 
     def profile(self) -> dict:
         out = {**self.stats, **{k: round(v, 4) for k, v in self.timings.items()}}
@@ -95,20 +92,6 @@ class LlamaCppEngine(Engine):
         out["ms_per_step"] = 1000 * self.timings["decode_s"] / steps if steps else 0.0
         out["contexts"] = len(self._lanes)
         return out
-
-    def retry_after(self) -> float:
-        load = self.load()
-        return max(1.0, self.avg_reply_s * (1 + (load.waiting + load.running) // self.max_batch_size))
-
-    def use_budget(self, budget) -> None:
-        self.budget = budget
-
-    def start(self) -> None:
-        if not self.thread.is_alive():
-            self.thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
 
     @property
     def adapters(self) -> list[str]:
@@ -120,99 +103,46 @@ class LlamaCppEngine(Engine):
 
         if name in self._loras:
             return
-        with self._adapter_lock:
-            if name in self._loras:
-                return
-            t0 = time.perf_counter()
-            if not (Path(path) / "adapter_config.json").is_file():
-                raise AdapterError(f"adapter {name} is missing: {path}/adapter_config.json")
-            target = self.lora_dir / f"{adapter_fingerprint(path)}-{self.lora_dtype}.gguf"
-            if not target.is_file():
-                self.lora_dir.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".{target.name}.{threading.get_ident()}.tmp")
-                try:
-                    lora_to_gguf(path, self.base_info, tmp, self.lora_dtype)
-                    tmp.replace(target)
-                except AdapterError as exc:
-                    raise AdapterError(f"adapter at {path} cannot be loaded: {exc}") from exc
-                finally:
-                    tmp.unlink(missing_ok=True)
-                self.stats["adapters_converted"] += 1
-            with self._lock:
-                try:
-                    lora = Lora(self.llama, target)
-                except ValueError as exc:
-                    raise AdapterError(f"adapter at {path} cannot be loaded: {exc}") from exc
-            self._loras[name], self._paths[name] = lora, str(path)
-            self.timings["adapter_load_s"] += time.perf_counter() - t0
-            log.info("adapter %s served by llama.cpp (%.2f s)", name, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise AdapterError(f"adapter {name} is missing: {path}/adapter_config.json")
+        target = self.lora_dir / f"{adapter_fingerprint(path)}-{self.lora_dtype}.gguf"
+        if not target.is_file():
+            self.lora_dir.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            try:
+                lora_to_gguf(path, self.base_info, tmp, self.lora_dtype)
+                tmp.replace(target)
+            except AdapterError as exc:
+                raise AdapterError(f"adapter at {path} cannot be loaded: {exc}") from exc
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.stats["adapters_converted"] += 1
+        try:
+            self._loras[name] = Lora(self.llama, target)
+        except ValueError as exc:
+            raise AdapterError(f"adapter at {path} cannot be loaded: {exc}") from exc
+        self.timings["adapter_load_s"] += time.perf_counter() - t0
+        log.info("adapter %s served by llama.cpp (%.2f s)", name, time.perf_counter() - t0)
 
     def unload_adapter(self, name: str) -> None:
         """Forget ``name``: new requests for it fail; lanes bound to it let their replies finish, then rebind."""
-        with self._adapter_lock:
-            self._loras.pop(name, None)
-            self._paths.pop(name, None)
+        lora = self._loras.pop(name, None)
+        self._free_if_unloaded(lora)
 
-    # ---- the loop -------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._follow_budget()
-                self._admit()
-                if not any(lane.seqs for lane in self._lanes):
-                    continue
-                for lane in self._lanes:
-                    if lane.seqs:
-                        self._step(lane)
-            except Exception:  # never let one bad step kill serving
-                log.exception("llama.cpp step failed; failing the running replies")
-                for lane in self._lanes:
-                    self._fail_lane(lane, RuntimeError("generation failed; please retry"))
+    def fail_all(self, error: BaseException) -> None:
         for lane in self._lanes:
-            self._fail_lane(lane, RuntimeError("the model server is shutting down"))
-        while (req := self._take(None)) is not None:
-            req.stream._close(RuntimeError("the model server is shutting down"))
-        self._free()
+            self._fail_lane(lane, error)
 
-    def _follow_budget(self) -> None:
-        if self.budget is None:
-            return
-        want = self.budget.serving_threads()
-        if want != self.threads:
-            self.threads = want
-            log.info("llama.cpp engine now uses %d CPU thread(s)", want)
+    def close(self) -> None:
         for lane in self._lanes:
-            lane.ctx.set_threads(self.threads)
-
-    def _take(self, timeout: Optional[float]) -> Optional[Request]:
-        if self._pending:
-            return self._pending.popleft()
-        try:
-            return self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _admit(self) -> None:
-        """Place waiting requests in lanes: wait for work when idle (plus a short window for company)."""
-        idle = not any(lane.seqs for lane in self._lanes)
-        if idle:
-            first = self._take(0.2)
-            if first is None:
-                return
-            self._pending.appendleft(first)
-            if self.batch_window_s:
-                time.sleep(self.batch_window_s)
-        while len(self._pending) + self.queue.qsize():
-            req = self._take(None)
-            if req is None:
-                break
-            if req.stream.cancelled:
-                req.stream._close()
-                continue
-            placed = self._place(req)
-            if placed is False:
-                self._pending.appendleft(req)  # no room now: first in line next step
-                break
+            lane.ctx.close()
+        self._lanes.clear()
+        self._batch.close()
+        for lora in list(self._loras.values()):
+            lora.close()
+        self._loras.clear()
+        self.llama.close()
 
     def _place(self, req: Request) -> Optional[bool]:
         """True: admitted; False: no room yet; None: refused (the stream got the error)."""
@@ -256,8 +186,7 @@ class LlamaCppEngine(Engine):
                 return lane if lane.fits(need) else None
         if len(self._lanes) < self.max_contexts:
             n_seq = min(256, self.max_batch_size + self.max_prefixes)
-            with self._lock:
-                ctx = Context(self.llama, self.kv_cache_tokens, n_seq, self._batch.capacity, self.threads)
+            ctx = Context(self.llama, self.kv_cache_tokens, n_seq, self._batch.capacity, self.threads)
             lane = Lane(ctx, self.max_batch_size, n_seq - self.max_batch_size)
             lane.bind(adapter, lora)
             self._lanes.append(lane)
@@ -269,8 +198,7 @@ class LlamaCppEngine(Engine):
         if lora is None or any(lora is held for held in self._loras.values()) \
                 or any(lane.lora is lora for lane in self._lanes):
             return
-        with self._lock:
-            lora.close()
+        lora.close()
 
     # ---- one step of one lane ---------------------------------------------------------------------
     def _step(self, lane: Lane) -> None:
@@ -299,8 +227,7 @@ class LlamaCppEngine(Engine):
                 if last:
                     seq.out = index
         t0 = time.perf_counter()
-        with self._lock:
-            rc = lane.ctx.decode(batch)
+        rc = lane.ctx.decode(batch)
         self.timings["decode_s"] += time.perf_counter() - t0
         if rc != 0:
             log.error("llama_decode returned %d; failing this context's replies", rc)
@@ -341,21 +268,15 @@ class LlamaCppEngine(Engine):
         lane.release(seq)
         seq.req.stream.token_ids = seq.decoder.tokens
         seq.req.stream._close(error)
-        self.stats["finished"] += 1
-        self.avg_reply_s = 0.8 * self.avg_reply_s + 0.2 * (time.perf_counter() - seq.started)
 
     def _fail_lane(self, lane: Lane, error: BaseException) -> None:
         for seq in list(lane.seqs):
             self._finish(lane, seq, error)
         lane.reset()
 
-    def _free(self) -> None:
-        with self._lock:
-            for lane in self._lanes:
-                lane.ctx.close()
-            self._lanes.clear()
-            self._batch.close()
-            for lora in list(self._loras.values()):
-                lora.close()
-            self._loras.clear()
-            self.llama.close()
+
+def build(gguf: str, tokenizer_source: str, **settings) -> LlamaCppCore:
+    """The factory behind ``ENGINES["llama_cpp"]``: the GGUF base (memory-mapped) and its tokenizer."""
+    from rlhf.models import load_tokenizer
+
+    return LlamaCppCore(gguf, load_tokenizer(tokenizer_source), **settings)

@@ -1,7 +1,8 @@
 """A thin layer over llama.cpp's C API (through llama-cpp-python's ctypes bindings): one model, contexts on it,
 LoRA adapters, and a reusable multi-sequence batch. No scheduling here: ``rlhf.serving.llama_cpp.engine`` does it.
 
-Every call into the library releases the GIL (ctypes does), so the web stack runs while a context decodes.
+Every call into the library releases the GIL (ctypes does). Native code can fault on a user's CPU, so this module
+is only imported in the engine's own process (``rlhf.serving.process``), never in the app's.
 """
 from __future__ import annotations
 
@@ -29,19 +30,42 @@ def library():
     with _init_lock:
         if not _initialised:
             logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C log callback reads this level
+            load_cpu_variants(Path(llama_cpp.__file__).parent / "lib")
             llama_cpp.llama_backend_init()
             _initialised = True
     return llama_cpp
 
 
-class Model:
-    """A GGUF model loaded once (memory-mapped); contexts and adapters share its weights."""
+def cpu_variants(lib_dir: Path) -> list[Path]:
+    """The CPU backend variants of a portable build (``GGML_BACKEND_DL`` + ``GGML_CPU_ALL_VARIANTS``: one
+    ``libggml-cpu-<cpu>.so`` per x86 level); empty for a build made for one CPU (``GGML_NATIVE``)."""
+    return sorted(lib_dir.glob("libggml-cpu-*.so"))
 
-    def __init__(self, path: str | Path):
+
+def load_cpu_variants(lib_dir: Path) -> None:
+    """Let a portable build pick the best kernels for this CPU at run time. ggml looks for its backends beside
+    the executable and in the working directory, which for Python is neither, so point it at the package's
+    ``lib/``: it scores every variant against this CPU and loads the best one."""
+    if not cpu_variants(lib_dir):
+        return
+    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
+    ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
+
+
+class Model:
+    """A GGUF model loaded once (memory-mapped); contexts and adapters share its weights.
+
+    ``extra_buffers=False`` keeps the weights as they are in the file: llama.cpp otherwise repacks them into its
+    extra buffer types at load (AMX tiles on Sapphire/Granite Rapids, CPU repacks), whose kernels fault on some
+    virtual machines."""
+
+    def __init__(self, path: str | Path, extra_buffers: bool = True):
         self.lib = lib = library()
         self.path = str(path)
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = bool(extra_buffers)
         self.ptr = lib.llama_model_load_from_file(self.path.encode(), params)
         if not self.ptr:
             raise EngineUnavailable(f"llama.cpp cannot load {self.path}")

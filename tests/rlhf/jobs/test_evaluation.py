@@ -7,7 +7,7 @@ import torch
 
 from rlhf.jobs.evaluation import _adapter_ctx, encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
 from tests.conftest import make_adapter
-from tests.rlhf.serving.test_engine import make_lively_model
+from tests.rlhf.serving.transformers.test_engine import make_lively_model
 
 PROMPTS = [[{"role": "user", "content": t}] for t in (
     "Hi", "Tell me a long story about a dragon and a knight who became friends", "What is 2+2?",

@@ -1,6 +1,7 @@
-"""The engine seam's contract, run against every engine: what PolicyServer, the vote queue and the evaluation
-rely on, whatever decodes underneath (transformers on the tiny torch model; llama.cpp on the same model converted
-to GGUF). llama.cpp tests skip only when llama-cpp-python is not installed (`make setup` builds it; CI has it)."""
+"""The engine seam's contract, run against every engine on both sides of the process line: what PolicyServer,
+the vote queue and the evaluation rely on, whatever decodes underneath (transformers on the tiny torch model;
+llama.cpp on the same model converted to GGUF), in the app's process or in an engine process of its own.
+llama.cpp tests skip only when llama-cpp-python is not installed (`make setup` builds it; CI has it)."""
 from __future__ import annotations
 
 import threading
@@ -13,20 +14,23 @@ from rlhf.serving.interface import AdapterError, llama_cpp_installed
 from rlhf.serving.server import AdapterRef, Busy, GenParams, PolicyServer
 from tests.conftest import make_adapter
 
-ENGINES = ["transformers", pytest.param("llama_cpp", marks=pytest.mark.skipif(
-    not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup` builds it)"))]
+LLAMA = pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup`)")
+ENGINES = ["transformers", pytest.param("llama_cpp", marks=LLAMA)]
+SETUPS = [("transformers", "thread"), ("transformers", "process"), pytest.param(("llama_cpp", "thread"), marks=LLAMA),
+          pytest.param(("llama_cpp", "process"), marks=LLAMA)]
 BASE = AdapterRef(1)
 HISTORY = [{"role": "user", "content": "Say something."}]
 
 
-def make_server(kind: str, model_dir, data_dir, **kw) -> PolicyServer:
+def make_server(kind: str, model_dir, data_dir, isolation: str = "thread", **kw) -> PolicyServer:
     return PolicyServer.load(str(model_dir), "cpu", "tiny", max_context_tokens=256, engine=kind,
-                             data_dir=str(data_dir), **kw)
+                             data_dir=str(data_dir), isolation=isolation, **kw)
 
 
-@pytest.fixture(scope="module", params=ENGINES)
+@pytest.fixture(scope="module", params=SETUPS, ids=lambda p: "-".join(p))
 def server(request, tiny_model_dir, tmp_path_factory):
-    s = make_server(request.param, tiny_model_dir, tmp_path_factory.mktemp(f"data-{request.param}"))
+    kind, isolation = request.param
+    s = make_server(kind, tiny_model_dir, tmp_path_factory.mktemp(f"data-{kind}"), isolation)
     yield s
     s.close()
 
@@ -157,34 +161,36 @@ def test_a_shared_system_prompt_is_computed_once(server):
 
 
 def test_threads_follow_the_cpu_budget(server):
-    budget = CpuBudget(plan_threads(4))
+    budget = CpuBudget(plan_threads(4, job_threads=1))
     server.use_budget(budget)
     try:
         server.generate("", HISTORY, BASE, greedy(2))
-        wait_until(lambda: server.engine.threads == 3, "3 threads while no job runs")
+        wait_until(lambda: server.engine.threads == 4, "4 threads while no job runs")
         budget.job_started()
         server.generate("", HISTORY, BASE, greedy(2))
-        wait_until(lambda: server.engine.threads == 2, "2 threads beside a job")
+        wait_until(lambda: server.engine.threads == 3, "3 threads beside a job")
         budget.job_ended()
         server.generate("", HISTORY, BASE, greedy(2))
-        wait_until(lambda: server.engine.threads == 3, "3 threads again")
+        wait_until(lambda: server.engine.threads == 4, "4 threads again")
     finally:
         server.use_budget(CpuBudget(plan_threads(1)))
 
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_path):
-    from rlhf.serving.interface import engine_class
+    from rlhf.models import load_tokenizer
+    from rlhf.serving.interface import build_core
     from rlhf.serving.llama_cpp.base import llama_base
-    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.serving.loop import EngineLoop
 
     tok = load_tokenizer(str(tiny_model_dir))
     if kind == "transformers":
-        engine = engine_class(kind)(load_causal_lm(str(tiny_model_dir), "cpu"), tok, "cpu", queue_size=2, start=False)
+        core = build_core(kind, model_source=str(tiny_model_dir))
     else:
-        engine = engine_class(kind)(llama_base(str(tiny_model_dir), tmp_path)[0], tok, queue_size=2, start=False,
-                                    cache_dir=tmp_path)
-    s = PolicyServer(None, tok, "cpu", "tiny", 128, engine=engine)
+        core = build_core(kind, gguf=str(llama_base(str(tiny_model_dir), tmp_path)[0]),
+                          tokenizer_source=str(tiny_model_dir), cache_dir=str(tmp_path))
+    engine = EngineLoop(core, queue_size=2, start=False)
+    s = PolicyServer(engine, tok, "tiny", 128)
     streams = [s.stream("", HISTORY, BASE, greedy()) for _ in range(2)]
     with pytest.raises(Busy) as info:
         s.stream("", HISTORY, BASE, greedy())
@@ -192,6 +198,31 @@ def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_p
     engine.start()  # the two queued replies are still served
     assert all(st.text() is not None for st in streams)
     s.close()
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_the_process_line_keeps_its_queue_bound_and_serves_what_waited(kind, tiny_model_dir, tmp_path):
+    """Requests that arrive before the engine process is ready wait (up to the queue size) and are then served."""
+    from rlhf.models import load_tokenizer
+    from rlhf.serving.llama_cpp.base import llama_base
+    from rlhf.serving.process import EngineProcess, EngineSpec
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    if kind == "transformers":
+        spec = EngineSpec(kind, {"model_source": str(tiny_model_dir)}, kind)
+    else:
+        spec = EngineSpec(kind, {"gguf": str(llama_base(str(tiny_model_dir), tmp_path)[0]),
+                                 "tokenizer_source": str(tiny_model_dir), "cache_dir": str(tmp_path)}, kind)
+    engine = EngineProcess([spec], queue_size=2)
+    s = PolicyServer(engine, tok, "tiny", 128)
+    streams = [s.stream("", HISTORY, BASE, greedy()) for _ in range(2)]
+    with pytest.raises(Busy):
+        s.stream("", HISTORY, BASE, greedy())
+    engine.start()
+    try:
+        assert all(st.text() for st in streams) and engine.status.startswith(kind)
+    finally:
+        s.close()
 
 
 def test_loading_an_adapter_while_replies_stream_is_safe(server, adapters):

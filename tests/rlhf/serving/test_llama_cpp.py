@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhf.serving.interface import AdapterError, choose_engine, llama_cpp_installed
+from rlhf.serving.interface import AdapterError, llama_cpp_installed
 from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
 
 pytestmark = pytest.mark.skipif(not llama_cpp_installed(),
@@ -154,11 +154,18 @@ def test_a_reply_that_cannot_fit_the_kv_cache_fails_clearly(lserver):
         stream.text()
 
 
-def test_auto_picks_llama_cpp_on_cpu_and_transformers_on_cuda():
-    assert choose_engine("auto", "cpu") == "llama_cpp" and choose_engine("auto", "cuda") == "transformers"
-    assert choose_engine("transformers", "cpu") == "transformers"
-    with pytest.raises(ValueError):
-        choose_engine("vllm-please", "cpu")
+def test_auto_tries_llama_cpp_then_its_safe_load_then_transformers_on_cpu_and_transformers_on_cuda(app_config):
+    from rlhf.config import apply_overrides
+    from rlhf.serving.startup import engine_specs
+
+    specs, _ = engine_specs(app_config, "cpu")
+    assert [(s.name, s.settings.get("extra_buffers")) for s in specs] == \
+        [("llama_cpp", True), ("llama_cpp", False), ("transformers", None)]
+    assert [s.name for s in engine_specs(app_config, "cuda")[0]] == ["transformers"]
+    explicit = engine_specs(apply_overrides(app_config, {"serving.engine": "llama_cpp"}), "cpu")[0]
+    assert [s.name for s in explicit] == ["llama_cpp", "llama_cpp"]  # nothing else: it stops start-up instead
+    assert [s.name for s in engine_specs(apply_overrides(app_config, {"serving.engine": "transformers"}), "cpu")[0]] \
+        == ["transformers"]
 
 
 @pytest.mark.slow  # converts a model or builds adapters: the full suite only
@@ -210,7 +217,7 @@ def test_weights_can_be_requantized_for_llama_cpp(tiny_model_dir, tmp_path):
     server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", engine="llama_cpp", data_dir=str(tmp_path),
                                options={"weights": "q4_0"})
     try:
-        assert server.engine.gguf.endswith(".gguf") and "q4_0" in Path(server.engine.gguf).name
+        assert [p.name for p in (tmp_path / "gguf").glob("*.gguf") if "q4_0" in p.name]  # converted once, cached
         assert server.generate("", HISTORY, AdapterRef(0), GenParams(max_new_tokens=4, temperature=0)) is not None
     finally:
         server.close()

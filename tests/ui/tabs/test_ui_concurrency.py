@@ -5,6 +5,8 @@ import time
 
 from gradio_client import Client
 
+from tests.conftest import stall
+
 
 def wait_until(predicate, what, limit=60.0):
     deadline = time.monotonic() + limit
@@ -18,11 +20,14 @@ def test_concurrent_ui_chats_reach_the_engine_together(live_app, services):
     server = services.server
     client = Client(live_app.url + "/", verbose=False)
     before = server.engine_load().submitted
-    with server.engine.lock:  # the engine stalls on its first forward pass, so no chat can finish
+    gate = stall(server.engine)  # the engine holds between two steps, so no chat can finish
+    try:
         jobs = [client.submit(f"Hello {i}", "assistant", 1, f"ann{i}", 8, 0.0, 1.0, None, api_name="/chat")
                 for i in range(3)]
         # With a concurrency limit of 1, the 2nd and 3rd chats would wait in Gradio's queue for the 1st.
         wait_until(lambda: server.engine_load().submitted - before == 3, "three chats in the engine at once")
+    finally:
+        gate.set()
     results = [job.result(timeout=120) for job in jobs]
     assert all(len(history) == 2 for history, *_ in results)
     assert services.store.count("messages") == 6

@@ -1,5 +1,5 @@
 """Batch state for continuous batching: the running rows' shared left-padded KV cache, merging batches and
-dropping rows, and per-row sampling. Pure tensor code; ``rlhf.serving.engine`` schedules it.
+dropping rows, and per-row sampling. Pure tensor code; ``rlhf.serving.transformers.engine`` schedules it.
 
 Padding is exact, not approximate: pad columns are masked out of attention and every row's position ids count
 only its real tokens, so a row in a batch computes what it would alone, up to rounding.

@@ -13,9 +13,11 @@ import time
 import pytest
 import torch
 
-from rlhf.serving.batch import DecodeBatch, GrowingLayer, keep_rows, merge, sample_next
-from rlhf.serving.engine import BatchEngine, IncrementalDecoder, Request
+from rlhf.serving.interface import IncrementalDecoder, Request
+from rlhf.serving.loop import EngineLoop
 from rlhf.serving.server import AdapterRef, Busy, GenParams, PolicyServer, ReplyStream
+from rlhf.serving.transformers.batch import DecodeBatch, GrowingLayer, keep_rows, merge, sample_next
+from rlhf.serving.transformers.engine import TransformersCore
 from tests.conftest import make_adapter
 
 TEXTS = ["Hi", "Tell me a long story about a dragon and a knight who became friends", "What is 2+2?",
@@ -73,16 +75,37 @@ def greedy(n=24):
     return GenParams(max_new_tokens=n, temperature=0)
 
 
+def make_engine(model, tokenizer, start=True, max_batch_size=32, queue_size=64, **core_kw) -> EngineLoop:
+    """The transformers core behind the engine loop, in this process."""
+    core = TransformersCore(model, tokenizer, "cpu", max_batch_size=max_batch_size, **core_kw)
+    return EngineLoop(core, queue_size=queue_size, max_batch_size=max_batch_size, start=start)
+
+
+def stall(engine: EngineLoop) -> threading.Event:
+    """Hold the loop between two steps (a call that waits) until the returned event is set."""
+    gate, inside = threading.Event(), threading.Event()
+    threading.Thread(target=engine.call, args=(lambda: inside.set() or gate.wait(60),), daemon=True).start()
+    assert inside.wait(30), "the loop never ran the stalling call"
+    return gate
+
+
+class Stats:
+    """An engine's profile read as attributes (``stats.prefill_calls``)."""
+
+    def __init__(self, profile: dict):
+        self.__dict__.update(profile)
+
+
 def together(model, tokenizer, specs, **engine_kw):
     """Submit every (ids, adapter, params) before the engine starts, so they share the first batch."""
-    engine = BatchEngine(model, tokenizer, "cpu", start=False, **engine_kw)
+    engine = make_engine(model, tokenizer, start=False, **engine_kw)
     streams = [ReplyStream() for _ in specs]
     for (ids, adapter, params), stream in zip(specs, streams):
         engine.submit(Request(ids, adapter, params, stream))
-    engine.thread.start()
+    engine.start()
     texts = [s.text() for s in streams]
     engine.close()
-    return texts, streams, engine.stats
+    return texts, streams, Stats(engine.profile())
 
 
 def alone(model, tokenizer, spec):
@@ -209,7 +232,7 @@ def test_prefill_budget_spreads_a_burst_over_steps(model, tokenizer):
 
 def test_requests_joining_a_running_batch_get_their_solo_reply(model, tokenizer):
     ids = [prompt(tokenizer, t) for t in TEXTS]
-    engine = BatchEngine(model, tokenizer, "cpu")
+    engine = make_engine(model, tokenizer)
     first = ReplyStream()
     engine.submit(Request(ids[0], None, greedy(40), first))
     it = iter(first)
@@ -219,7 +242,8 @@ def test_requests_joining_a_running_batch_get_their_solo_reply(model, tokenizer)
         engine.submit(Request(i, None, greedy(), s))
     texts = [head + "".join(it)] + [s.text() for s in later]
     engine.close()
-    assert engine.stats.prefill_calls >= 2 and engine.stats.max_rows >= 2
+    stats = Stats(engine.profile())
+    assert stats.prefill_calls >= 2 and stats.max_rows >= 2
     assert texts == [hf_generate(model, tokenizer, ids[0], 40)] + [hf_generate(model, tokenizer, i, 24)
                                                                     for i in ids[1:]]
 
@@ -252,11 +276,11 @@ def test_mixed_adapters_in_one_batch_equal_each_adapter_alone(peft_model, tokeni
 
 def test_cancelling_one_client_does_not_disturb_the_others(model, tokenizer):
     ids = [prompt(tokenizer, t) for t in TEXTS[:3]]
-    engine = BatchEngine(model, tokenizer, "cpu", start=False)
+    engine = make_engine(model, tokenizer, start=False)
     streams = [ReplyStream() for _ in ids]
     for i, s in zip(ids, streams):
         engine.submit(Request(i, None, greedy(40), s))
-    engine.thread.start()
+    engine.start()
     it = iter(streams[1])
     next(it)
     streams[1].cancel()
@@ -268,7 +292,7 @@ def test_cancelling_one_client_does_not_disturb_the_others(model, tokenizer):
 
 
 def test_a_failing_request_fails_alone_and_the_engine_keeps_serving(model, tokenizer):
-    engine = BatchEngine(model, tokenizer, "cpu")
+    engine = make_engine(model, tokenizer)
     bad = ReplyStream()
     engine.submit(Request(prompt(tokenizer, "hi"), "not-loaded", greedy(), bad))
     with pytest.raises(KeyError, match="not-loaded"):
@@ -294,7 +318,7 @@ def with_system(tokenizer, text):
 
 
 def test_shared_prefix_kv_is_computed_once_and_reused_exactly(model, tokenizer):
-    engine = BatchEngine(model, tokenizer, "cpu", start=False)
+    engine = make_engine(model, tokenizer, start=False)
     prompts = [with_system(tokenizer, t) for t in TEXTS]
     plain = prompt(tokenizer, TEXTS[2])  # no system prompt: no prefix, shares the batch all the same
 
@@ -305,29 +329,33 @@ def test_shared_prefix_kv_is_computed_once_and_reused_exactly(model, tokenizer):
         return streams
 
     first = serve([(ids, n, greedy()) for ids, n in prompts[:2]])  # a miss: the prefix is computed and kept
-    engine.thread.start()
+    engine.start()
     texts = [s.text() for s in first]
-    assert engine.stats.prefix_hits == 0 and len(engine._prefixes) == 1
+    assert engine.profile()["prefix_hits"] == 0
     # Hits, with suffixes of different lengths and a row without prefix, in one prefill: [pad, prefix, pad, suffix].
     second = serve([(ids, n, greedy()) for ids, n in prompts] + [(plain, 0, greedy())])
     texts2 = [s.text() for s in second]
     engine.close()
-    assert engine.stats.prefix_hits == len(TEXTS) and engine.stats.prefix_tokens_saved == len(TEXTS) * prompts[0][1]
+    stats = Stats(engine.profile())
+    assert stats.prefix_hits == len(TEXTS) and stats.prefix_tokens_saved == len(TEXTS) * prompts[0][1]
     expected = [hf_generate(model, tokenizer, ids, 24) for ids, _ in prompts]
     assert texts == expected[:2] and texts2 == expected + [hf_generate(model, tokenizer, plain, 24)]
     assert len(set(texts2)) == len(texts2)
 
 
 def test_closing_ends_waiting_and_running_replies_with_an_error(model, tokenizer):
-    engine = BatchEngine(model, tokenizer, "cpu", max_batch_size=1)
+    engine = make_engine(model, tokenizer, max_batch_size=1)
     ids = prompt(tokenizer, TEXTS[1])
     streams = [ReplyStream() for _ in range(3)]
-    with engine.lock:  # the first request is taken and stalls; the others wait in the queue
-        for s in streams:
-            engine.submit(Request(ids, None, greedy(200), s))
-        wait_until(lambda: engine.waiting == 2, "the engine took the first request")
-        engine.close()
+    engine.submit(Request(ids, None, greedy(200), streams[0]))
+    wait_until(lambda: engine.load().running == 1, "the first reply runs")
+    gate = stall(engine)  # the loop holds between two steps; the others wait in the queue
+    for s in streams[1:]:
+        engine.submit(Request(ids, None, greedy(200), s))
+    engine.close(timeout=0)
+    gate.set()
     engine.thread.join(timeout=30)
+    assert not engine.thread.is_alive()
     for s in streams:
         with pytest.raises(RuntimeError, match="shutting down"):
             s.text()
@@ -338,29 +366,30 @@ HISTORY = [{"role": "user", "content": TEXTS[1]}]
 
 
 def test_backpressure_answers_busy_while_the_batch_is_full(model, tokenizer):
-    server = PolicyServer(model, tokenizer, "cpu", "lively", queue_size=1, max_batch_size=1)
+    server = PolicyServer.from_model(model, tokenizer, "cpu", "lively", queue_size=1, max_batch_size=1)
     try:
-        with server.engine.lock:  # the engine blocks on its first forward, as behind a slow adapter load
-            first = server.stream("", HISTORY, AdapterRef(1), greedy(8))
-            wait_until(lambda: server.engine.waiting == 0, "the engine took the first request")
-            second = server.stream("", HISTORY, AdapterRef(1), greedy(8))  # the one queue slot
-            with pytest.raises(Busy) as info:
-                server.stream("", HISTORY, AdapterRef(1), greedy(8))
-            assert info.value.retry_after >= 1 and "retry in" in str(info.value)
+        first = server.stream("", HISTORY, AdapterRef(1), greedy(60))
+        wait_until(lambda: server.engine_load().running == 1, "the first reply runs")
+        gate = stall(server.engine)  # the loop holds between two steps, as behind a slow adapter load
+        second = server.stream("", HISTORY, AdapterRef(1), greedy(60))  # the one queue slot
+        with pytest.raises(Busy) as info:
+            server.stream("", HISTORY, AdapterRef(1), greedy(60))
+        assert info.value.retry_after >= 1 and "retry in" in str(info.value)
+        gate.set()
         assert first.text() == second.text() != ""  # both served once the engine moves again
     finally:
         server.close()
 
 
 def test_server_reuses_the_system_prompt_prefix(model, tokenizer):
-    server = PolicyServer(model, tokenizer, "cpu", "lively")
+    server = PolicyServer.from_model(model, tokenizer, "cpu", "lively")
     try:
         history = [{"role": "user", "content": TEXTS[3]}]
         ids = server.build_prompt(SYSTEM, history)
         assert server.shared_prefix_len(SYSTEM, ids) == with_system(tokenizer, TEXTS[3])[1]
         assert server.shared_prefix_len("", ids) == 0 and server.shared_prefix_len("Other.", ids) == 0
         replies = [server.generate(SYSTEM, history, AdapterRef(1), greedy()) for _ in range(2)]
-        assert server.engine.stats.prefix_hits == 1  # the second reply read the first one's prefix KV
+        assert server.engine.profile()["prefix_hits"] == 1  # the second reply read the first one's prefix KV
         assert replies[0] == replies[1] == hf_generate(model, tokenizer, ids, 24)
     finally:
         server.close()
@@ -369,7 +398,7 @@ def test_server_reuses_the_system_prompt_prefix(model, tokenizer):
 def test_loading_an_adapter_while_a_batch_runs_is_safe(lively_dir, tokenizer, adapter_dirs):
     from rlhf.models import load_causal_lm
 
-    server = PolicyServer(load_causal_lm(str(lively_dir), "cpu"), tokenizer, "cpu", "lively")
+    server = PolicyServer.from_model(load_causal_lm(str(lively_dir), "cpu"), tokenizer, "cpu", "lively")
     try:
         expected = server.generate("", HISTORY, AdapterRef(1), greedy(60))
         running = server.stream("", HISTORY, AdapterRef(1), greedy(60))

@@ -6,7 +6,7 @@ then every running row advances by one token in a single forward pass over a sha
 (EOS, their own ``max_new_tokens``, or a cancelled client) leave at once, so a long reply never holds back a
 short one. Each row keeps its own sampling settings, its own ``torch.Generator`` and its own LoRA adapter (peft's
 mixed-adapter batches), so a batched reply is the reply that request would have got alone (the batch state
-and sampling live in ``rlhf.serving.batch``). Prompts that start with the same prefix (an agent's system prompt) reuse
+and sampling live in ``rlhf.serving.transformers.batch``). Prompts that start with the same prefix (an agent's system prompt) reuse
 its KV cache, computed once per adapter.
 
 This is the ``transformers`` engine of the seam in ``rlhf.serving.interface``: the GPU engine, the exact mode
@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
 import random
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from rlhf.serving.batch import DecodeBatch, GrowingLayer, cache_tensors, keep_rows, left_pad, merge, new_cache, sample_next
-from rlhf.serving.interface import AdapterError, Engine, EngineLoad, IncrementalDecoder, Request
-
-__all__ = ["BatchEngine", "EngineStats", "IncrementalDecoder", "Request", "TransformersEngine"]
+from rlhf.serving.interface import AdapterError, EngineCore, IncrementalDecoder, Request
+from rlhf.serving.transformers.batch import DecodeBatch, GrowingLayer, cache_tensors, keep_rows, left_pad, merge, \
+    new_cache, sample_next
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +36,6 @@ BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter bat
 class EngineStats:
     """Where the decode loop's time goes (a cheap always-on profile)."""
 
-    submitted: int = 0
     prefill_calls: int = 0
     prefill_rows: int = 0
     prefill_tokens: int = 0
@@ -49,7 +45,6 @@ class EngineStats:
     decode_s: float = 0.0  # model forward time of decode steps
     sample_s: float = 0.0  # sampling, detokenizing and emitting
     cache_s: float = 0.0  # merging and trimming KV caches
-    finished: int = 0
     max_rows: int = 0
     prefix_hits: int = 0  # prompts whose shared prefix came from the prefix cache
     prefix_tokens_saved: int = 0
@@ -68,196 +63,107 @@ class _Row:
     decoder: IncrementalDecoder
     generator: Optional[torch.Generator]
     generated: int = 0
-    started: float = field(default_factory=time.perf_counter)
     done: bool = False
 
 
-class TransformersEngine(Engine):
-    """A worker thread that serves queued ``Request``s with continuous batching over ``model``.
+class TransformersCore(EngineCore):
+    """Continuous batching over ``model`` (see the module docstring); driven by ``rlhf.serving.loop``.
 
-    ``lock`` guards the model: the engine holds it for each forward pass and to load adapters.
-    ``queue_size`` bounds waiting requests (``submit`` raises ``queue.Full`` beyond it); ``max_batch_size``
-    bounds rows decoded together; ``batch_window_ms`` is how long an idle engine waits for company before the
-    first prefill; ``max_prefill_tokens`` bounds prompt tokens prefilled between two decode steps, so a burst of
-    long prompts does not freeze the replies already streaming; ``max_prefixes`` bounds the shared-prefix KV
-    cache (entries keyed by adapter and prefix ids, least recently used evicted first).
+    ``max_batch_size`` bounds rows decoded together; ``max_prefill_tokens`` bounds prompt tokens prefilled
+    between two decode steps, so a burst of long prompts does not freeze the replies already streaming;
+    ``max_prefixes`` bounds the shared-prefix KV cache (entries keyed by adapter and prefix ids, least recently
+    used evicted first).
     """
 
-    def __init__(self, model, tokenizer, device: str, *, max_batch_size: int = 32, queue_size: int = 64,
-                 batch_window_ms: float = 10.0, max_prefill_tokens: int = 1024, max_prefixes: int = 16,
-                 lock: Optional[threading.Lock] = None, start: bool = True):
+    name = "transformers"
+
+    def __init__(self, model, tokenizer, device: str, *, max_batch_size: int = 32, max_prefill_tokens: int = 1024,
+                 max_prefixes: int = 16):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.max_batch_size = max(1, int(max_batch_size))
-        self.batch_window_s = max(0.0, batch_window_ms) / 1000.0
         self.max_prefill_tokens = max(1, int(max_prefill_tokens))
-        self.lock = lock or threading.Lock()
-        self.queue: "queue.Queue[Request]" = queue.Queue(maxsize=queue_size)
         self.stats = EngineStats()
-        self._count_lock = threading.Lock()
-        self.avg_reply_s = 2.0  # moving average of a reply's time in the engine, for Busy's retry hint
         eos = getattr(model.config, "eos_token_id", None)  # an int or, for some models, a list
         self.eos = {i for i in [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]
                     if isinstance(i, int)}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos or {0})
-        self._pending: collections.deque[Request] = collections.deque()  # taken off the queue, not yet prefilled
         self.max_prefixes = max(0, int(max_prefixes))
-        self._prefixes: collections.OrderedDict[tuple, list] = collections.OrderedDict()  # LRU, engine thread only
+        self._prefixes: collections.OrderedDict[tuple, list] = collections.OrderedDict()  # LRU
         self._batch: Optional[DecodeBatch] = None
-        self.budget = None  # a ``rlhf.cpu.CpuBudget``: the engine follows its serving threads (None = leave as is)
-        self.threads: Optional[int] = None  # torch threads of the engine thread, once it applied a budget
-        self._wanted: Optional[int] = None
-        self._stop = threading.Event()
         self._loaded: dict[str, str] = {}  # adapter name -> path
-        self.thread = threading.Thread(target=self._run, name="generation-engine", daemon=True)
-        if start:
-            self.thread.start()
 
-    # ---- public (the seam: rlhf.serving.interface.Engine) -------------------------------------
-    name = "transformers"
-
-    def submit(self, request: Request) -> None:
-        """Queue a request; raises ``queue.Full`` when ``queue_size`` requests already wait."""
-        self.queue.put_nowait(request)
-        with self._count_lock:
-            self.stats.submitted += 1
-
+    # ---- the core interface (rlhf.serving.interface.EngineCore) -------------------------------------
     @property
     def running(self) -> int:
-        """Rows being decoded now."""
         batch = self._batch
         return len(batch) if batch is not None else 0
 
-    @property
-    def waiting(self) -> int:
-        """Requests queued and not yet started."""
-        return self.queue.qsize() + len(self._pending)
+    def admit(self, requests: list[Request]) -> list[Request]:
+        """Prefill as many requests as there are free rows, within the prefill token budget; return the rest."""
+        free = self.max_batch_size - self.running
+        take, tokens = [], 0
+        for req in requests[:max(0, free)]:
+            cost = self._prefill_cost(req)
+            if take and tokens + cost > self.max_prefill_tokens:
+                break
+            take.append(req)
+            tokens += cost
+        if take:
+            with torch.inference_mode():
+                self._prefill(take)
+        return requests[len(take):]
 
-    def load(self) -> EngineLoad:
-        """Running/waiting/submitted; ``active`` while a forward pass (or an adapter load) holds the model."""
-        return EngineLoad(self.running, self.waiting, self.stats.submitted, self.lock.locked())
+    def step(self) -> None:
+        if self._batch is not None:
+            with torch.inference_mode():
+                self._decode_step()
+
+    def set_threads(self, threads: int) -> None:
+        """torch's intra-op thread count belongs to the calling thread: the loop calls this on its own thread."""
+        torch.set_num_threads(max(1, int(threads)))
 
     def profile(self) -> dict:
         return self.stats.to_dict()
-
-    def retry_after(self) -> float:
-        """Seconds until a queued request would likely start: one reply time per full batch ahead of it."""
-        ahead = self.waiting + self.running
-        return max(1.0, self.avg_reply_s * (1 + ahead // self.max_batch_size))
-
-    def use_budget(self, budget) -> None:
-        self.budget = budget
-
-    def start(self) -> None:
-        if not self.thread.is_alive():
-            self.thread.start()
-
-    def close(self) -> None:
-        """Stop the worker after its current step; unfinished replies end with an error."""
-        self._stop.set()
 
     @property
     def adapters(self) -> list[str]:
         return sorted(self._loaded)
 
     def load_adapter(self, name: str, path: str) -> None:
-        """Load a PEFT adapter dir onto the shared base under ``name`` (between two forward passes)."""
+        """Load a PEFT adapter dir onto the shared base under ``name``."""
         from pathlib import Path
 
         if name in self._loaded:
             return
         if not (Path(path) / "adapter_config.json").is_file():
             raise AdapterError(f"adapter {name} is missing: {path}/adapter_config.json")
-        with self.lock:
-            if name in self._loaded:
-                return
-            try:
-                from peft import PeftModel
+        try:
+            from peft import PeftModel
 
-                if not isinstance(self.model, PeftModel):
-                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
-                else:
-                    self.model.load_adapter(str(path), adapter_name=name)
-                self.model.eval()
-            except Exception as exc:  # a corrupted file can raise many kinds of errors
-                raise AdapterError(f"adapter at {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
-            self._loaded[name] = str(path)
+            if not isinstance(self.model, PeftModel):
+                self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+            else:
+                self.model.load_adapter(str(path), adapter_name=name)
+            self.model.eval()
+        except Exception as exc:  # a corrupted file can raise many kinds of errors
+            raise AdapterError(f"adapter at {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
+        self._loaded[name] = str(path)
 
     def unload_adapter(self, name: str) -> None:
         """Delete an adapter from the peft model (a request naming it afterwards fails with KeyError)."""
-        with self.lock:
-            if self._loaded.pop(name, None) is not None and hasattr(self.model, "delete_adapter"):
-                self.model.delete_adapter(name)
+        if self._loaded.pop(name, None) is not None and hasattr(self.model, "delete_adapter"):
+            self.model.delete_adapter(name)
 
-    # ---- the loop ---------------------------------------------------------------------------
-    def _run(self) -> None:
-        with torch.inference_mode():
-            while not self._stop.is_set():
-                try:
-                    self._follow_budget()
-                    new = self._admit()
-                    if new:
-                        self._prefill(new)
-                    if self._batch is not None:
-                        self._decode_step()
-                except Exception:  # never let one bad batch kill serving
-                    log.exception("generation loop failed; failing the running batch")
-                    self._fail_batch(RuntimeError("generation failed; please retry"))
-        self._fail_batch(RuntimeError("the model server is shutting down"))
-        while (req := self._take(timeout=None)) is not None:  # nobody will serve what is still waiting
-            req.stream._close(RuntimeError("the model server is shutting down"))
+    def fail_all(self, error: BaseException) -> None:
+        batch, self._batch = self._batch, None
+        for row in batch.rows if batch is not None else []:
+            self._finish(row, error)
 
-    def _follow_budget(self) -> None:
-        """Use the budget's serving threads now. Called on the engine thread: torch's intra-op thread count
-        belongs to the calling thread, so only this thread can change how many cores its forward passes use."""
-        budget = self.budget
-        if budget is None:
-            return
-        want = budget.serving_threads()
-        if want != self._wanted:
-            torch.set_num_threads(want)
-            self._wanted, self.threads = want, torch.get_num_threads()
-            log.info("serving engine now uses %d CPU thread(s)", self.threads)
-
-    def _take(self, timeout: Optional[float]) -> Optional[Request]:
-        if self._pending:
-            return self._pending.popleft()
-        try:
-            return self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _admit(self) -> list[Request]:
-        """Requests to prefill now: wait for work when idle (plus a short window for company), else take
-        whatever is already waiting, within free rows and the prefill token budget."""
-        free = self.max_batch_size - self.running
-        if free <= 0:
-            return []
-        out: list[Request] = []
-        tokens = 0
-        deadline = None
-        if self._batch is None:
-            first = self._take(timeout=0.2)
-            if first is None:
-                return []
-            self._pending.appendleft(first)
-            deadline = time.perf_counter() + self.batch_window_s
-        while len(out) < free:
-            remaining = None if deadline is None else deadline - time.perf_counter()
-            req = self._take(timeout=remaining if remaining and remaining > 0 else None)
-            if req is None:
-                break
-            if req.stream.cancelled:
-                req.stream._close()
-                continue
-            cost = self._prefill_cost(req)
-            if out and tokens + cost > self.max_prefill_tokens:
-                self._pending.appendleft(req)  # next time, first in line
-                break
-            out.append(req)
-            tokens += cost
-        return out
+    def close(self) -> None:
+        self._prefixes.clear()
+        self.model = None
 
     def _prefill_cost(self, req: Request) -> int:
         """Prompt tokens a prefill must compute for ``req`` (a cached shared prefix is free)."""
@@ -266,23 +172,22 @@ class TransformersEngine(Engine):
 
     # ---- model calls --------------------------------------------------------------------------
     def _forward(self, adapters: list[Optional[str]], **inputs):
-        """One forward pass with each row on its own adapter (the lock keeps adapter loading out)."""
-        with self.lock:
-            model = self.model
-            known = getattr(model, "peft_config", {})  # a plain model has no adapters to choose from
-            unknown = {a for a in adapters if a is not None and a not in known}
-            if unknown:
-                raise KeyError(f"adapter(s) not loaded: {sorted(unknown)}")
-            if not known:
+        """One forward pass with each row on its own adapter."""
+        model = self.model
+        known = getattr(model, "peft_config", {})  # a plain model has no adapters to choose from
+        unknown = {a for a in adapters if a is not None and a not in known}
+        if unknown:
+            raise KeyError(f"adapter(s) not loaded: {sorted(unknown)}")
+        if not known:
+            return model(**inputs)
+        distinct = set(adapters)
+        if distinct == {None}:
+            with model.disable_adapter():
                 return model(**inputs)
-            distinct = set(adapters)
-            if distinct == {None}:
-                with model.disable_adapter():
-                    return model(**inputs)
-            if len(distinct) == 1:
-                model.set_adapter(adapters[0])
-                return model(**inputs)
-            return model(**inputs, adapter_names=[a or BASE_ADAPTER for a in adapters])
+        if len(distinct) == 1:
+            model.set_adapter(adapters[0])
+            return model(**inputs)
+        return model(**inputs, adapter_names=[a or BASE_ADAPTER for a in adapters])
 
     def _new_row(self, req: Request) -> _Row:
         gen = None
@@ -448,13 +353,16 @@ class TransformersEngine(Engine):
         row.done = True
         row.req.stream.token_ids = row.decoder.tokens
         row.req.stream._close(error)
-        self.stats.finished += 1
-        self.avg_reply_s = 0.8 * self.avg_reply_s + 0.2 * (time.perf_counter() - row.started)
-
-    def _fail_batch(self, error: BaseException) -> None:
-        batch, self._batch = self._batch, None
-        for row in batch.rows if batch is not None else []:
-            self._finish(row, error)
 
 
-BatchEngine = TransformersEngine  # the name before the engine seam
+def build(model_source: str, device: str = "cpu", tokenizer_source: Optional[str] = None, load_in_4bit: bool = False,
+          data_dir: Optional[str] = None, **settings) -> TransformersCore:
+    """The factory behind ``ENGINES["transformers"]``: the base model (a shipped name is converted once under
+    ``data_dir``) and its tokenizer."""
+    from rlhf.models import load_causal_lm, load_tokenizer, resolve_model
+
+    if data_dir is not None:
+        model_source = resolve_model(model_source, data_dir)
+    tokenizer = load_tokenizer(tokenizer_source or model_source)
+    model = load_causal_lm(model_source, device, load_in_4bit=load_in_4bit)
+    return TransformersCore(model, tokenizer, device, **settings)
