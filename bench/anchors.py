@@ -63,13 +63,14 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
 
 
 def llama_cpp(server, prompts: list[list[int]], base_model: str, threads: int, levels: list[int], per_user: int,
-              max_tokens: int, timeout: float = 1800.0) -> Optional[dict]:
-    """llama.cpp's rows and the app's batch-1 greedy figures on the same prompts; None when no anchor is built."""
+              max_tokens: int, timeout: float = 1800.0, ceiling: Optional[list[int]] = None) -> Optional[dict]:
+    """llama.cpp's rows (and its batched decode ceiling at each of ``ceiling`` sequences per call) and the app's
+    batch-1 greedy figures on the same prompts; None when no anchor is built."""
     python, gguf = anchor_python(), shipped_gguf(base_model)
     if python is None or gguf is None:
         return None
     spec = {"gguf": str(gguf), "threads": threads, "max_tokens": max_tokens, "prompts": prompts,
-            "levels": levels, "per_user": per_user}
+            "levels": levels, "per_user": per_user, "ceiling": list(ceiling or [])}
     t0 = time.perf_counter()
     done = subprocess.run([str(python), str(Path(__file__).with_name("llama_anchor.py"))], input=json.dumps(spec),
                           capture_output=True, text=True, timeout=timeout)

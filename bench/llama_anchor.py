@@ -4,10 +4,12 @@ Standalone on purpose: it runs in `.venv-anchors` (`make bench-anchors`), which 
 of ours. It reads one JSON object on stdin::
 
     {"gguf": PATH, "threads": N, "max_tokens": 64, "prompts": [[token ids], ...], "levels": [1, 8],
-     "per_user": 2}
+     "per_user": 2, "ceiling": [1, 8]}
 
 and prints one JSON object: per level, tokens/s, time to first token and the batch-1 decode rate, plus the greedy
-token ids of each prompt (to compare with the app's replies). Prompts are token ids the app's tokenizer made from
+token ids of each prompt (to compare with the app's replies), and with "ceiling" llama.cpp's own batched decode:
+N sequences in every ``llama_decode`` call (its low-level API, greedy, no HTTP, no server), the most a serving
+engine on this GGUF and these threads can decode. Prompts are token ids the app's tokenizer made from
 the same chat template, so both engines see identical inputs. llama-cpp-python's ``Llama`` decodes one sequence at
 a time (its own server serialises requests behind a lock), so concurrent users queue here as they would there.
 """
@@ -85,9 +87,53 @@ def main() -> int:
                        "tokens_per_s": tokens[0] / wall, "ttft_p50_s": percentile(ttfts, 50),
                        "ttft_p95_s": percentile(ttfts, 95),
                        "decode_tokens_per_s": sum(decode) / len(decode) if decode else 0.0})
+    ceiling = [batched_ceiling(llm, prompts, n, max_tokens) for n in spec.get("ceiling", [])]
     print(json.dumps({"version": llama_cpp.__version__, "load_s": load_s, "threads": spec["threads"],
-                      "levels": levels, "greedy": greedy}))
+                      "levels": levels, "greedy": greedy, "ceiling": ceiling}))
     return 0
+
+
+def batched_ceiling(llm, prompts, n_seq: int, steps: int) -> dict:
+    """``n_seq`` prompts prefilled, then ``steps`` greedy decode calls of ``n_seq`` tokens each on one context (a
+    unified KV cache, as a serving engine shares one): decoded tokens per second of decode calls."""
+    import llama_cpp as lib
+    import numpy as np
+
+    params = lib.llama_context_default_params()
+    params.n_ctx = 4096
+    params.n_batch = params.n_ubatch = 512
+    params.n_seq_max = n_seq
+    params.n_threads = params.n_threads_batch = llm.n_threads
+    params.kv_unified = True
+    ctx = lib.llama_init_from_model(llm.model, params)
+    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(llm.model))
+    batch = lib.llama_batch_init(512, 0, 1)
+
+    def fill(items):
+        batch.n_tokens = len(items)
+        for i, (token, pos, seq, logits) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, int(logits)
+        assert lib.llama_decode(ctx, batch) == 0
+
+    def argmax(i):
+        return int(np.argmax(np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, i), shape=(n_vocab,))))
+
+    seqs = [list(prompts[s % len(prompts)]) for s in range(n_seq)]
+    nxt, pos = [], []
+    for s, ids in enumerate(seqs):
+        fill([(t, i, s, i == len(ids) - 1) for i, t in enumerate(ids)])
+        nxt.append(argmax(len(ids) - 1))
+        pos.append(len(ids))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fill([(nxt[s], pos[s], s, True) for s in range(n_seq)])
+        nxt = [argmax(s) for s in range(n_seq)]
+        pos = [p + 1 for p in pos]
+    seconds = time.perf_counter() - t0
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+    return {"sequences": n_seq, "threads": llm.n_threads, "steps": steps, "tokens_per_s": n_seq * steps / seconds}
 
 
 if __name__ == "__main__":

@@ -2,9 +2,13 @@
 
 Each level starts the given number of annotator threads at once; each sends its chats one after another
 through ``POST /api/v1/chat/stream`` (the same Store writes and engine as ``/chat``, streamed), so time to first
-token is measured where a user feels it: at the client, over loopback HTTP. Both engines run in the same run,
-one after the other: transformers (with its naive baseline, one request at a time through HF ``generate``, and
-the bare decode ceiling) and llama.cpp (with llama-cpp-python's own ``Llama`` on the same GGUF and threads).
+token is measured where a user feels it: at the client, over loopback HTTP.
+
+transformers: its naive baseline (one request at a time through HF ``generate``) and the bare decode ceiling, in
+the app's process. llama.cpp: the app as it serves (the engine in its own process, every core), beside the same app
+on one thread (does the second core pay?) and with the engine in the app's process (what the process line costs),
+and llama.cpp itself on the same GGUF: llama-cpp-python's ``Llama`` one stream at 1 and 2 threads (the anchor) and
+its low-level batched decode, 8 sequences per ``llama_decode`` call (the ceiling no serving engine can pass).
 """
 from __future__ import annotations
 
@@ -78,24 +82,21 @@ def bench_config(config: AppConfig, data_dir: str) -> AppConfig:
 
 
 def load_policy_server(config: AppConfig, warmup: bool = True, engine: str | None = None):
-    """A PolicyServer for the configured base model with the config's batching settings, on ``engine``
-    (default: what ``serving.engine`` picks on this device)."""
-    from rlhf.models import pick_device, resolve_model
-    from rlhf.serving.interface import choose_engine
-    from rlhf.serving.server import PolicyServer, llama_options
+    """A PolicyServer for the configured base model with the config's batching settings, on ``engine`` (default:
+    what ``serving.engine`` picks here), isolated as ``serving.isolation`` says (transformers: in this process, so
+    the baseline can call its model)."""
+    from rlhf.models import load_tokenizer, pick_device
+    from rlhf.serving.server import PolicyServer, start_engine
+    from rlhf.cpu import thread_plan
+    from rlhf.serving.startup import engine_specs, loop_settings
 
     s = config.serving
     device = pick_device(config.device)
-    kind = engine or choose_engine(s.engine, device)
-    if kind == "llama_cpp":
-        server = PolicyServer.load(config.base_model, device, config.base_model, s.max_context_tokens,
-                                   queue_size=s.queue_size, max_batch_size=s.max_batch_size,
-                                   batch_window_ms=s.batch_window_ms, engine="llama_cpp",
-                                   data_dir=str(config.data_path), options=llama_options(config))
-    else:
-        server = PolicyServer.load(resolve_model(config.base_model, config.data_path), device, config.base_model,
-                                   s.max_context_tokens, s.load_in_4bit, queue_size=s.queue_size,
-                                   max_batch_size=s.max_batch_size, batch_window_ms=s.batch_window_ms)
+    specs, tokenizer_source = engine_specs(config, device)
+    specs = [spec for spec in specs if engine is None or spec.name == engine][:1]
+    isolation = "thread" if specs[0].name == "transformers" else s.isolation
+    engine_ = start_engine(specs, isolation, loop_settings(config), threads=thread_plan(config).serving_idle)
+    server = PolicyServer(engine_, load_tokenizer(tokenizer_source), config.base_model, s.max_context_tokens, device)
     if warmup:
         server.warmup()
     return server
@@ -112,6 +113,7 @@ class Level:
     busy: int = 0
     errors: list = field(default_factory=list)
     wall_s: float = 0.0
+    decode_rates: list = field(default_factory=list)  # per reply: tokens after the first / first to last token
 
 
 def _annotator(url: str, user: int, n_requests: int, gen: dict, level: Level, lock: threading.Lock) -> None:
@@ -146,6 +148,7 @@ def _annotator(url: str, user: int, n_requests: int, gen: dict, level: Level, lo
                                 raise RuntimeError(event["error"])
                             elif event.get("done"):
                                 done = event
+                                last = time.perf_counter() - t0
                 except Exception as exc:  # recorded, reported, never hidden
                     with lock:
                         level.errors.append(f"{type(exc).__name__}: {exc}")
@@ -155,6 +158,8 @@ def _annotator(url: str, user: int, n_requests: int, gen: dict, level: Level, lo
                     level.tokens += done["n_tokens"] if done else 0
                     if first is not None:
                         level.ttft.append(first)
+                        if done and done["n_tokens"] > 1 and last > first:
+                            level.decode_rates.append((done["n_tokens"] - 1) / (last - first))
                 break
 
 
@@ -261,18 +266,19 @@ def _row(engine: str, mode: str, users: int, tokens_per_s: float, **extra) -> di
 
 
 def serve_engine(kind: str, config: AppConfig, cfg: AppConfig, levels: list[int], per_user: int, gen: dict,
-                 rows: list, extra=None) -> dict:
-    """One engine's rows: (transformers: the naive baseline and the bare decode ceiling), 8 users in-process,
-    then every level over HTTP against the real app. ``extra(server, system_prompt)`` runs before the app
-    closes and returns more figures. Returns the figures of this engine."""
+                 rows: list, extra=None, mode: str = "served: HTTP stream, batched") -> dict:
+    """One engine's rows: (transformers: the naive baseline and the bare decode ceiling, and 8 users in-process),
+    then every level over HTTP against the real app, its engine warmed with the agent's system prompt as the app
+    does. ``extra(server, system_prompt, threads)`` runs before the app closes and returns more figures."""
     from ui.server import build_services, create_app
 
     t0 = time.perf_counter()
-    server = load_policy_server(config, engine=kind)
-    out = {"load_s": time.perf_counter() - t0, "levels": {}, "device": server.device}
+    server = load_policy_server(config, engine=kind, warmup=False)
+    out = {"load_s": time.perf_counter() - t0, "levels": {}, "device": server.device, "status": server.engine_status}
     services = build_services(cfg, server=server)
     try:
         system_prompt = services.store.get_agent(None).system_prompt
+        server.warmup([system_prompt])
         if kind == "transformers":
             base = baseline(server, system_prompt, 2 if per_user == 1 else 4, gen)
             out["baseline"] = base
@@ -282,18 +288,18 @@ def serve_engine(kind: str, config: AppConfig, cfg: AppConfig, levels: list[int]
             out["ceiling"] = decode_ceiling(server, [1, 8] if per_user == 1 else [1, 8, 32])
             rows += [_row(kind, "ceiling: bare decode step", c["batch"], c["tokens_per_s"],
                           rows_per_step=float(c["batch"]), ms_per_step=c["ms_per_step"]) for c in out["ceiling"]]
-        direct_users = 8 if 8 in levels else levels[-1]
-        before = server.engine.profile()
-        direct = engine_direct(server, system_prompt, direct_users, per_user, gen)
-        rows.append({**level_row(direct, direct.tokens / direct.wall_s, before, server.engine.profile(), kind),
-                     "mode": "engine in-process (no HTTP), batched"})
+            direct_users = 8 if 8 in levels else levels[-1]
+            before = server.engine.profile()
+            direct = engine_direct(server, system_prompt, direct_users, per_user, gen)
+            rows.append({**level_row(direct, direct.tokens / direct.wall_s, before, server.engine.profile(), kind),
+                         "mode": "engine in-process (no HTTP), batched"})
         with LiveApp(create_app(services)) as live:
             for users in levels:
                 before = server.engine.profile()
                 level = run_level(live.url, users, per_user, gen)
                 tps = level.tokens / level.wall_s if level.wall_s else 0.0
                 out["levels"][users] = (level, tps)
-                rows.append(level_row(level, tps, before, server.engine.profile(), kind))
+                rows.append({**level_row(level, tps, before, server.engine.profile(), kind), "mode": mode})
         out["profile"] = server.engine.profile()
         out["threads"] = services.scheduler.runner.budget.plan.serving_idle
         if extra is not None:
@@ -307,32 +313,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """This benchmark's flags (`rlhf-studio bench serve ...`)."""
     p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
     p.add_argument("--users", type=int, help="one concurrency level instead of 1, 8 and 32")
+    p.add_argument("--engine", choices=("both", "transformers", "llama_cpp"), default="both",
+                   help="which engine's rows (default both)")
     p.add_argument("--during-retrain", action="store_true",
                    help="the 1- and 8-user levels while a real retrain job runs, against idle in the same run")
 
 
+# The llama.cpp app as it serves, then each setting it could have had instead, over the same levels.
+LLAMA_VARIANTS = [
+    ("as served: own process, every core", {}),
+    ("own process, 1 thread", {"serving.threads": 1}),
+    ("in the app's process, every core", {"serving.isolation": "thread"}),
+]
+
+
 def run(config: AppConfig, args, path=None) -> dict:
-    """Both engines side by side (transformers rows kept), llama-cpp-python's own ``Llama`` on the same GGUF and
-    threads, 1/8/32 annotators over HTTP (or ``--users N``); report and return the figures. (``bench serve
-    --during-retrain`` runs ``bench.serve_retrain`` instead.)"""
+    """The engines side by side, 1/8/32 annotators over HTTP (or ``--users N``); llama.cpp's rows with its
+    variants and anchors; report and return the figures. (``bench serve --during-retrain`` runs
+    ``bench.serve_retrain`` instead.)"""
     from rlhf.serving.interface import llama_cpp_installed
 
     quick = bool(getattr(args, "quick", False))
+    which = getattr(args, "engine", "both") or "both"
     levels = [args.users] if getattr(args, "users", None) else ([1, 8] if quick else [1, 8, 32])
     gen = {"max_new_tokens": 16 if quick else 64, "temperature": config.serving.temperature,
            "top_p": config.serving.top_p}
     per_user = 1 if quick else 2
     load_before = os.getloadavg()
     rows: list = []
+    tf, lc = None, None
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         cfg = bench_config(config, tmp)
-        tf = serve_engine("transformers", config, cfg, levels, per_user, gen, rows)
-        lc = None
-        if llama_cpp_installed():
-            lc = serve_engine("llama_cpp", config, cfg, levels, per_user, gen, rows,
+        if which in ("both", "transformers"):
+            tf = serve_engine("transformers", config, cfg, levels, per_user, gen, rows)
+        if which in ("both", "llama_cpp") and llama_cpp_installed():
+            anchor_levels = [u for u in levels if u in (1, 8)] or [1]
+            lc = serve_engine("llama_cpp", config, cfg, levels, per_user, gen, rows, mode=LLAMA_VARIANTS[0][0],
                               extra=lambda server, system, threads: llama_extras(
-                                  server, system, threads, config, [u for u in levels if u in (1, 8)] or [1],
-                                  per_user, gen, rows, tmp))
+                                  server, system, threads, config, anchor_levels, per_user, gen, rows, tmp))
+            lc["variants"] = {}
+            for name, overrides in LLAMA_VARIANTS[1:] if not quick else []:
+                variant = apply_overrides(config, overrides)
+                lc["variants"][name] = serve_engine("llama_cpp", variant, apply_overrides(cfg, overrides),
+                                                    anchor_levels, per_user, gen, rows, mode=name)
     load_after = os.getloadavg()
     figures, notes = summarize(config, tf, lc, levels, per_user, gen, load_before, load_after)
     return report("serve", rows, figures, notes, path=path)
@@ -340,8 +363,9 @@ def run(config: AppConfig, args, path=None) -> dict:
 
 def llama_extras(server, system_prompt: str, threads: int, config: AppConfig, levels: list[int], per_user: int,
                  gen: dict, rows: list, tmp: str) -> dict:
-    """With the llama.cpp engine still up: llama-cpp-python's ``Llama`` on the same GGUF and threads (batch-1
-    decode and one stream), our batch-1 decode on the same prompts, and an adapter's conversion time."""
+    """With the llama.cpp engine still up: llama.cpp itself on the same GGUF (llama-cpp-python's ``Llama`` one
+    stream at 1 and 2 threads, its batched decode ceiling at the serving threads), our batch-1 greedy decode on
+    the same prompts, and an adapter's conversion time."""
     out = {}
     anchor = anchor_rows(server, system_prompt, threads, config.base_model, levels, per_user, gen, rows)
     if anchor is not None:
@@ -366,46 +390,72 @@ def adapter_timing(server, config: AppConfig, root: Path) -> dict:
     return {"convert_and_load_s": loaded, "first_reply_s": time.perf_counter() - t0}
 
 
-def summarize(config: AppConfig, tf: dict, lc, levels: list[int], per_user: int, gen: dict, load_before,
+def decode_rate(level: Level) -> float:
+    """Tokens after the first over the time from first to last token, per reply, averaged (at the client)."""
+    return sum(level.decode_rates) / len(level.decode_rates) if level.decode_rates else 0.0
+
+
+def summarize(config: AppConfig, tf, lc, levels: list[int], per_user: int, gen: dict, load_before,
               load_after) -> tuple[dict, str]:
     """The figures (goals) and the notes of a run."""
     pick = 8 if 8 in levels else levels[-1]
-    level, tps = tf["levels"][pick]
-    base_tps = tf["baseline"]["tokens_per_s"]
-    figures = {"users": pick, "ttft_p50_s": round(percentile(level.ttft, 50), 3),
-               "ttft_p95_s": round(percentile(level.ttft, 95), 3), "tokens_per_s": round(tps, 2),
-               "baseline_tokens_per_s": round(base_tps, 2), "ratio": round(tps / base_tps, 2) if base_tps else 0.0,
-               "load_avg_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)]}
     s = config.serving
+    figures = {"users": pick, "load_avg_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)]}
     notes = (f"Model `{config.base_model}`; {per_user} chat(s) per annotator, max_new_tokens={gen['max_new_tokens']}, "
              f"temperature={gen['temperature']}, top_p={gen['top_p']}; max_batch_size={s.max_batch_size}, "
              f"queue_size={s.queue_size}, batch_window_ms={s.batch_window_ms}. Load average (1/5/15 min) before "
-             f"{tuple(round(x, 2) for x in load_before)}, after {tuple(round(x, 2) for x in load_after)}: other "
-             f"work shared the cores. TTFT is measured by the client over HTTP (/api/v1/chat/stream); the "
-             f"baseline's 'TTFT' is its whole reply. transformers engine profile: {_brief(tf['profile'])}.")
+             f"{tuple(round(x, 2) for x in load_before)}, after {tuple(round(x, 2) for x in load_after)}. TTFT is "
+             f"measured by the client over HTTP (/api/v1/chat/stream); the baseline's 'TTFT' is its whole reply.")
+    if tf is not None:
+        level, tps = tf["levels"][pick]
+        base_tps = tf["baseline"]["tokens_per_s"]
+        figures.update({"ttft_p50_s": round(percentile(level.ttft, 50), 3),
+                        "ttft_p95_s": round(percentile(level.ttft, 95), 3), "tokens_per_s": round(tps, 2),
+                        "baseline_tokens_per_s": round(base_tps, 2),
+                        "ratio": round(tps / base_tps, 2) if base_tps else 0.0})
+        notes += f" transformers engine profile: {_brief(tf['profile'])}."
     if lc is not None:
-        lc_level, lc_tps = lc["levels"][pick]
-        figures.update({"llama_cpp_tokens_per_s": round(lc_tps, 2),
-                        "llama_cpp_ttft_p95_s": round(percentile(lc_level.ttft, 95), 3),
-                        "llama_cpp_vs_transformers": round(lc_tps / tps, 2) if tps else 0.0,
-                        "adapter_convert_and_load_s": round(lc["adapter"]["convert_and_load_s"], 3)})
-        notes += f" llama.cpp engine profile: {_brief(lc['profile'])}."
-        anchor = lc.get("anchor")
-        if anchor:
-            one_stream = anchor["levels"][0]["tokens_per_s"]
-            ours = anchor["app_decode_tokens_per_s"]
-            theirs = anchor["levels"][0]["decode_tokens_per_s"]
-            figures.update({"batch1_decode_tokens_per_s": round(ours, 2),
-                            "llama_cpp_python_decode_tokens_per_s": round(theirs, 2),
-                            "batch1_vs_llama_cpp_python": round(ours / theirs, 3) if theirs else 0.0,
-                            "one_llama_stream_tokens_per_s": round(one_stream, 2),
-                            f"users{pick}_vs_one_llama_stream": round(lc_tps / one_stream, 2) if one_stream else 0.0,
-                            "greedy_identical": f"{anchor['agreement']['identical']}/{anchor['agreement']['of']}"})
-            notes += (f" Anchor: llama-cpp-python {anchor['version']}'s `Llama` on the same GGUF, {anchor['threads']} "
-                      f"thread(s) (the serving engine's), greedy, the same prompt token ids; it decodes one sequence "
-                      f"at a time. Batch-1 decode = tokens after the first / time from first to last token, "
-                      f"in-process, both engines on the same prompts.")
+        figures.update(llama_figures(lc, pick, tf))
+        notes += f" llama.cpp engine: {lc['status']}; profile: {_brief(lc['profile'])}."
+        if lc.get("anchor"):
+            anchor = lc["anchor"]
+            notes += (f" Anchor: llama-cpp-python {anchor['version']}'s `Llama` on the same GGUF, greedy, the same "
+                      f"prompt token ids, one sequence at a time, at 1 and 2 threads (the best is 'the stream'); its "
+                      f"ceiling: {anchor['ceiling_sequences']} sequences per `llama_decode` call at the serving "
+                      f"threads, greedy, no HTTP. Batch-1 decode = tokens after the first / time from first to "
+                      f"last token, at the client over HTTP (1 user).")
     return figures, notes
+
+
+def llama_figures(lc: dict, pick: int, tf) -> dict:
+    """The llama.cpp figures: the app against llama.cpp's best stream and ceiling, and what each setting costs."""
+    level, tps = lc["levels"][pick]
+    out = {"llama_cpp_tokens_per_s": round(tps, 2), "llama_cpp_ttft_p95_s": round(percentile(level.ttft, 95), 3),
+           "adapter_convert_and_load_s": round(lc["adapter"]["convert_and_load_s"], 3)}
+    if tf is not None:
+        out["llama_cpp_vs_transformers"] = round(tps / tf["levels"][pick][1], 2) if tf["levels"][pick][1] else 0.0
+    one = lc["levels"].get(1)
+    if one is not None:
+        out["batch1_decode_tokens_per_s"] = round(decode_rate(one[0]), 2)
+    for name, variant in lc.get("variants", {}).items():
+        key = "one_thread" if "1 thread" in name else "in_process"
+        if pick in variant["levels"]:
+            out[f"{key}_users{pick}_tokens_per_s"] = round(variant["levels"][pick][1], 2)
+            out[f"as_served_vs_{key}_users{pick}"] = round(tps / variant["levels"][pick][1], 3)
+        if 1 in variant["levels"] and one is not None:
+            out[f"{key}_batch1_decode_tokens_per_s"] = round(decode_rate(variant["levels"][1][0]), 2)
+    anchor = lc.get("anchor")
+    if anchor:
+        best = anchor["best_stream_tokens_per_s"]
+        out.update({"best_stream_tokens_per_s": round(best, 2), "best_stream_threads": anchor["best_stream_threads"],
+                    "ceiling_tokens_per_s": round(anchor["ceiling_tokens_per_s"], 2),
+                    f"users{pick}_vs_best_stream": round(tps / best, 2) if best else 0.0,
+                    f"users{pick}_vs_ceiling": round(tps / anchor["ceiling_tokens_per_s"], 2),
+                    "ceiling_vs_best_stream": round(anchor["ceiling_tokens_per_s"] / best, 2) if best else 0.0,
+                    "greedy_identical": f"{anchor['agreement']['identical']}/{anchor['agreement']['of']}"})
+        if "batch1_decode_tokens_per_s" in out:
+            out["batch1_vs_best_stream"] = round(out["batch1_decode_tokens_per_s"] / best, 3) if best else 0.0
+    return out
 
 
 def _brief(profile: dict) -> str:
@@ -414,22 +464,39 @@ def _brief(profile: dict) -> str:
 
 def anchor_rows(server, system_prompt: str, threads: int, base_model: str, levels: list[int], per_user: int,
                 gen: dict, rows: list) -> dict | None:
-    """llama-cpp-python's rows and our engine's batch-1 greedy decode, appended to ``rows``; the anchor's
-    figures, or None when llama-cpp-python or the shipped GGUF is missing."""
+    """llama.cpp's own rows (llama-cpp-python's ``Llama`` at 1 and 2 threads, its batched ceiling at the serving
+    threads) and our batch-1 greedy decode, appended to ``rows``; the anchor's figures, or None when
+    llama-cpp-python or the shipped GGUF is missing."""
     from bench.anchors import llama_cpp
 
     prompts = [server.build_prompt(system_prompt, [{"role": "user", "content": q}]) for q in QUESTIONS[:8]]
-    anchor = llama_cpp(server, prompts, base_model, threads, levels, per_user, gen["max_new_tokens"])
-    if anchor is None:
-        return None
-    ours, theirs = anchor["app_decode_tokens_per_s"], anchor["levels"][0]["decode_tokens_per_s"]
-    rows.append(_row(server.engine_name, "engine in-process, greedy, one at a time (decode rate)", 1, ours,
+    runs = {}
+    for n in sorted({1, 2, threads}):
+        runs[n] = llama_cpp(server, prompts, base_model, n, levels, per_user, gen["max_new_tokens"],
+                            ceiling=[1, 8] if n == threads else [])
+        if runs[n] is None:
+            return None
+    best_threads = max(runs, key=lambda n: runs[n]["levels"][0]["decode_tokens_per_s"])
+    anchor = runs[threads]
+    anchor["best_stream_threads"] = best_threads
+    anchor["best_stream_tokens_per_s"] = runs[best_threads]["levels"][0]["decode_tokens_per_s"]
+    ceiling = max(anchor["ceiling"], key=lambda c: c["sequences"])
+    anchor["ceiling_sequences"], anchor["ceiling_tokens_per_s"] = ceiling["sequences"], ceiling["tokens_per_s"]
+    ours = anchor["app_decode_tokens_per_s"]
+    rows.append(_row(server.engine_name, "engine, greedy, one at a time (decode rate, no HTTP)", 1, ours,
                      requests=len(prompts), ms_per_step=1000 / max(ours, 1e-9)))
-    rows.append(_row("llama-cpp-python Llama", "greedy, one at a time (decode rate)", 1, theirs,
-                     requests=len(prompts), ms_per_step=1000 / max(theirs, 1e-9)))
-    for lv in anchor["levels"]:
+    for n, run in sorted(runs.items()):
+        lv = run["levels"][0]
+        rows.append(_row("llama-cpp-python Llama", f"greedy, one sequence, {n} thread(s) (decode rate)", 1,
+                         lv["decode_tokens_per_s"], requests=lv["requests"],
+                         ms_per_step=1000 / max(lv["decode_tokens_per_s"], 1e-9)))
+    for lv in anchor["levels"][1:]:
         rows.append(_row("llama-cpp-python Llama", "greedy, requests queue (one sequence at a time)", lv["users"],
                          lv["tokens_per_s"], requests=lv["requests"], tokens=lv["tokens"], wall_s=lv["wall_s"],
                          ttft_p50_s=lv["ttft_p50_s"], ttft_p95_s=lv["ttft_p95_s"],
                          ms_per_step=1000 / max(lv["decode_tokens_per_s"], 1e-9)))
+    for c in anchor["ceiling"]:
+        rows.append(_row("llama.cpp llama_decode", f"ceiling: {c['sequences']} sequence(s) per decode call, "
+                         f"{c['threads']} thread(s), no HTTP", c["sequences"], c["tokens_per_s"],
+                         rows_per_step=float(c["sequences"]), ms_per_step=1000 * c["sequences"] / c["tokens_per_s"]))
     return anchor

@@ -53,7 +53,7 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     scheduler = StudioScheduler(store, config)
     budget = scheduler.runner.budget  # one CPU budget: the job runner reports jobs, serving engines follow it
     apply_torch_threads(budget.plan.serving_idle)  # this thread (model loading); the engine applies its own
-    server = server or load_server(config)
+    server = server or load_server(config, [a.system_prompt for a in store.list_agents()])
     server.use_budget(budget)
     log.info("%s", budget.plan.describe())
     services = Services(config=config, store=store, server=server, scheduler=scheduler, auth=auth)

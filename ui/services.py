@@ -38,7 +38,8 @@ class Services:
                 if not load:
                     return None
                 try:
-                    self.servers[base] = load_server(dataclasses.replace(self.config, base_model=agent.base_model))
+                    self.servers[base] = load_server(dataclasses.replace(self.config, base_model=agent.base_model),
+                                                     [agent.system_prompt])
                     if self.scheduler is not None:  # the same CPU budget as the app's own server
                         self.servers[base].use_budget(self.scheduler.runner.budget)
                 except Exception as exc:  # a missing or broken model dir: the request fails, the app stays up

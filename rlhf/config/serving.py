@@ -21,6 +21,8 @@ class ServingConfig:
     batch_window_ms: float = opt(10.0, "How long an idle server waits for more requests before starting a batch.")
     threads: int = opt(0, "CPU threads of the serving engine (0 = every core, less a running job's share; "
                        "`config show` prints the budget).")
+    adaptive_threads: bool = opt(True, "Decode with fewer threads while other processes keep cores busy (a thread "
+                                 "sharing its core stalls every decode step); false: always the budget's threads.")
     engine: str = opt("auto", "auto | llama_cpp | transformers: what decodes replies (auto: the first that works "
                       "here, proved at start: llama.cpp on CPU when installed, then llama.cpp's safe load, then "
                       "transformers; transformers on CUDA). Training always runs in torch.")

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Optional
 
+from rlhf.cpu import CpuMeter
 from rlhf.serving.interface import Engine, EngineCore, EngineLoad, Request
 
 log = logging.getLogger(__name__)
@@ -29,12 +30,13 @@ class EngineLoop(Engine):
     ``queue_size`` bounds requests waiting to start (``submit`` raises ``queue.Full`` beyond it);
     ``max_batch_size`` is only used for the retry hint (the core bounds its own rows); ``batch_window_ms`` is how
     long an idle loop waits for company before it starts the first request; ``observer(load)`` is called on the
-    loop thread whenever the running/waiting counts change.
+    loop thread whenever the running/waiting counts change; ``adaptive_threads``: decode with fewer threads than
+    the budget allows while other processes keep cores busy (``rlhf.cpu.CpuMeter``).
     """
 
     def __init__(self, core: EngineCore, *, queue_size: int = 64, max_batch_size: int = 32,
                  batch_window_ms: float = 10.0, observer: Optional[Callable[[EngineLoad], None]] = None,
-                 start: bool = True):
+                 adaptive_threads: bool = False, start: bool = True):
         self.core = core
         self.name = core.name
         self.tokenizer = core.tokenizer
@@ -43,6 +45,7 @@ class EngineLoop(Engine):
         self.batch_window_s = max(0.0, batch_window_ms) / 1000.0
         self.observer = observer
         self.budget = None
+        self.meter = CpuMeter() if adaptive_threads else None
         self.threads: Optional[int] = None
         self.status = core.name
         self.avg_reply_s = 2.0  # moving average of a reply's time in the core, for the busy answer's hint
@@ -213,6 +216,8 @@ class EngineLoop(Engine):
         if self.budget is None:
             return
         want = max(1, int(self.budget.serving_threads()))
+        if self.meter is not None:
+            want = self.meter.fit(want)
         if want != self.threads:
             self.core.set_threads(want)
             self.threads = want

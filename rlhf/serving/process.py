@@ -77,13 +77,13 @@ class EngineProcess(Engine):
     """
 
     def __init__(self, specs: list[EngineSpec], *, queue_size: int = 64, max_batch_size: int = 32,
-                 batch_window_ms: float = 10.0, threads: int = 1, verdicts=None,
+                 batch_window_ms: float = 10.0, adaptive_threads: bool = False, threads: int = 1, verdicts=None,
                  ready_timeout_s: float = 900.0):
         if not specs:
             raise EngineUnavailable("no engine to start")
         self.specs = list(specs)
         self.loop_settings = {"queue_size": queue_size, "max_batch_size": max_batch_size,
-                              "batch_window_ms": batch_window_ms}
+                              "batch_window_ms": batch_window_ms, "adaptive_threads": adaptive_threads}
         self.queue_size, self.max_batch_size = max(1, int(queue_size)), max(1, int(max_batch_size))
         self.verdicts = verdicts
         self.ready_timeout_s = ready_timeout_s

@@ -197,11 +197,13 @@ class PolicyServer:
         """The whole reply (blocking)."""
         return self.stream(system_prompt, history, adapter, params).text()
 
-    def warmup(self) -> float:
-        """One short generation so the first user does not pay for lazy initialisation; returns seconds."""
+    def warmup(self, system_prompts: Sequence[str] = ("",)) -> float:
+        """One short generation per system prompt, so the first user pays neither for lazy initialisation nor for
+        computing an agent's system prompt (the engine keeps it as a shared prefix); returns seconds."""
         t0 = time.perf_counter()
-        self.generate("", [{"role": "user", "content": "Hello"}], AdapterRef(0), GenParams(max_new_tokens=4,
-                                                                                           temperature=0))
+        for system_prompt in dict.fromkeys(system_prompts or ("",)):
+            self.generate(system_prompt, [{"role": "user", "content": "Hello"}], AdapterRef(0),
+                          GenParams(max_new_tokens=4, temperature=0))
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -234,24 +236,23 @@ def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, t
     return loop
 
 
-def load_server(config: "AppConfig") -> PolicyServer:
+def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",)) -> PolicyServer:
     """The base model behind the engine that works here (``serving.engine``, proved in its own process unless
-    ``serving.isolation`` is ``thread``), warmed up; the log says which engine serves and why."""
+    ``serving.isolation`` is ``thread``), warmed up with the agents' ``system_prompts``; the log says which engine
+    serves and why."""
     from rlhf.cpu import thread_plan
     from rlhf.models import load_tokenizer
-    from rlhf.serving.startup import Verdicts, engine_specs
+    from rlhf.serving.startup import Verdicts, engine_specs, loop_settings
 
     t0 = time.perf_counter()
     s = config.serving
     device = pick_device(config.device)
     specs, tokenizer_source = engine_specs(config, device)
-    loop_settings = {"queue_size": s.queue_size, "max_batch_size": s.max_batch_size,
-                     "batch_window_ms": s.batch_window_ms}
-    engine = start_engine(specs, s.isolation, loop_settings, threads=thread_plan(config).serving_idle,
+    engine = start_engine(specs, s.isolation, loop_settings(config), threads=thread_plan(config).serving_idle,
                           verdicts=Verdicts(config.data_path / "serving" / "verdicts.json"))
     server = PolicyServer(engine, load_tokenizer(tokenizer_source), config.base_model, s.max_context_tokens, device)
     log.info("model %s served by %s, ready in %.1f s", config.base_model, server.engine_status,
              time.perf_counter() - t0)
     if config.serving.warmup:
-        log.info("warm-up generation took %.1f s", server.warmup())
+        log.info("warm-up generation took %.1f s", server.warmup(system_prompts))
     return server

@@ -157,3 +157,10 @@ def llama_options(config) -> dict:
     s = config.serving
     return {"kv_cache_tokens": max(s.kv_cache_tokens, s.max_context_tokens + 64), "max_contexts": s.llama_contexts,
             "max_batch_size": s.max_batch_size, "cache_dir": str(config.data_path)}
+
+
+def loop_settings(config) -> dict:
+    """The engine loop's settings from the config (the same in an engine process and in the app's)."""
+    s = config.serving
+    return {"queue_size": s.queue_size, "max_batch_size": s.max_batch_size, "batch_window_ms": s.batch_window_ms,
+            "adaptive_threads": s.adaptive_threads}

@@ -37,7 +37,7 @@ def test_serve_bench_quick(app_config, tmp_path, capsys):
                 "load_avg_1m_before_after"}
     if llama_cpp_installed():  # both engines side by side (no anchor: the tiny model is not the shipped GGUF)
         expected |= {"llama_cpp_tokens_per_s", "llama_cpp_ttft_p95_s", "llama_cpp_vs_transformers",
-                     "adapter_convert_and_load_s"}
+                     "adapter_convert_and_load_s", "batch1_decode_tokens_per_s"}
         assert figures["llama_cpp_tokens_per_s"] > 0 and 0 <= figures["adapter_convert_and_load_s"] < 10
     assert set(figures) == expected
     assert figures["users"] == 8 and figures["tokens_per_s"] > 0 and figures["baseline_tokens_per_s"] > 0

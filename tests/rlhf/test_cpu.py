@@ -6,7 +6,8 @@ import time
 import pytest
 
 from rlhf.config import load_config
-from rlhf.cpu import THREAD_VARIABLES, CpuBudget, available_cores, plan_threads, thread_env, thread_plan
+from rlhf.cpu import THREAD_VARIABLES, CpuBudget, CpuMeter, available_cores, plan_threads, thread_env, \
+    thread_plan, threads_beside
 
 
 @pytest.mark.parametrize("cores, idle, busy, job", [
@@ -110,3 +111,19 @@ def test_config_show_prints_the_budget_and_stays_a_config_file(tmp_path, capsys)
     saved.write_text(out)
     assert yaml.safe_load(out)["retrain"]["job_threads"] == 1
     assert load_config(saved, env={}).retrain.job_threads == 1
+
+
+@pytest.mark.parametrize("others, threads", [(0.0, 2), (0.3, 2), (0.5, 2), (0.7, 1), (1.0, 1), (1.9, 1)])
+def test_serving_gives_a_core_to_other_busy_processes(others, threads):
+    """A thread that shares its core with another busy process stalls every decode step: leave that core."""
+    assert threads_beside(2, 2, others) == threads
+    assert threads_beside(4, 8, 1.0) == 4 and threads_beside(8, 8, 3.0) == 5 and threads_beside(1, 2, 0.0) == 1
+
+
+def test_the_meter_reads_proc_stat_and_a_process_stat():
+    stat = "cpu  100 5 50 1000 20 3 2 10 0 0\ncpu0 50 2 25 500 10 1 1 5 0 0\n"
+    assert CpuMeter.machine_busy(stat) == 100 + 5 + 50 + 3 + 2 + 10  # steal counts: a neighbour's, not ours
+    pid_stat = "1234 (python (engine)) S 1 2 3 4 5 6 7 8 9 10 111 222 0 0 20 0 1 0"
+    assert CpuMeter.process_busy(pid_stat) == 111 + 222
+    meter = CpuMeter(window_s=0.0)
+    assert meter.fit(1) == 1 and 1 <= meter.fit(64) <= available_cores()
