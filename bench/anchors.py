@@ -62,11 +62,12 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
     return {"identical": same, "of": len(a), "shared_prefix": sum(prefix) / len(prefix) if prefix else 0.0}
 
 
-def llama_cpp(server, prompts: list[list[int]], base_model: str, threads: int, levels: list[int], per_user: int,
-              max_tokens: int, timeout: float = 1800.0, ceiling: Optional[list[int]] = None) -> Optional[dict]:
-    """llama.cpp's rows (and its batched decode ceiling at each of ``ceiling`` sequences per call) and the app's
-    batch-1 greedy figures on the same prompts; None when no anchor is built."""
-    python, gguf = anchor_python(), shipped_gguf(base_model)
+def llama_cpp(server, prompts: list[list[int]], gguf: Optional[Path], threads: int, levels: list[int],
+              per_user: int, max_tokens: int, timeout: float = 1800.0, ceiling: Optional[list[int]] = None,
+              app: bool = True) -> Optional[dict]:
+    """llama.cpp's rows on ``gguf`` (and its batched decode ceiling at each of ``ceiling`` sequences per call), and
+    with ``app`` the app's batch-1 greedy figures on the same prompts; None when no anchor is built."""
+    python = anchor_python()
     if python is None or gguf is None:
         return None
     spec = {"gguf": str(gguf), "threads": threads, "max_tokens": max_tokens, "prompts": prompts,
@@ -78,7 +79,8 @@ def llama_cpp(server, prompts: list[list[int]], base_model: str, threads: int, l
         raise RuntimeError(f"llama.cpp anchor failed: {done.stderr[-2000:]}")
     anchor = json.loads(done.stdout.strip().splitlines()[-1])
     anchor["seconds"] = time.perf_counter() - t0
-    app_replies, app_decode = app_greedy(server, prompts, max_tokens)
-    anchor["app_decode_tokens_per_s"] = app_decode
-    anchor["agreement"] = agreement(app_replies, anchor["greedy"])
+    if app:
+        app_replies, app_decode = app_greedy(server, prompts, max_tokens)
+        anchor["app_decode_tokens_per_s"] = app_decode
+        anchor["agreement"] = agreement(app_replies, anchor["greedy"])
     return anchor

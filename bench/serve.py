@@ -296,7 +296,7 @@ def serve_engine(kind: str, config: AppConfig, cfg: AppConfig, levels: list[int]
         with LiveApp(create_app(services)) as live:
             for users in levels:
                 before = server.engine.profile()
-                level = run_level(live.url, users, per_user, gen)
+                level = run_level(live.url, users, per_user * 4 if users == 1 else per_user, gen)  # 1 user: more
                 tps = level.tokens / level.wall_s if level.wall_s else 0.0
                 out["levels"][users] = (level, tps)
                 rows.append({**level_row(level, tps, before, server.engine.profile(), kind), "mode": mode})
@@ -324,6 +324,7 @@ LLAMA_VARIANTS = [
     ("as served: own process, every core", {}),
     ("own process, 1 thread", {"serving.threads": 1}),
     ("in the app's process, every core", {"serving.isolation": "thread"}),
+    ("shipped Q4_1 weights as they are", {"serving.llama_weights": "shipped"}),
 ]
 
 
@@ -338,7 +339,7 @@ def run(config: AppConfig, args, path=None) -> dict:
     levels = [args.users] if getattr(args, "users", None) else ([1, 8] if quick else [1, 8, 32])
     gen = {"max_new_tokens": 16 if quick else 64, "temperature": config.serving.temperature,
            "top_p": config.serving.top_p}
-    per_user = 1 if quick else 2
+    per_user = 1 if quick else 3
     load_before = os.getloadavg()
     rows: list = []
     tf, lc = None, None
@@ -367,7 +368,7 @@ def llama_extras(server, system_prompt: str, threads: int, config: AppConfig, le
     stream at 1 and 2 threads, its batched decode ceiling at the serving threads), our batch-1 greedy decode on
     the same prompts, and an adapter's conversion time."""
     out = {}
-    anchor = anchor_rows(server, system_prompt, threads, config.base_model, levels, per_user, gen, rows)
+    anchor = anchor_rows(server, system_prompt, threads, config, levels, per_user, gen, rows)
     if anchor is not None:
         out["anchor"] = anchor
     out["adapter"] = adapter_timing(server, config, Path(tmp) / "adapter")
@@ -419,8 +420,9 @@ def summarize(config: AppConfig, tf, lc, levels: list[int], per_user: int, gen: 
         notes += f" llama.cpp engine: {lc['status']}; profile: {_brief(lc['profile'])}."
         if lc.get("anchor"):
             anchor = lc["anchor"]
-            notes += (f" Anchor: llama-cpp-python {anchor['version']}'s `Llama` on the same GGUF, greedy, the same "
-                      f"prompt token ids, one sequence at a time, at 1 and 2 threads (the best is 'the stream'); its "
+            notes += (f" Anchor: llama-cpp-python {anchor['version']}'s `Llama` on the served GGUF and the shipped "
+                      f"one, greedy, the same prompt token ids, one sequence at a time, at 1 and 2 threads (the best "
+                      f"is 'the stream'); llama.cpp's "
                       f"ceiling: {anchor['ceiling_sequences']} sequences per `llama_decode` call at the serving "
                       f"threads, greedy, no HTTP. Batch-1 decode = tokens after the first / time from first to "
                       f"last token, at the client over HTTP (1 user).")
@@ -438,7 +440,7 @@ def llama_figures(lc: dict, pick: int, tf) -> dict:
     if one is not None:
         out["batch1_decode_tokens_per_s"] = round(decode_rate(one[0]), 2)
     for name, variant in lc.get("variants", {}).items():
-        key = "one_thread" if "1 thread" in name else "in_process"
+        key = "one_thread" if "1 thread" in name else "in_process" if "app's process" in name else "shipped_weights"
         if pick in variant["levels"]:
             out[f"{key}_users{pick}_tokens_per_s"] = round(variant["levels"][pick][1], 2)
             out[f"as_served_vs_{key}_users{pick}"] = round(tps / variant["levels"][pick][1], 3)
@@ -448,6 +450,7 @@ def llama_figures(lc: dict, pick: int, tf) -> dict:
     if anchor:
         best = anchor["best_stream_tokens_per_s"]
         out.update({"best_stream_tokens_per_s": round(best, 2), "best_stream_threads": anchor["best_stream_threads"],
+                    "best_stream_gguf": anchor["best_stream_gguf"],
                     "ceiling_tokens_per_s": round(anchor["ceiling_tokens_per_s"], 2),
                     f"users{pick}_vs_best_stream": round(tps / best, 2) if best else 0.0,
                     f"users{pick}_vs_ceiling": round(tps / anchor["ceiling_tokens_per_s"], 2),
@@ -462,33 +465,42 @@ def _brief(profile: dict) -> str:
     return json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in profile.items()})
 
 
-def anchor_rows(server, system_prompt: str, threads: int, base_model: str, levels: list[int], per_user: int,
+def anchor_rows(server, system_prompt: str, threads: int, config: AppConfig, levels: list[int], per_user: int,
                 gen: dict, rows: list) -> dict | None:
-    """llama.cpp's own rows (llama-cpp-python's ``Llama`` at 1 and 2 threads, its batched ceiling at the serving
-    threads) and our batch-1 greedy decode, appended to ``rows``; the anchor's figures, or None when
-    llama-cpp-python or the shipped GGUF is missing."""
-    from bench.anchors import llama_cpp
+    """llama.cpp's own rows — llama-cpp-python's ``Llama`` at 1 and 2 threads on the GGUF the app serves and on the
+    shipped one (the best of them is "the stream"), llama.cpp's batched ceiling on the served GGUF at the serving
+    threads — and our batch-1 greedy decode, appended to ``rows``; the anchor's figures, or None when
+    llama-cpp-python or a GGUF is missing."""
+    from bench.anchors import llama_cpp, shipped_gguf
+    from rlhf.serving.startup import llama_files
 
     prompts = [server.build_prompt(system_prompt, [{"role": "user", "content": q}]) for q in QUESTIONS[:8]]
+    served = llama_files(config)[0]
+    files = {"served": served, "shipped": shipped_gguf(config.base_model)}
     runs = {}
-    for n in sorted({1, 2, threads}):
-        runs[n] = llama_cpp(server, prompts, base_model, n, levels, per_user, gen["max_new_tokens"],
-                            ceiling=[1, 8] if n == threads else [])
-        if runs[n] is None:
-            return None
-    best_threads = max(runs, key=lambda n: runs[n]["levels"][0]["decode_tokens_per_s"])
-    anchor = runs[threads]
-    anchor["best_stream_threads"] = best_threads
-    anchor["best_stream_tokens_per_s"] = runs[best_threads]["levels"][0]["decode_tokens_per_s"]
+    for label, gguf in files.items():
+        if gguf is None or (label == "shipped" and Path(gguf) == Path(served)):
+            continue
+        for n in sorted({1, 2, threads}):
+            main = label == "served" and n == threads
+            run = llama_cpp(server, prompts, gguf, n, levels if main else [1], per_user, gen["max_new_tokens"],
+                            ceiling=[1, 8] if main else [], app=main)
+            if run is None:
+                return None
+            runs[(label, n)] = run
+    anchor = runs[("served", threads)]
+    best = max(runs, key=lambda k: runs[k]["levels"][0]["decode_tokens_per_s"])
+    anchor["best_stream_threads"], anchor["best_stream_gguf"] = best[1], Path(files[best[0]]).name
+    anchor["best_stream_tokens_per_s"] = runs[best]["levels"][0]["decode_tokens_per_s"]
     ceiling = max(anchor["ceiling"], key=lambda c: c["sequences"])
     anchor["ceiling_sequences"], anchor["ceiling_tokens_per_s"] = ceiling["sequences"], ceiling["tokens_per_s"]
     ours = anchor["app_decode_tokens_per_s"]
     rows.append(_row(server.engine_name, "engine, greedy, one at a time (decode rate, no HTTP)", 1, ours,
                      requests=len(prompts), ms_per_step=1000 / max(ours, 1e-9)))
-    for n, run in sorted(runs.items()):
+    for (label, n), run in sorted(runs.items()):
         lv = run["levels"][0]
-        rows.append(_row("llama-cpp-python Llama", f"greedy, one sequence, {n} thread(s) (decode rate)", 1,
-                         lv["decode_tokens_per_s"], requests=lv["requests"],
+        rows.append(_row("llama-cpp-python Llama", f"{Path(files[label]).name}: greedy, one sequence, {n} thread(s) "
+                         f"(decode rate)", 1, lv["decode_tokens_per_s"], requests=lv["requests"],
                          ms_per_step=1000 / max(lv["decode_tokens_per_s"], 1e-9)))
     for lv in anchor["levels"][1:]:
         rows.append(_row("llama-cpp-python Llama", "greedy, requests queue (one sequence at a time)", lv["users"],

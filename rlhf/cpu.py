@@ -158,7 +158,7 @@ class CpuMeter:
     """
 
     def __init__(self, pids: Optional[list[int]] = None, window_s: float = 1.0, cores: Optional[int] = None):
-        self.pids = pids or [os.getpid()]
+        self.pids = pids or [os.getpid()]  # "own" processes: their CPU time is not another's
         self.window_s = window_s
         self.cores = cores or available_cores()
         self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -32,9 +32,10 @@ class ServingConfig:
                                "reserves its prompt + max_new_tokens; at least max_context_tokens + 64).")
     llama_contexts: int = opt(4, "llama.cpp: most contexts (each with its own KV cache) on the one base: versions "
                               "decoding at the same moment; more versions take turns.")
-    llama_weights: str = opt("shipped", "llama.cpp: shipped | q4_0 | q8_0 | f16: serve a shipped model's GGUF as is, "
-                             "or re-quantize the weights torch trains on (once, cached); a model dir converts to "
-                             "q8_0 unless set.")
+    llama_weights: str = opt("q8_0", "llama.cpp: q8_0 | shipped | q4_0 | f16: the weights llama.cpp serves, "
+                             "quantized once (cached) from those torch trains on; shipped: a shipped model's GGUF as "
+                             "is (faster alone, slower with several users: BENCHMARKS.md, bench serve). A .gguf base "
+                             "is served as is.")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""

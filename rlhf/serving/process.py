@@ -480,10 +480,10 @@ def child_main(fd: int) -> int:
     _, name, settings, loop_settings, threads = conn.recv()
     budget = _Threads(threads)
     try:
-        core = build_core(name, **settings)
-        loop = EngineLoop(core, observer=lambda load: send(("load", load.running, load.waiting)), **loop_settings)
+        loop = EngineLoop(lambda: build_core(name, **settings),
+                          observer=lambda load: send(("load", load.running, load.waiting)), **loop_settings)
         loop.use_budget(budget)
-        proof = prove(loop, core.tokenizer)
+        proof = prove(loop, loop.tokenizer)
     except Exception as exc:  # a Python error, not a fault: the app says why and tries the next engine
         logging.getLogger(__name__).exception("the engine could not start")
         send(("error", type(exc).__name__, f"{type(exc).__name__}: {exc}"))

@@ -231,7 +231,7 @@ def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, t
     if isolation != "thread":
         raise ValueError(f"serving.isolation must be process or thread, got {isolation!r}")
     spec = specs[0]
-    loop = EngineLoop(build_core(spec.name, **spec.settings), **loop_settings)
+    loop = EngineLoop(lambda: build_core(spec.name, **spec.settings), **loop_settings)
     loop.status = f"{spec.label} (in the app's process)"
     return loop
 
