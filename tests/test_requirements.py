@@ -19,13 +19,23 @@ from packaging.version import InvalidVersion, Version
 from tests.conftest import ROOT
 
 
-def space_requirements() -> dict[str, Requirement]:
-    reqs: dict[str, Requirement] = {}
+def space_lines() -> list[tuple[str, list[str]]]:
+    """(requirement, its per-requirement options) of every line of requirements.txt."""
+    out = []
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        assert not line.startswith("-"), f"requirements.txt: options are not used on Spaces here: {line!r}"
+        assert not line.startswith("-"), f"requirements.txt: global options are not used on Spaces here: {line!r}"
+        requirement, *options = line.split(" --")
+        assert all(o.startswith("config-settings=") for o in options), f"requirements.txt: {line!r}"
+        out.append((requirement.strip(), [o.removeprefix("config-settings=") for o in options]))
+    return out
+
+
+def space_requirements() -> dict[str, Requirement]:
+    reqs: dict[str, Requirement] = {}
+    for line, _ in space_lines():
         req = Requirement(line)
         name = canonicalize_name(req.name)
         assert name not in reqs, f"requirements.txt lists {req.name} twice"
@@ -84,6 +94,16 @@ def test_the_space_signs_in_and_serves_on_cpu():
     assert str(space["llama-cpp-python"].specifier) == "==0.3.36", "the CPU serving engine"
 
 
+def test_the_space_builds_llama_cpp_for_any_cpu_it_may_run_on():
+    """A Space image is built on one machine and run on another: every CPU variant, picked at run time, installed
+    where rlhf.serving.llama_cpp.lib looks for them (the package's lib/)."""
+    options = dict(o.split("=", 1) for line, opts in space_lines() if line.startswith("llama-cpp-python")
+                   for o in opts)
+    assert options["cmake.define.GGML_NATIVE"] == "OFF" and options["cmake.define.GGML_BACKEND_DL"] == "ON"
+    assert options["cmake.define.GGML_CPU_ALL_VARIANTS"] == "ON"
+    assert options["cmake.define.CMAKE_INSTALL_BINDIR"] == "llama_cpp/lib"
+
+
 def test_this_environment_satisfies_both_files(tmp_path):
     """The installed packages are one resolution of pyproject.toml; they must satisfy requirements.txt too.
     pip checks it (``--dry-run --no-deps --no-index``: nothing is fetched) for every package installed here."""
@@ -99,8 +119,9 @@ def test_this_environment_satisfies_both_files(tmp_path):
         if name in runtime:
             assert runtime[name].specifier.contains(have, prereleases=True), f"installed {req.name} {have} breaks " \
                                                                              "pyproject.toml"
-        installed.append(str(req))
-    listed = tmp_path / "requirements-installed.txt"
+        installed.append(next(f"{line} {' '.join('--config-settings=' + o for o in opts)}".strip()
+                              for line, opts in space_lines() if Requirement(line).name == req.name))
+    listed = tmp_path / "requirements-installed.txt"  # the lines as they are, options too: pip parses them
     listed.write_text("\n".join(installed) + "\n")
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
                           "--disable-pip-version-check", "-r", str(listed)], capture_output=True, text=True)
