@@ -181,6 +181,13 @@ class EngineProcess(Engine):
         return message[1]
 
     def _serving(self, spec: EngineSpec, info: dict) -> None:
+        if self._closing.is_set():  # closed while this engine started (after a fault): stop it too
+            self._conn.send(("close",))
+            try:
+                self._proc.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+            return
         self.spec, self.name = spec, spec.name
         why = f"; {'; '.join(self.history)}" if self.history else ""
         self.status = f"{spec.label} (proved in its own process: {info.get('proof', 'decoded')}){why}"
