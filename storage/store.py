@@ -330,6 +330,15 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
             db.execute("UPDATE policies SET status = 'archived' WHERE id = ?", [policy_id])
         return self.get_policy(policy_id)
 
+    def unarchive_policy(self, policy_id: int) -> Policy:
+        """An archived version back as a candidate (a reopened decision); Conflict for any other status."""
+        policy = self.get_policy(policy_id)
+        if policy.status != "archived":
+            raise Conflict(f"policy {policy_id} is {policy.status}, not archived")
+        with self._tx() as db:
+            db.execute("UPDATE policies SET status = 'candidate' WHERE id = ? AND status = 'archived'", [policy_id])
+        return self.get_policy(policy_id)
+
     def merge_policy_metrics(self, policy_id: int, values: dict) -> Policy:
         """Add or replace keys of a version's metrics (e.g. the outcome of people's votes); other keys stay."""
         self.get_policy(policy_id)

@@ -29,3 +29,8 @@ class ServerConfig:
     trusted_proxies: list = opt([], "Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For/-Proto/-Host "
                                 "are believed; empty = none (the default; a Space trusts its own proxy). '*' = any peer.")
     open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")
+
+    @property
+    def local_mode(self) -> bool:
+        """Single-user local mode: no configured users and no Hugging Face sign-in (everyone is the one admin)."""
+        return not (self.users.strip() or self.users_file.strip() or self.space_id.strip())

@@ -60,9 +60,7 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.get("/leaderboard", responses=ok(list[dict[str, Any]]) | errors(404))
     def leaderboard(agent: Optional[str] = None):
-        agent_rec = store.get_agent(agent)
-        table = views.board(store.list_comparisons(agent_rec.id, with_text=True), store.list_policies(agent_rec.id))
-        return views.leaderboard_json(table)
+        return views.leaderboard_json(services.leaderboards.table(agent))
 
     @r.post("/policies/{policy_id}/archive", responses=ok(PolicyOut) | errors(404, 409))
     def archive(policy_id: int, request: Request):

@@ -149,6 +149,7 @@ class Quality(BaseModel):
 class Excluded(BaseModel):
     name: str
     excluded: bool
+    reopened: list[dict[str, Any]]  # decisions that rested on their votes and no longer hold
 
 
 class TokenOut(BaseModel):
