@@ -9,8 +9,9 @@ voter neither chose the two versions nor saw which was which (a comparison of re
 versions in chat does not). Each person's first ``gate.decision_votes_per_annotator`` blind votes on the decision
 count and the rest are kept but not counted, so nobody outvotes the team by voting often; an annotator's latest vote
 on a pair of replies counts, and excluded annotators' votes do not. A verdict needs blind votes from at least
-``gate.decision_min_annotators`` different people. The sequential test (``rlhf.analysis.decision``) turns the counted
-votes into a verdict; ``settle`` records it in the version's metrics (``decision/*``) and, with
+``gate.decision_min_annotators`` different people. The sequential test (``rlhf.analysis.decision``, run at
+``person_alpha`` so that one person's counted votes cannot lift its error rate) turns the counted votes into a
+verdict; ``settle`` records it in the version's metrics (``decision/*``) and, with
 ``gate.decision_rule`` = auto in team and HF modes, promotes or archives it. Local mode is one person: a decided
 comparison waits for the admin's click there.
 
@@ -23,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from rlhf.analysis.decision import Decision, decide
+from rlhf.analysis.decision import Decision, decide, person_alpha
 from rlhf.config import AppConfig
 from storage import Comparison, Conflict, Policy, Store
 from storage.util import utcnow
@@ -88,19 +89,32 @@ def tally(comparisons: list[Comparison], candidate_id: int, opponent_id: int,
     return Tally(wins, ties, losses, both_bad, len(people), blind, not_blind)
 
 
-def rules(config: AppConfig) -> tuple[str, int]:
-    """(effective rule, people a verdict needs): local mode is one person, so it asks the admin and needs one."""
+@dataclass(frozen=True)
+class Rules:
+    """How people's votes decide here: the effective rule, people a verdict needs, votes counted per person, and
+    the level the test runs at (``rlhf.analysis.decision.person_alpha``)."""
+
+    rule: str
+    min_people: int
+    per_person: int
+    alpha: float
+
+
+def rules(config: AppConfig) -> Rules:
+    """Team and HF modes: the ``gate.decision_*`` settings. Local mode is one person: every vote counts, one person
+    suffices, and a decided comparison waits for the admin's click."""
+    g = config.gate
     if config.server.local_mode:
-        return "ask", 1
-    return config.gate.decision_rule, config.gate.decision_min_annotators
+        return Rules("ask", 1, g.decision_max_votes, g.decision_alpha)
+    return Rules(g.decision_rule, g.decision_min_annotators, g.decision_votes_per_annotator,
+                 person_alpha(g.decision_alpha, g.decision_votes_per_annotator))
 
 
 def verdict_of(config: AppConfig, t: Tally) -> tuple[Decision, int]:
     """The test's decision on a tally, held at ``collecting`` until enough people voted; and people still needed."""
-    g = config.gate
-    _, min_people = rules(config)
-    d = decide(t.wins, t.ties, t.losses, t.both_bad, alpha=g.decision_alpha, max_votes=g.decision_max_votes)
-    short = max(0, min_people - t.people)
+    r = rules(config)
+    d = decide(t.wins, t.ties, t.losses, t.both_bad, alpha=r.alpha, max_votes=config.gate.decision_max_votes)
+    short = max(0, r.min_people - t.people)
     if short and d.verdict in ("promote", "reject"):
         d = Decision("collecting", d.votes, d.win_rate, d.low, d.high, max(short, 1), d.wins, d.ties, d.losses,
                      d.both_bad)
@@ -115,20 +129,18 @@ def decision_for(store: Store, config: AppConfig, policy: Policy,
                  comparisons: Optional[list[Comparison]] = None) -> dict:
     """The people's-vote test for one version: verdict, counted votes, win rate with its always-valid interval,
     votes and people still needed, plus whether it is open, its opponent, and the recorded outcome when settled."""
-    g = config.gate
-    rule, min_people = rules(config)
+    r = rules(config)
     other = opponent(store, policy)
     if comparisons is None:
         comparisons = store.list_comparisons(policy.agent_id)
-    t = tally(comparisons, policy.id, other.id, _excluded(store), g.decision_votes_per_annotator) \
-        if other is not None else Tally()
+    t = tally(comparisons, policy.id, other.id, _excluded(store), r.per_person) if other is not None else Tally()
     d, short = verdict_of(config, t)
     m = policy.metrics or {}
     out = {**d.to_dict(), "policy_id": policy.id, "version": policy.version, "status": policy.status,
            "open": is_open(policy), "opponent_id": other.id if other else None,
-           "opponent_version": other.version if other else None, "rule": rule,
-           "people": t.people, "people_needed": short, "min_people": min_people,
-           "votes_per_person": g.decision_votes_per_annotator, "blind_votes": t.blind, "uncounted_votes": t.not_blind,
+           "opponent_version": other.version if other else None, "rule": r.rule, "alpha": round(r.alpha, 4),
+           "people": t.people, "people_needed": short, "min_people": r.min_people,
+           "votes_per_person": r.per_person, "blind_votes": t.blind, "uncounted_votes": t.not_blind,
            "gate": m.get("gate/verdict"), "gate_reason": m.get("gate/reason"),
            "guard_tripped": m.get("gate/guard_tripped") or [], "outcome": m.get("decision/verdict"),
            "awaiting_admin": bool(m.get("decision/awaiting_admin", False)), "reopened": m.get("decision/reopened")}
@@ -161,7 +173,7 @@ def settle(store: Store, config: AppConfig) -> list[dict]:
 
 def settle_one(store: Store, config: AppConfig, d: dict) -> dict:
     """Record one decided comparison (and act on it under the auto rule)."""
-    auto = rules(config)[0] == "auto"
+    auto = rules(config).rule == "auto"
     record = {"decision/verdict": d["verdict"], "decision/votes": d["votes"], "decision/win_rate": d["win_rate"],
               "decision/low": d["low"], "decision/high": d["high"], "decision/opponent_id": d["opponent_id"],
               "decision/people": d["people"], "decision/awaiting_admin": not auto, "decision/applied": False}
@@ -189,7 +201,7 @@ def revisit(store: Store, config: AppConfig, annotator: str) -> list[dict]:
     if person is None:
         return []
     because = f"{annotator} was {'excluded' if person.excluded else 'included again'}"
-    excluded, per_person = _excluded(store), config.gate.decision_votes_per_annotator
+    excluded, per_person = _excluded(store), rules(config).per_person
     reopened = []
     for agent in store.list_agents():
         comparisons = None
