@@ -365,12 +365,13 @@ def test_a_blind_arena_reply_cannot_be_unblinded(team, tiny_model_dir, root):
         shown = httpx.get(f"{api}/messages/{mid}", auth=bob).json()
         assert (shown["policy_id"], shown["latency_ms"], shown["gen_params"]) == (None, None, {})
     board = httpx.get(api + "/leaderboard", auth=bob).json()
+    alice = ("alice", "a-pass")  # choosing a version is an admin's (#33): the admin tries the attack here
     for version in httpx.get(api + "/policies", auth=bob).json():  # same prompt, a chosen version, then compare
-        mine = httpx.post(api + "/chat", auth=bob, timeout=120, json={"messages": prompt, "policy_id": version["id"],
-                                                                      "max_new_tokens": 4}).json()["message_id"]
+        mine = httpx.post(api + "/chat", auth=alice, timeout=120, json={"messages": prompt, "policy_id": version["id"],
+                                                                        "max_new_tokens": 4}).json()["message_id"]
         for other in blind:
-            r = httpx.post(api + "/comparisons", auth=bob, json={"message_a_id": mine, "message_b_id": other,
-                                                                 "winner": "a"})
+            r = httpx.post(api + "/comparisons", auth=alice, json={"message_a_id": mine, "message_b_id": other,
+                                                                   "winner": "a"})
             assert r.status_code == 409 and "arena pair" in r.json()["error"]
     assert httpx.get(api + "/leaderboard", auth=bob).json() == board  # nothing moved
     carol = httpx.post(f"{api}/arena/{pair}/vote", auth=("carol", "c-pass"), json={"winner": "a"})

@@ -189,7 +189,7 @@ def chat_routes(r: APIRouter, services: Services) -> None:
         """The steps /chat and /chat/stream share: agent, version, settings, and the user turn(s) stored in the
         caller's conversation (a new one without ``conversation_id``; someone else's is 404)."""
         agent = store.get_agent(body.agent)  # None = the default (first) agent
-        policy = chatflow.resolve_policy(store, agent, body.policy_id)
+        policy = chatflow.resolve_policy(store, agent, body.policy_id, access.caller_of(services, request))
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
                                      body.seed)
         messages = chatflow.check_turns(services.config, [m.model_dump() for m in body.messages])
@@ -211,15 +211,17 @@ def chat_routes(r: APIRouter, services: Services) -> None:
 
     @r.post("/messages/{message_id}/regenerate", responses=ok(Reply) | errors(404, 409, write=True))
     def regenerate(message_id: int, body: RegenerateBody, request: Request):
-        original = access.message_for(store, access.caller_of(services, request), message_id)
+        caller = access.caller_of(services, request)
+        original = access.message_for(store, caller, message_id)
         if store.is_blind(message_id):
             raise Conflict("this reply is part of an arena round that has not been voted on yet; vote first")
         if store.queue_item_of(message_id) is not None:
             raise Conflict("this reply belongs to a vote-queue item; items are voted on, not regenerated")
         parent = chatflow.sibling_parent(store, message_id)
         agent = chatflow.agent_of(store, parent)
-        policy = chatflow.resolve_policy(store, agent, body.policy_id if body.policy_id is not None
-                                         else original.policy_id)
+        # Admins regenerate with the reply's own version unless they name another; annotators get the active one.
+        wanted = body.policy_id if body.policy_id is not None else (original.policy_id if caller.admin else None)
+        policy = chatflow.resolve_policy(store, agent, wanted, caller)
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
         return reply_json(chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params).save())
 

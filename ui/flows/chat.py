@@ -11,6 +11,8 @@ from typing import Iterator, Optional
 from rlhf.config import AppConfig
 from rlhf.serving.server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
 from storage import Agent, Conflict, InvalidInput, Message, Policy, Store
+from ui.flows.access import Caller
+from ui.permissions import Forbidden
 
 
 def gen_params(config: AppConfig, agent: Agent, max_new_tokens=None, temperature=None, top_p=None,
@@ -27,10 +29,17 @@ def gen_params(config: AppConfig, agent: Agent, max_new_tokens=None, temperature
         raise InvalidInput(str(exc)) from None
 
 
-def resolve_policy(store: Store, agent: Agent, policy_id: Optional[int] = None) -> Policy:
-    """The version to answer with: the one asked for (of this agent, usable) or the agent's active one."""
-    if policy_id is None:
-        return store.active_policy(agent.id)
+def resolve_policy(store: Store, agent: Agent, policy_id: Optional[int] = None,
+                   caller: Optional[Caller] = None) -> Policy:
+    """The version to answer with: the agent's active one, or the one asked for (of this agent, usable). Choosing a
+    version is for admins: annotators chat with the version they are given (Forbidden for any other; ``caller``
+    None is nobody's, so it is refused too)."""
+    active = store.active_policy(agent.id)
+    if policy_id is None or policy_id == active.id:
+        return active
+    if caller is None or not caller.admin:
+        raise Forbidden("choosing a version is for admins: annotators chat with the active version "
+                        "(leave the version out)")
     policy = store.get_policy(policy_id)
     if policy.agent_id != agent.id:
         raise InvalidInput(f"policy {policy_id} belongs to another agent, not {agent.name!r}")
