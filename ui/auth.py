@@ -200,6 +200,7 @@ class Auth:
         store.clear_passwords_except([])
         if config.server.space_id:
             check_session_secret()
+            check_real_space(config)
             return cls(store, "hf", admins=config.server.admins, throttle=throttle)
         return None
 
@@ -319,6 +320,30 @@ def check_session_secret() -> None:
                               "could forge a signed-in session, admins included. Enable `hf_oauth: true` in the "
                               "Space's README front matter (it sets the OAuth variables), or set OAUTH_CLIENT_SECRET "
                               "to the OAuth app's secret; refusing to start.")
+
+
+def check_real_space(config: AppConfig) -> None:
+    """Refuse Hugging Face sign-in where Gradio would fake it.
+
+    Outside a real Space (Gradio's test: ``SYSTEM=spaces``) Gradio mocks OAuth: every visitor who clicks *Sign in* is
+    signed in as the HF user of the machine the app runs on, an admin when that name is in ``server.admins``. Only
+    ``server.insecure_hf_sign_in_off_space`` lets it start that way, and never with admins.
+    """
+    from gradio.utils import get_space
+
+    if get_space() is not None:
+        return
+    if not config.server.insecure_hf_sign_in_off_space:
+        raise AuthConfigError("SPACE_ID is set but this is not a Hugging Face Space (SYSTEM is not 'spaces'): here "
+                              "Gradio would sign every visitor in as this machine's HF user. Unset SPACE_ID and "
+                              "configure users (server.users) for a team server, or, only to try the sign-in page on "
+                              "your own machine, set server.insecure_hf_sign_in_off_space; refusing to start.")
+    if config.server.admins:
+        raise AuthConfigError("server.insecure_hf_sign_in_off_space with server.admins: every visitor would be signed "
+                              "in as this machine's HF user and could be an admin; remove the admins; refusing to "
+                              "start.")
+    log.warning("HF sign-in OFF a Space (server.insecure_hf_sign_in_off_space): every visitor is signed in as this "
+                "machine's Hugging Face user. Never expose this server.")
 
 
 def signed_in_annotator(services: Services, request: Any, typed: Optional[str]) -> Optional[str]:

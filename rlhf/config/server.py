@@ -16,7 +16,11 @@ class ServerConfig:
     rate_limit_per_minute: int = opt(120, "Requests a user may make per minute (0 = unlimited).")
     max_body_bytes: int = opt(1_000_000, "Largest accepted request body.")
     max_file_size: str = opt("5mb", "Largest file a browser may upload to the UI.")
-    space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in and Spaces defaults).")
+    space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in; the Spaces "
+                        "defaults apply only on a real Space, SYSTEM=spaces).")
+    insecure_hf_sign_in_off_space: bool = opt(False, "Let HF sign-in (space_id set) start outside a real Space, where "
+                                              "Gradio signs every visitor in as this machine's HF user: only to try "
+                                              "the sign-in page on your own machine; refused with server.admins.")
     persistent_dir: str = opt("/data", "Spaces persistent storage mount; the data dir when it exists on a Space.")
     hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` and `push-policy` (also read from HF_TOKEN).")
     hf_endpoint: str = opt("", "Hugging Face Hub URL for `push-policy` (empty = huggingface.co; also read from "

@@ -104,7 +104,8 @@ def test_trusted_proxies_parse_and_pick_the_client():
     with pytest.raises(ConfigError, match="trusted_proxies"):
         TrustedProxies(["proxy.example"])
     assert load_config(env={"RLHF_SERVER_TRUSTED_PROXIES": "*"}).server.trusted_proxies == ["*"]
-    assert load_config(env={"SPACE_ID": "team/studio"}).server.trusted_proxies == ["*"]  # HF's proxy only
+    on_space = {"SPACE_ID": "team/studio", "SYSTEM": "spaces"}
+    assert load_config(env=on_space).server.trusted_proxies == ["*"]  # HF's proxy only
     assert load_config(env={}).server.trusted_proxies == []
 
 
