@@ -24,7 +24,7 @@ from ui.api.arena import build_arena_router
 from ui.api.jobs import build_jobs_router
 from ui.api.policies import build_policies_router
 from ui.api.queue import build_queue_router
-from ui.downloads import DOWNLOADS, AdminOnlyFiles
+from ui.downloads import DOWNLOADS, AdminOnlyFiles, seal_upload_folder
 from ui.guard import allowed_hosts, gradio_login, install_security
 from ui.permissions import is_admin
 from ui.services import Services
@@ -91,6 +91,7 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     app.include_router(build_policies_router(services))
     if not ui:
         return app
+    seal_upload_folder()  # before Gradio writes anything there: uploads and downloads stay owner-only
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
     # No share links (we never call launch), no extra allowed_paths, uploads capped.

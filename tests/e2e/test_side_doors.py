@@ -317,6 +317,9 @@ def test_ui_export_files_are_private_and_gone_after_download(team, root):
     bob = sign_in(team, "bob", "b-pass")
     assert httpx.get(url, headers={"Cookie": bob}).status_code == 403  # an annotator who learns the URL
     assert httpx.get(url).status_code in (401, 403)  # nobody signed in
+    other_route = url.replace("/gradio_api/file=", "/gradio_api/file/")  # issue #33: Gradio's second file route
+    assert other_route != url and httpx.get(other_route, headers={"Cookie": bob}).status_code == 403
+    assert stat.S_IMODE((root / "team-gradio").stat().st_mode) == 0o700  # nobody else lists Gradio's temp folder
     alice = sign_in(team, "alice", "a-pass")
     expected = path.read_bytes()
     got = httpx.get(url, headers={"Cookie": alice})
