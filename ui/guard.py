@@ -16,13 +16,17 @@ Outermost first:
    Origin check carries it).
 5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
    ``server.rate_limit_per_minute``.
+6. **Gradio API** (``GradioCalls``, inside the Gradio app where its sign-in is readable) — every call of a public
+   event (``/gradio_api/call|run|api/<name>``, and ``/gradio_api/queue/join`` of an event with an API name) counts
+   against the same per-user limiter as REST: one budget per person, whichever door they use.
 Password checks run in worker threads, never on the event loop.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
-from typing import Optional
+from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
@@ -226,6 +230,64 @@ def _too_many(wait: float) -> JSONResponse:
     return error(429, f"too many failed sign-ins: try again in {seconds} s", {"Retry-After": str(seconds)})
 
 
+def limit_key(user: Optional[str], client: Optional[str]) -> str:
+    """The rate limiter's key of a request: the signed-in user, else the client address."""
+    return f"user:{user}" if user else f"ip:{client or '?'}"
+
+
+def _slow_down(wait: float) -> JSONResponse:
+    return error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+GRADIO_CALLS = re.compile(r"/gradio_api/(?:call(?:/v2)?|run|api)/[^/]+/?$")
+QUEUE_JOIN = re.compile(r"/gradio_api/queue/join/?$")
+
+
+class GradioCalls:
+    """Pure ASGI middleware inside the Gradio app: a call of a public Gradio event counts against the per-user
+    rate limit REST uses (the same ``RateLimiter``), 429 over it. The UI's own private events (timers, refreshes)
+    are not counted; they have no API name, and the API reaches none of them by name."""
+
+    def __init__(self, app, services: Services, limiter: RateLimiter, public: Callable[[int], bool]):
+        self.app = app
+        self.services = services
+        self.limiter = limiter
+        self.public = public  # fn_index -> True for an event with an API name
+
+    async def __call__(self, scope, receive, send):
+        auth = self.services.auth
+        if scope["type"] != "http" or scope["method"] != "POST" or auth is None or self.limiter.per_minute <= 0:
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if QUEUE_JOIN.search(path):
+            body = await _read_body(receive, self.services.config.server.max_body_bytes)
+            if body is None:
+                return await error(413, "request body too large")(scope, receive, send)
+            receive = _replay(body, receive)
+            try:
+                fn_index = json.loads(body).get("fn_index")
+            except (ValueError, AttributeError):
+                fn_index = None
+            counted = not isinstance(fn_index, int) or self.public(fn_index)
+        else:
+            counted = bool(GRADIO_CALLS.search(path))
+        if counted:
+            user = await run_in_threadpool(auth.user_of, Request(scope, receive))
+            wait = self.limiter.retry_after(limit_key(user, (scope.get("client") or ("?",))[0]))
+            if wait is not None:
+                return await _slow_down(wait)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def public_events(demo) -> Callable[[int], bool]:
+    """fn_index -> True for the Blocks' events with an API name (what a script calls by name)."""
+    def public(fn_index: int) -> bool:
+        fn = demo.fns.get(fn_index)
+        return fn is None or getattr(fn, "api_visibility", "public") == "public"
+
+    return public
+
+
 def gradio_login(services: Services):
     """The check Gradio's ``/login`` calls: a coroutine, so Gradio awaits it, running scrypt in a worker
     thread instead of on the event loop. None when there are no passwords (local mode, HF sign-in)."""
@@ -240,12 +302,12 @@ def gradio_login(services: Services):
 
 
 # ---- the whole guard ---------------------------------------------------------------------------------
-def install_security(app: FastAPI, services: Services) -> None:
+def install_security(app: FastAPI, services: Services, limiter: RateLimiter) -> None:
     """Install the checks above on the parent app (call after every other middleware: the last one
-    added runs first). Reads ``services.auth`` per request, so local mode (None) passes 4 and 5."""
+    added runs first). Reads ``services.auth`` per request, so local mode (None) passes 4 and 5. ``limiter``: the
+    per-user rate limit, shared with ``GradioCalls``."""
     config = services.config.server
     origins = check_origins(config.allowed_origins)
-    limiter = RateLimiter(config.rate_limit_per_minute)
 
     @app.middleware("http")
     async def _rest_guard(request: Request, call_next):
@@ -263,9 +325,9 @@ def install_security(app: FastAPI, services: Services) -> None:
         user = await run_in_threadpool(auth.user_of, request)  # Basic means scrypt: off the event loop
         if user and keys is not None:
             auth.throttle.succeeded(keys)
-        wait = limiter.retry_after(f"user:{user}" if user else f"ip:{client or '?'}")
+        wait = limiter.retry_after(limit_key(user, client))
         if wait is not None:
-            return error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+            return _slow_down(wait)
         if not user:
             return error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
                                "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})

@@ -32,6 +32,10 @@ class ServerConfig:
     login_window_seconds: float = opt(600.0, "Window over which failed sign-ins are counted; a lock-out lifts as old failures leave it.")
     trusted_proxies: list = opt([], "Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For/-Proto/-Host "
                                 "are believed; empty = none (the default; a Space trusts its own proxy). '*' = any peer.")
+    max_replies_per_user: int = opt(4, "Replies one signed-in user may have generating at once (an arena round is "
+                                    "two); more get 429 (0 = no cap; local mode is one person: no cap).")
+    shutdown_seconds: float = opt(5.0, "On SIGTERM/SIGINT, replies still generating are cancelled (not stored) and "
+                                  "requests still open after this many seconds are dropped.")
     open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")
 
     @property

@@ -81,9 +81,9 @@ def open_round(services: Services, agent_name: Optional[str], messages: list[dic
     else:
         user = chatflow.add_user_turn(store, agent, messages, None, annotator, source="arena")
     server = services.server_for(agent)
-    a = chatflow.begin_reply(store, server, user.id, policy_a, params)
+    a = chatflow.begin_reply(store, server, user.id, policy_a, params, services.replies)
     try:
-        b = chatflow.begin_reply(store, server, user.id, policy_b, params)
+        b = chatflow.begin_reply(store, server, user.id, policy_b, params, services.replies)
     except BaseException:
         a.stream.cancel()
         raise

@@ -12,6 +12,7 @@ from rlhf.config import AppConfig
 from rlhf.serving.server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
 from storage import Agent, Conflict, InvalidInput, Message, Policy, Store
 from ui.flows.access import Caller
+from ui.flows.slots import ReplySlots
 from ui.permissions import Forbidden
 
 
@@ -67,9 +68,11 @@ class PendingReply:
         return iter(self.stream)
 
     def save(self) -> Message:
-        """Wait for the end of the reply and record it (idempotent)."""
+        """Wait for the end of the reply and record it (idempotent); a cancelled reply is never stored (Conflict)."""
         if self.saved is None:
             text = self.stream.text()
+            if self.stream.cancelled:
+                raise Conflict("the reply was cancelled before it ended; nothing was stored")
             self.saved = self.store.record_reply(self.parent.id, text, self.policy.id, self.params.to_dict(),
                                                  round(self.stream.latency_ms, 1), self.stream.n_tokens)
         return self.saved
@@ -83,14 +86,16 @@ def is_cut(message: Message) -> bool:
 
 
 def begin_reply(store: Store, server: PolicyServer, parent_id: int, policy: Policy,
-                params: GenParams) -> PendingReply:
-    """Start generating a reply to the user message ``parent_id`` with ``policy``."""
+                params: GenParams, slots: Optional[ReplySlots] = None) -> PendingReply:
+    """Start generating a reply to the user message ``parent_id`` with ``policy``; with ``slots``, within the
+    conversation owner's share (TooManyReplies beyond it)."""
     parent = store.get_message(parent_id)
     if parent.role != "user":
         raise InvalidInput(f"message {parent_id} is not a user message")
     system_prompt, history = store.state_for(parent_id)
+    begin = lambda: server.stream(system_prompt, history, adapter_for(policy), params)  # noqa: E731
     try:
-        stream = server.stream(system_prompt, history, adapter_for(policy), params)
+        stream = begin() if slots is None else slots.start(store.conversation_owner(parent.conversation_id), begin)
     except AdapterError as exc:
         store.mark_policy_broken(policy.id, str(exc))
         raise Conflict(f"version {policy.version} cannot be served and was marked broken: {exc}") from exc

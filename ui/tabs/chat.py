@@ -146,7 +146,7 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         parent = cv.reply_parent(store, state["ids"]) if state["conversation_id"] else None
         user_msg = chatflow.add_user_turn(store, agent, [{"role": "user", "content": text}],
                                           state["conversation_id"], name, parent_id=parent)
-        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
+        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params, services.replies)
     except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         yield _status_only(f"⚠️ {exc}")
@@ -197,7 +197,8 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None,
                                          access.caller_of(services, request))
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
-        pending = chatflow.begin_reply(store, services.server_for(agent), parent_id, policy, params)
+        pending = chatflow.begin_reply(store, services.server_for(agent), parent_id, policy, params,
+                                       services.replies)
     except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         yield _status_only(f"⚠️ {exc}")
