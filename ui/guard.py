@@ -11,7 +11,8 @@ Outermost first:
 3. **CORS** — one allow-list (``server.allowed_origins``, empty = same-origin only) on the parent app,
    which also switches off Gradio's own CORS layer (it echoes any Origin for non-localhost hosts).
 4. **/login** — failed sign-ins counted per client address (and per name from that address) before the password
-   is checked (``ui.auth.LoginThrottle``); over the limit every attempt gets the same 429; the sign-in
+   is checked (``ui.auth.LoginThrottle``), and per name from anywhere with a capped backoff that spares addresses the
+   name signed in from before (``ui.auth.NameBackoff``); over a limit every attempt gets the same 429; the sign-in
    cookie is made ``SameSite=Lax`` (a Space keeps ``None``: it runs in huggingface.co's iframe, and the
    Origin check carries it).
 5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
@@ -37,7 +38,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from rlhf.config import AppConfig, ConfigError
 from ui.api.errors import HEALTH, PREFIX, PUBLIC_PATHS, error
-from ui.auth import RateLimiter, basic_name, login_keys
+from ui.auth import RateLimiter, basic_name
 from ui.forwarded import ForwardedHeaders, TrustedProxies
 from ui.services import Services
 
@@ -171,8 +172,8 @@ class LoginGuard:
             await form.close()
         except Exception:  # a malformed form: Gradio answers it (422); it still counts for this address
             name = ""
-        keys = login_keys(scope["client"][0] if scope.get("client") else None, name)
-        wait = auth.throttle.attempt(keys)
+        client = scope["client"][0] if scope.get("client") else None
+        wait = auth.attempt(client, name)
         if wait is not None:
             return await _too_many(wait)(scope, receive, send)
         status = {}
@@ -188,7 +189,7 @@ class LoginGuard:
 
         await self.app(scope, _replay(body, receive), sending)
         if status.get("code") == 200:
-            auth.throttle.succeeded(keys)
+            auth.succeeded(client, name)
 
 
 def _lax(cookie: bytes) -> bytes:
@@ -317,14 +318,13 @@ def install_security(app: FastAPI, services: Services, limiter: RateLimiter) -> 
             return await call_next(request)
         client = request.client.host if request.client else None
         name = basic_name(request.headers.get("authorization"))
-        keys = login_keys(client, name) if name is not None else None
-        if keys is not None:
-            wait = auth.throttle.attempt(keys)
+        if name is not None:
+            wait = auth.attempt(client, name)
             if wait is not None:
                 return _too_many(wait)
         user = await run_in_threadpool(auth.user_of, request)  # Basic means scrypt: off the event loop
-        if user and keys is not None:
-            auth.throttle.succeeded(keys)
+        if user and name is not None:
+            auth.succeeded(client, name)
         wait = limiter.retry_after(limit_key(user, client))
         if wait is not None:
             return _slow_down(wait)

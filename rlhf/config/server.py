@@ -30,6 +30,11 @@ class ServerConfig:
     login_max_failures: int = opt(10, "Failed sign-ins per client address (any name, and so per name from that address) "
                                   "before every attempt from it gets 429 (0 = off); others elsewhere are not locked out.")
     login_window_seconds: float = opt(600.0, "Window over which failed sign-ins are counted; a lock-out lifts as old failures leave it.")
+    login_name_failures: int = opt(20, "Failed sign-ins for one name from any addresses before each further attempt "
+                                   "for it waits 1, 2, 4, ... s (0 = off); an address it signed in from before is "
+                                   "not held back.")
+    login_max_backoff_seconds: float = opt(60.0, "Longest wait between attempts for one name (the owner is never "
+                                           "locked out for longer).")
     trusted_proxies: list = opt([], "Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For/-Proto/-Host "
                                 "are believed; empty = none (the default; a Space trusts its own proxy). '*' = any peer.")
     max_replies_per_user: int = opt(4, "Replies one signed-in user may have generating at once (an arena round is "

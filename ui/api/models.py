@@ -70,7 +70,8 @@ class RatingOut(BaseModel):
 
 
 class MessageOut(BaseModel):
-    """A message; a blind arena reply has its version, latency and generation settings hidden (null)."""
+    """A message; a blind reply has its version, latency and generation settings hidden (null) and its question's
+    `created`."""
     id: int
     conversation_id: int
     parent_id: Optional[int]
