@@ -353,7 +353,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def add_push_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("policy_id", metavar="ID", type=int, help="the version's policy id (GET /api/v1/policies)")
     p.add_argument("--repo", required=True, metavar="NAME", help="Hub model repo, e.g. your-name/assistant-rlhf")
-    p.add_argument("--public", action="store_true", help="create the repo public (default: private)")
+    p.add_argument("--public", action="store_true", help="create the repo public, or push into a public one "
+                   "(default: private; an existing public repo is refused)")
+    p.add_argument("--with-system-prompt", action="store_true", help="quote the agent's system prompt in the model "
+                   "card (default: the card says there is one, without it)")
 
 
 @command("push-policy", "push a version to the Hugging Face Hub as a PEFT model with its model card; needs "
@@ -371,7 +374,8 @@ def cmd_push_policy(args: argparse.Namespace) -> int:
         return 2
     store = open_data(config)
     try:
-        print(json.dumps(push_policy(store, config, args.policy_id, args.repo, private=not args.public)))
+        print(json.dumps(push_policy(store, config, args.policy_id, args.repo, private=not args.public,
+                                     with_system_prompt=args.with_system_prompt)))
     except (HubError, StoreError) as exc:
         print(f"push-policy: {exc}", file=sys.stderr)
         return 1
