@@ -333,6 +333,8 @@ def add_restore_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", help="data dir to restore into (default: the config's data_dir)")
     p.add_argument("--force", action="store_true", help="replace the database, adapters, reward models and runs of "
                    "a non-empty data dir (stop its app first)")
+    p.add_argument("--keep-tokens", action="store_true", help="keep the archive's API tokens (default: removed, as "
+                   "the archive cannot vouch for them; tokens the replaced database revoked stay revoked)")
 
 
 @command("restore", "verify a backup's checksums and restore it into a new or empty data dir", add_restore_args)
@@ -343,7 +345,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     target = args.data or config_from_args(args).data_dir
     try:
-        print(json.dumps(restore(args.archive, target, force=args.force)))
+        print(json.dumps(restore(args.archive, target, force=args.force, keep_tokens=args.keep_tokens)))
     except BackupError as exc:
         print(f"restore: {exc}", file=sys.stderr)
         return 1
