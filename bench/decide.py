@@ -11,8 +11,8 @@ first decision — exactly how the app peeks. Three kinds of rows:
 * ``votes``: every vote counts (the rule before issue 33, and what one person's votes look like to it).
 * ``team of N``: N people, each vote cast by one of them at random; as in the app (``rlhf.jobs.decisions``) each
   person's first ``gate.decision_votes_per_annotator`` votes count, a verdict needs
-  ``gate.decision_min_annotators`` people, and the test runs at ``person_alpha``. ``undecided``: everyone used their votes and the test still cannot tell
-  (an admin decides).
+  ``gate.decision_min_annotators`` people, and the test runs at ``person_alpha``. ``undecided``: everyone used
+  their votes and the test still cannot tell (an admin decides).
 * ``adversary``: one person votes for the candidate as often as the API allows (``server.rate_limit_per_minute``
   for a day), alone and ahead of an honest team at 0.5 (where every promotion is wrong).
 
@@ -153,8 +153,8 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
              f"votes both-bad (recorded, not rated); the test is checked after every vote and stops at its first "
              f"verdict; `no_difference` = {g.decision_max_votes} counted rated votes without one; `undecided` = every "
              f"person used their {per_person} counted votes without one (an admin decides). Teams: each vote by one of "
-             f"N people at random, each person's first {per_person} votes count, a verdict needs {min_people} people, the "
-             f"test runs at alpha {alpha:.4f} (one person's head start priced in). "
+             f"N people at random, each person's first {per_person} votes count, a verdict needs {min_people} "
+             f"people, the test runs at alpha {alpha:.4f} (one person's head start priced in). "
              f"The adversary votes for the candidate {flood:,} times (the rate limit for a day) before anyone else; "
              f"when every vote counted, {before} of its votes promoted alone. `wrong`: promote or reject at 0.5 (no "
              "difference exists), reject above it. Goals: wrong <= 5% at 0.5, promote >= 90% at 0.7 (votes rows); "

@@ -115,7 +115,8 @@ def test_hf_sign_in_refuses_to_start_off_a_real_space(store, tmp_path, tiny_mode
     with pytest.raises(AuthConfigError, match="admins"):
         Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio", flag, "server.admins=me"),
                          store)
-    assert Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio", flag), store).mode == "hf"
+    tried = Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio", flag), store)
+    assert tried.mode == "hf"
 
 
 def test_spaces_defaults_apply_only_on_a_real_space(tmp_path, tiny_model_dir, tiny_server, space_oauth, monkeypatch):

@@ -74,8 +74,8 @@ def test_only_blind_votes_count_at_most_three_per_person(store, tmp_path):
 def test_vote_queue_votes_are_blind_too(store, tmp_path):
     cand = version(store, tmp_path, 1, INCONCLUSIVE)
     active = store.active_policy("assistant")
-    item = store.create_queue_item("assistant", [{"role": "user", "content": "q?"}],
-                                   [{"content": "one", "policy_id": cand.id}, {"content": "two", "policy_id": active.id}])
+    replies = [{"content": "one", "policy_id": cand.id}, {"content": "two", "policy_id": active.id}]
+    item = store.create_queue_item("assistant", [{"role": "user", "content": "q?"}], replies)
     vote_on_item(store, item.id, "a", "ann")
     t = decisions.tally(store.list_comparisons("assistant"), cand.id, active.id)
     assert (t.wins, t.people, t.blind, t.not_blind) == (1, 1, 1, 0)
