@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -23,7 +24,7 @@ from typing import BinaryIO, Iterator
 
 from rlhf.config import AppConfig
 from rlhf.files import atomic_file, is_temp_dir
-from storage.backup import backup_database, check_database
+from storage.backup import backup_database, check_database, revoked_tokens, strip_credentials
 from storage.errors import StorageUnavailable
 from storage.util import utcnow
 
@@ -33,6 +34,8 @@ MANIFEST = "MANIFEST.json"
 DATABASE = "studio.db"
 FILE_TREES = ("policies", "reward_models")  # data-dir sub-directories that travel in a backup
 CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists names and digests: megabytes at most
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class BackupError(RuntimeError):
@@ -113,24 +116,47 @@ def backup(config: AppConfig, out: str | Path) -> dict:
 
 
 def read_manifest(tar: tarfile.TarFile) -> dict:
-    """The archive's manifest, checked for its format and for safe file names."""
+    """The archive's manifest, checked for its format, its shape (every entry ``{"sha256", "size"}``) and for safe
+    file names; BackupError naming what is wrong."""
     try:
         member = tar.getmember(MANIFEST)
-        manifest = json.loads(tar.extractfile(member).read())
+        if member.size > MAX_MANIFEST_BYTES:
+            raise BackupError(f"{MANIFEST} is {member.size:,} bytes; a manifest is far smaller: not a backup of ours")
+        manifest = json.loads(tar.extractfile(member).read(MAX_MANIFEST_BYTES))
     except (KeyError, AttributeError, ValueError) as exc:
         raise BackupError(f"not an RLHF Studio backup, or an incomplete one (no readable {MANIFEST})") from exc
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        raise BackupError(f"not an RLHF Studio backup ({MANIFEST} has format {manifest.get('format')!r})")
-    if manifest.get("version", 0) > FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"),
+                                                                                            dict):
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise BackupError(f"not an RLHF Studio backup ({MANIFEST} has format {found!r})")
+    version = manifest.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise BackupError(f"{MANIFEST}: the format version must be a whole number, got {version!r}")
+    if version > FORMAT_VERSION:
         raise BackupError(f"this backup has format version {manifest['version']}; this release reads up to "
                           f"{FORMAT_VERSION}: restore it with a newer rlhf-studio")
-    for name in manifest["files"]:
+    for name, entry in manifest["files"].items():
         p = PurePosixPath(name)
         if p.is_absolute() or ".." in p.parts or (name != DATABASE and p.parts[0] not in FILE_TREES):
             raise BackupError(f"the backup names an unsafe or unknown path {name!r}; refusing to restore it")
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                or not SHA256.fullmatch(entry["sha256"]) or not isinstance(size, int) or isinstance(size, bool) \
+                or size < 0:
+            raise BackupError(f"{MANIFEST}: the entry of {name!r} must be {{\"sha256\": 64 hex digits, \"size\": "
+                              f"bytes}}, got {str(entry)[:80]!r}; refusing to restore")
     if DATABASE not in manifest["files"]:
         raise BackupError(f"the backup holds no {DATABASE}")
     return manifest
+
+
+def _check_room(manifest: dict, staging: Path) -> None:
+    """Refuse an archive whose files would not fit where they are staged (before a byte is written)."""
+    need = sum(entry["size"] for entry in manifest["files"].values())
+    free = shutil.disk_usage(staging).free
+    if need > free:
+        raise BackupError(f"the backup's files take {need:,} bytes and only {free:,} are free beside the target; "
+                          "nothing was restored")
 
 
 def _extract(tar: tarfile.TarFile, manifest: dict, staging: Path) -> list[str]:
@@ -142,15 +168,18 @@ def _extract(tar: tarfile.TarFile, manifest: dict, staging: Path) -> list[str]:
         if member is None or not member.isfile():
             bad.append(f"{name} (missing)")
             continue
+        if member.size != want["size"]:  # checked before writing: a small archive cannot fill the disk
+            bad.append(f"{name} ({member.size:,} bytes where the manifest says {want['size']:,})")
+            continue
         target = staging / name
         target.parent.mkdir(parents=True, exist_ok=True)
         sha, size = hashlib.sha256(), 0
         with tar.extractfile(member) as src, open(target, "wb") as dst:
-            while chunk := src.read(CHUNK):
+            while size < want["size"] and (chunk := src.read(min(CHUNK, want["size"] - size))):
                 sha.update(chunk)
                 size += len(chunk)
                 dst.write(chunk)
-        if sha.hexdigest() != want.get("sha256") or size != want.get("size"):
+        if sha.hexdigest() != want["sha256"] or size != want["size"]:
             bad.append(f"{name} (checksum mismatch)")
     extra = sorted(set(members) - set(manifest["files"]) - {MANIFEST})
     return bad + [f"{name} (not in the manifest)" for name in extra]
@@ -169,12 +198,14 @@ def _clear_target(target: Path) -> None:
             shutil.rmtree(aside, ignore_errors=True)
 
 
-def restore(archive: str | Path, target: str | Path, force: bool = False) -> dict:
+def restore(archive: str | Path, target: str | Path, force: bool = False, keep_tokens: bool = False) -> dict:
     """Verify every checksum of ``archive`` and restore it into the data dir ``target``.
 
     A non-empty ``target`` is refused unless ``force``: then its database, adapters, reward models and PPO runs
     are replaced (converted base models stay). Nothing in ``target`` changes unless every file checks out.
-    Stop the app that uses ``target`` first."""
+    The archive cannot vouch for sign-in secrets: stored password hashes are cleared (the users config sets them
+    at the next start) and API tokens removed, unless ``keep_tokens``; then a token the replaced database had
+    revoked stays revoked. Stop the app that uses ``target`` first."""
     archive, target = Path(archive).expanduser(), Path(target).expanduser()
     if not archive.is_file():
         raise BackupError(f"no backup archive at {archive}")
@@ -189,6 +220,7 @@ def restore(archive: str | Path, target: str | Path, force: bool = False) -> dic
         try:
             with tarfile.open(archive, "r:*") as tar:
                 manifest = read_manifest(tar)
+                _check_room(manifest, staging)
                 bad = _extract(tar, manifest, staging)
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise BackupError(f"cannot read {archive}: {exc}") from exc
@@ -196,10 +228,13 @@ def restore(archive: str | Path, target: str | Path, force: bool = False) -> dic
             raise BackupError(f"{archive} is damaged; nothing was restored. Files that do not check out: "
                               + ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
         try:
+            check_database(staging / DATABASE)
+            revoked = revoked_tokens(target / DATABASE) if force else set()
+            credentials = strip_credentials(staging / DATABASE, keep_tokens, revoked)
             db_info = check_database(staging / DATABASE)
         except StorageUnavailable as exc:
             raise BackupError(f"the database in {archive} is damaged: {exc}") from exc
-        target.mkdir(parents=True, exist_ok=True)
+        target.mkdir(parents=True, exist_ok=True, mode=0o700)
         if force:
             _clear_target(target)
         for entry in sorted(staging.iterdir()):
@@ -207,4 +242,4 @@ def restore(archive: str | Path, target: str | Path, force: bool = False) -> dic
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"data_dir": str(target), "files": len(manifest["files"]), "backup_created": manifest.get("created"),
-            "schema_version": db_info["schema_version"], "tables": db_info["tables"]}
+            "schema_version": db_info["schema_version"], "tables": db_info["tables"], **credentials}

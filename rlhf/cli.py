@@ -333,6 +333,8 @@ def add_restore_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", help="data dir to restore into (default: the config's data_dir)")
     p.add_argument("--force", action="store_true", help="replace the database, adapters, reward models and runs of "
                    "a non-empty data dir (stop its app first)")
+    p.add_argument("--keep-tokens", action="store_true", help="keep the archive's API tokens (default: removed, as "
+                   "the archive cannot vouch for them; tokens the replaced database revoked stay revoked)")
 
 
 @command("restore", "verify a backup's checksums and restore it into a new or empty data dir", add_restore_args)
@@ -343,7 +345,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     target = args.data or config_from_args(args).data_dir
     try:
-        print(json.dumps(restore(args.archive, target, force=args.force)))
+        print(json.dumps(restore(args.archive, target, force=args.force, keep_tokens=args.keep_tokens)))
     except BackupError as exc:
         print(f"restore: {exc}", file=sys.stderr)
         return 1
@@ -353,7 +355,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def add_push_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("policy_id", metavar="ID", type=int, help="the version's policy id (GET /api/v1/policies)")
     p.add_argument("--repo", required=True, metavar="NAME", help="Hub model repo, e.g. your-name/assistant-rlhf")
-    p.add_argument("--public", action="store_true", help="create the repo public (default: private)")
+    p.add_argument("--public", action="store_true", help="create the repo public, or push into a public one "
+                   "(default: private; an existing public repo is refused)")
+    p.add_argument("--with-system-prompt", action="store_true", help="quote the agent's system prompt in the model "
+                   "card (default: the card says there is one, without it)")
 
 
 @command("push-policy", "push a version to the Hugging Face Hub as a PEFT model with its model card; needs "
@@ -371,7 +376,8 @@ def cmd_push_policy(args: argparse.Namespace) -> int:
         return 2
     store = open_data(config)
     try:
-        print(json.dumps(push_policy(store, config, args.policy_id, args.repo, private=not args.public)))
+        print(json.dumps(push_policy(store, config, args.policy_id, args.repo, private=not args.public,
+                                     with_system_prompt=args.with_system_prompt)))
     except (HubError, StoreError) as exc:
         print(f"push-policy: {exc}", file=sys.stderr)
         return 1

@@ -72,3 +72,48 @@ def check_database(path: str | Path) -> dict:
         raise StorageUnavailable(f"{path} is not a readable database: {exc}") from exc
     finally:
         conn.close()
+
+
+def revoked_tokens(path: str | Path) -> set[str]:
+    """Digests of the API tokens revoked in the database at ``path`` (empty when there is none, or no tokens)."""
+    if not Path(path).is_file():
+        return set()
+    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
+    try:
+        if "api_tokens" not in _tables(conn):
+            return set()
+        return {r[0] for r in conn.execute("SELECT token_hash FROM api_tokens WHERE revoked = 1")}
+    except sqlite3.Error:
+        return set()
+    finally:
+        conn.close()
+
+
+def strip_credentials(path: str | Path, keep_tokens: bool = False, revoked: set[str] = frozenset()) -> dict:
+    """Sign-in secrets of a restored database, which its archive cannot vouch for: stored password hashes are
+    cleared (the users config sets them again at the next start) and API tokens deleted, unless ``keep_tokens``:
+    then they stay, except that a token revoked in ``revoked`` (the database being replaced) stays revoked.
+    Returns ``{"passwords_cleared", "tokens_removed", "tokens_kept", "tokens_revoked"}``."""
+    conn = sqlite3.connect(str(path))
+    out = {"passwords_cleared": 0, "tokens_removed": 0, "tokens_kept": 0, "tokens_revoked": 0}
+    try:
+        tables = _tables(conn)
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(annotators)")}
+        if "password_hash" in columns:
+            out["passwords_cleared"] = conn.execute(
+                "UPDATE annotators SET password_hash = NULL WHERE password_hash IS NOT NULL").rowcount
+        if "api_tokens" in tables:
+            if keep_tokens:
+                marks = ",".join("?" for _ in revoked)
+                out["tokens_revoked"] = conn.execute(
+                    f"UPDATE api_tokens SET revoked = 1 WHERE revoked = 0 AND token_hash IN ({marks})",
+                    list(revoked)).rowcount if revoked else 0
+                out["tokens_kept"] = conn.execute("SELECT COUNT(*) FROM api_tokens WHERE revoked = 0").fetchone()[0]
+            else:
+                out["tokens_removed"] = conn.execute("DELETE FROM api_tokens").rowcount
+        conn.commit()
+        return out
+    except sqlite3.Error as exc:
+        raise StorageUnavailable(f"cannot clear the sign-in data of {path}: {exc}") from exc
+    finally:
+        conn.close()

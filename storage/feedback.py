@@ -364,8 +364,9 @@ class FeedbackMixin:
                              with_text: bool = False) -> list[dict]:
         """THE comparisons that count, the one query every reader goes through (leaderboard, reward-model data,
         exports, quality stats): per annotator (the anonymous one counts as one person) and unordered pair of
-        replies, the latest vote with id <= ``until_id``; oldest first, with the annotator's name
-        (``with_text``: and both replies' text as ``text_a``, ``text_b``)."""
+        replies, the latest vote with id <= ``until_id``; oldest first, with the annotator's name, ``blind`` (1 for
+        a vote cast on an arena round or a vote-queue item: the voter neither chose the versions nor saw them)
+        and (``with_text``) both replies' text as ``text_a``, ``text_b``."""
         where, params = "x.id <= ?", [until_id]
         text, joins = ("", "") if not with_text else (
             ", ma.content AS text_a, mb.content AS text_b",
@@ -375,7 +376,9 @@ class FeedbackMixin:
                                                 ON v.id = m.conversation_id WHERE v.agent_id = ?)"""
             params.append(agent_id)
         return self._all(f"""
-            SELECT k.*, a.name AS annotator{text} FROM (
+            SELECT k.*, a.name AS annotator{text},
+                   (k.pair_id IS NOT NULL OR k.id IN (SELECT q.comparison_id FROM queue_assignments q
+                                                      WHERE q.comparison_id IS NOT NULL)) AS blind FROM (
                 SELECT x.*, ROW_NUMBER() OVER (
                     PARTITION BY COALESCE(x.annotator_id, 0), MIN(x.message_a_id, x.message_b_id),
                                  MAX(x.message_a_id, x.message_b_id)
@@ -398,6 +401,10 @@ class FeedbackMixin:
                              JOIN messages mb ON mb.id = c.message_b_id
                              JOIN conversations v ON v.id = m.conversation_id {where} ORDER BY c.id""", params)
         return [Comparison.from_row(r) for r in rows]
+
+    def vote_mark(self) -> int:
+        """The newest comparison's id (0 before any): votes are append-only, so it changes with every vote cast."""
+        return self._one("SELECT COALESCE(MAX(id), 0) AS mark FROM comparisons")["mark"]
 
     def create_arena_pair(self, agent: int | str, message_a_id: int, message_b_id: int) -> ArenaPair:
         """Remember which two replies an arena round showed (policies stay hidden until the vote)."""

@@ -123,6 +123,7 @@ class Comparison(Record):
     created: str
     text_a: Optional[str] = None  # the two replies' text, only from list_comparisons(..., with_text=True)
     text_b: Optional[str] = None
+    blind: Optional[int] = None  # 1: voted on an arena round or a vote-queue item (list_comparisons' counted set)
 
 
 @dataclass(frozen=True)

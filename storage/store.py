@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import stat
 import threading
 from pathlib import Path
 from typing import Iterator, Optional
@@ -29,6 +30,21 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+def _private(path: Path) -> None:
+    """Owner-only data: the data dir 0700, the database 0600 (created so when new; SQLite gives its -wal and -shm
+    files the database's mode). Where that cannot be done (a read-only mount), opening the database says why."""
+    try:
+        if stat.S_IMODE(path.parent.stat().st_mode) != 0o700:
+            os.chmod(path.parent, 0o700)
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if p.exists() and stat.S_IMODE(p.stat().st_mode) != 0o600:
+                os.chmod(p, 0o600)
+    except OSError:
+        pass
+
+
 class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, QueueMixin):
     """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
 
@@ -41,7 +57,8 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _private(self.path)
             db = self.db
             with db.ensure_autocommit_on():
                 db.execute("PRAGMA journal_mode=WAL")
@@ -328,6 +345,15 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
             raise Conflict("the active version cannot be archived; promote another version first")
         with self._tx() as db:
             db.execute("UPDATE policies SET status = 'archived' WHERE id = ?", [policy_id])
+        return self.get_policy(policy_id)
+
+    def unarchive_policy(self, policy_id: int) -> Policy:
+        """An archived version back as a candidate (a reopened decision); Conflict for any other status."""
+        policy = self.get_policy(policy_id)
+        if policy.status != "archived":
+            raise Conflict(f"policy {policy_id} is {policy.status}, not archived")
+        with self._tx() as db:
+            db.execute("UPDATE policies SET status = 'candidate' WHERE id = ? AND status = 'archived'", [policy_id])
         return self.get_policy(policy_id)
 
     def merge_policy_metrics(self, policy_id: int, values: dict) -> Policy:

@@ -132,7 +132,8 @@ def space_oauth(monkeypatch) -> dict:
     a Space, long after they are set; here, before any test runs), so they go where it keeps them too."""
     from gradio import oauth
 
-    monkeypatch.setenv("SYSTEM", "spaces")  # Gradio's own test for "running on a Space"
+    monkeypatch.setenv("SYSTEM", "spaces")  # Gradio's own test for "running on a Space" (with SPACE_ID set)
+    monkeypatch.setenv("SPACE_ID", "me/studio")
     for name, value in SPACE_OAUTH.items():
         monkeypatch.setenv(name, value)
         monkeypatch.setattr(oauth, name, value)

@@ -173,7 +173,7 @@ class Auth:
     """Users and roles: ``mode`` is 'users' (configured names and passwords) or 'hf' (Hugging Face sign-in)."""
 
     def __init__(self, store: Store, mode: str, roles: Optional[dict[str, str]] = None, admins=(),
-                 throttle: Optional["LoginThrottle"] = None):
+                 throttle: Optional["LoginThrottle"] = None, backoff: Optional["NameBackoff"] = None):
         if mode not in ("users", "hf"):
             raise ValueError(f"unknown auth mode {mode!r}")
         self.store = store
@@ -181,6 +181,7 @@ class Auth:
         self.roles = dict(roles or {})
         self.admins = {a.strip() for a in admins if a and a.strip()}
         self.throttle = throttle or LoginThrottle(10, 600.0)
+        self.backoff = backoff or NameBackoff(20, 60.0, 600.0)
         self._key = secrets.token_bytes(32)  # per process: remembered logins die with it
         self._verified: dict[bytes, tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -191,15 +192,18 @@ class Auth:
     def from_config(cls, config: AppConfig, store: Store) -> Optional["Auth"]:
         """Auth for this config, or None for single-user local mode (no users, not on a Space)."""
         users = configured_users(config)
-        throttle = LoginThrottle(config.server.login_max_failures, config.server.login_window_seconds)
+        server = config.server
+        throttle = LoginThrottle(server.login_max_failures, server.login_window_seconds)
+        backoff = NameBackoff(server.login_name_failures, server.login_max_backoff_seconds, server.login_window_seconds)
         if users:
             sync_users(store, users)
-            auth = cls(store, "users", {u["name"]: u["role"] for u in users}, config.server.admins, throttle)
+            auth = cls(store, "users", {u["name"]: u["role"] for u in users}, config.server.admins, throttle, backoff)
             auth._dummy_hash()  # made now, so the first unknown name is not slower than the rest
             return auth
         store.clear_passwords_except([])
         if config.server.space_id:
             check_session_secret()
+            check_real_space(config)
             return cls(store, "hf", admins=config.server.admins, throttle=throttle)
         return None
 
@@ -213,6 +217,23 @@ class Auth:
             return f"team mode: {len(self.roles)} configured user(s), sign-in required"
         return "Hugging Face sign-in: signed-in users annotate" + (
             f"; admins: {', '.join(sorted(self.admins))}" if self.admins else "; no admins configured (RLHF_ADMINS)")
+
+    # -- counting sign-in attempts (ui.guard calls these around every password check)
+    def attempt(self, client: Optional[str], name: str) -> Optional[float]:
+        """Before a password check: None to go ahead (a failure is reserved, per address, per name from that address
+        and per name), else the seconds until this client may try this name again."""
+        wait = self.backoff.attempt(name, client)
+        if wait is not None:
+            return wait
+        wait = self.throttle.attempt(login_keys(client, name))
+        if wait is not None:
+            self.backoff.release(name)
+        return wait
+
+    def succeeded(self, client: Optional[str], name: str) -> None:
+        """After a right password: take the reserved failures back; this address is now known for this name."""
+        self.throttle.succeeded(login_keys(client, name))
+        self.backoff.succeeded(name, client)
 
     # -- credentials
     def login(self, username: str, password: str) -> bool:
@@ -321,6 +342,30 @@ def check_session_secret() -> None:
                               "to the OAuth app's secret; refusing to start.")
 
 
+def check_real_space(config: AppConfig) -> None:
+    """Refuse Hugging Face sign-in where Gradio would fake it.
+
+    Outside a real Space (Gradio's test: ``SYSTEM=spaces``) Gradio mocks OAuth: every visitor who clicks *Sign in* is
+    signed in as the HF user of the machine the app runs on, an admin when that name is in ``server.admins``. Only
+    ``server.insecure_hf_sign_in_off_space`` lets it start that way, and never with admins.
+    """
+    from gradio.utils import get_space
+
+    if get_space() is not None:
+        return
+    if not config.server.insecure_hf_sign_in_off_space:
+        raise AuthConfigError("SPACE_ID is set but this is not a Hugging Face Space (SYSTEM is not 'spaces'): here "
+                              "Gradio would sign every visitor in as this machine's HF user. Unset SPACE_ID and "
+                              "configure users (server.users) for a team server, or, only to try the sign-in page on "
+                              "your own machine, set server.insecure_hf_sign_in_off_space; refusing to start.")
+    if config.server.admins:
+        raise AuthConfigError("server.insecure_hf_sign_in_off_space with server.admins: every visitor would be signed "
+                              "in as this machine's HF user and could be an admin; remove the admins; refusing to "
+                              "start.")
+    log.warning("HF sign-in OFF a Space (server.insecure_hf_sign_in_off_space): every visitor is signed in as this "
+                "machine's Hugging Face user. Never expose this server.")
+
+
 def signed_in_annotator(services: Services, request: Any, typed: Optional[str]) -> Optional[str]:
     """Who a write is attributed to: the signed-in user when auth is on (Forbidden when nobody is), else
     the name typed in the UI (None when blank)."""
@@ -401,6 +446,69 @@ class LoginThrottle:
                 q = self._fails.get(k)
                 if q:
                     q.pop()
+
+
+class NameBackoff:
+    """Failed sign-ins for one user name from anywhere: after ``free`` of them within ``window`` seconds, each further
+    attempt for that name waits 1, 2, 4, ... seconds after the last failure, at most ``max_wait``.
+
+    Guesses spread over many addresses (which the per-address throttle cannot see as one) slow down to one per
+    ``max_wait``. The owner is never locked out for good: the wait is capped, a right password resets the count,
+    and an address the name signed in from before is not held back by the name's count at all.
+    """
+
+    KNOWN_PER_NAME = 16
+
+    def __init__(self, free: int, max_wait: float, window: float):
+        self.free = free
+        self.max_wait = max_wait
+        self.window = window
+        self._fails: dict[str, deque] = {}
+        self._known: dict[str, deque] = {}
+        self._lock = threading.Lock()
+
+    def _on(self, name: Optional[str]) -> bool:
+        return self.free > 0 and bool(name)
+
+    def attempt(self, name: Optional[str], client: Optional[str], now: Optional[float] = None) -> Optional[float]:
+        """None to go ahead (a failure is reserved under the name), else seconds to wait."""
+        if not self._on(name):
+            return None
+        name = name.strip()[:128]
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if len(self._fails) > 10_000:  # forget idle names
+                self._fails = {k: v for k, v in self._fails.items() if v and v[-1] > now - self.window}
+            q = self._fails.setdefault(name, deque())
+            while q and q[0] <= now - self.window:
+                q.popleft()
+            if len(q) >= self.free and client not in self._known.get(name, ()):
+                wait = q[-1] + min(self.max_wait, 2.0 ** (len(q) - self.free)) - now
+                if wait > 0:
+                    return wait
+            q.append(now)
+            return None
+
+    def release(self, name: Optional[str]) -> None:
+        """Take back the failure ``attempt`` reserved (the attempt was refused elsewhere, nothing was checked)."""
+        if self._on(name):
+            with self._lock:
+                q = self._fails.get(name.strip()[:128])
+                if q:
+                    q.pop()
+
+    def succeeded(self, name: Optional[str], client: Optional[str]) -> None:
+        """A right password: the name's count starts again, and ``client`` is known for it."""
+        if not self._on(name):
+            return
+        name = name.strip()[:128]
+        with self._lock:
+            self._fails.pop(name, None)
+            if len(self._known) > 10_000:
+                self._known.clear()
+            known = self._known.setdefault(name, deque(maxlen=self.KNOWN_PER_NAME))
+            if client not in known:
+                known.append(client)
 
 
 def login_keys(client: Optional[str], name: str) -> list[str]:

@@ -1,10 +1,12 @@
 """Private downloads: files made for one admin in the UI (exports), served to admins only, deleted soon.
 
 A download lives in its own directory (mode 0700, files 0600) inside Gradio's upload folder, so Gradio
-serves it in place instead of copying it into its world-readable cache. ``AdminOnlyFiles`` sits inside
-the Gradio app, where the sign-in cookie and the HF session are readable: a request for such a file
-from anyone but an admin gets 403. The directory is deleted after the first complete download, or
-``ttl`` seconds after it was made, whichever comes first (and at exit).
+serves it in place instead of copying it into its cache; the upload folder itself is made owner-only at start
+(``seal_upload_folder``), so other local users cannot list it. ``AdminOnlyFiles`` sits inside the Gradio app, where
+the sign-in cookie and the HF session are readable: a request that names such a file on any of Gradio's file routes
+(``/gradio_api/file=<path>``, ``/gradio_api/file/<path>``), or names a download directory anywhere in its path,
+gets 403 unless an admin asks. The directory is deleted after the first complete download, or ``ttl`` seconds
+after it was made, whichever comes first (and at exit).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 from urllib.parse import unquote
 
-FILE_ROUTE = "/gradio_api/file="
+FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # every route Gradio serves a file by its path at
 TTL = 300.0  # seconds an undownloaded export stays on disk
 
 
@@ -27,6 +29,30 @@ def upload_folder() -> Path:
     from gradio.utils import get_upload_folder
 
     return Path(get_upload_folder())
+
+
+def seal_upload_folder() -> Path:
+    """Make Gradio's upload folder owner-only (0700), creating it if needed: its files (uploads, cached outputs,
+    private downloads) are then out of other local users' reach. Warns when another user owns it."""
+    import logging
+
+    folder = upload_folder()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.chmod(folder, 0o700)
+    except PermissionError:
+        logging.getLogger(__name__).warning("Gradio's upload folder %s belongs to another user and stays readable "
+                                            "to others: set GRADIO_TEMP_DIR to a folder of your own", folder)
+    return folder
+
+
+def requested_file(path: str) -> Optional[str]:
+    """The file path a request names on one of Gradio's file routes (``FILE_ROUTES``), or None."""
+    hits = [(path.find(route), route) for route in FILE_ROUTES if route in path]
+    if not hits:
+        return None
+    at, route = min(hits)
+    return unquote(path[at + len(route):])
 
 
 class PrivateDownloads:
@@ -65,6 +91,12 @@ class PrivateDownloads:
         with self._lock:
             return next((d for d in self._dirs if resolved == d or d in resolved.parents), None)
 
+    def named_in(self, path: str) -> Optional[Path]:
+        """The download directory whose (random) name appears in a request path, or None: a route that serves files
+        by path must name it, whatever the route."""
+        with self._lock:
+            return next((d for d in self._dirs if d.name in path), None)
+
     def remove(self, path: Path) -> None:
         """Delete a download's directory now."""
         with self._lock:
@@ -83,8 +115,8 @@ DOWNLOADS = PrivateDownloads()  # one per process: the Data tab writes, AdminOnl
 
 
 class AdminOnlyFiles:
-    """Pure ASGI middleware (innermost in the Gradio app) guarding ``/gradio_api/file=`` for private
-    downloads: non-admins get 403; a complete download deletes the directory."""
+    """Pure ASGI middleware (innermost in the Gradio app) guarding private downloads on every route that could
+    serve them: non-admins get 403; a complete download deletes the directory."""
 
     def __init__(self, app, may_download: Callable, downloads: PrivateDownloads = DOWNLOADS):
         self.app = app
@@ -93,8 +125,9 @@ class AdminOnlyFiles:
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        at = path.find(FILE_ROUTE)
-        folder = self.downloads.owner_dir(unquote(path[at + len(FILE_ROUTE):])) if at >= 0 else None
+        named = requested_file(path)
+        folder = (self.downloads.owner_dir(named) if named is not None else None) or \
+            self.downloads.named_in(unquote(path))
         if folder is None:
             return await self.app(scope, receive, send)
         from starlette.requests import Request

@@ -11,18 +11,23 @@ Outermost first:
 3. **CORS** — one allow-list (``server.allowed_origins``, empty = same-origin only) on the parent app,
    which also switches off Gradio's own CORS layer (it echoes any Origin for non-localhost hosts).
 4. **/login** — failed sign-ins counted per client address (and per name from that address) before the password
-   is checked (``ui.auth.LoginThrottle``); over the limit every attempt gets the same 429; the sign-in
+   is checked (``ui.auth.LoginThrottle``), and per name from anywhere with a capped backoff that spares addresses the
+   name signed in from before (``ui.auth.NameBackoff``); over a limit every attempt gets the same 429; the sign-in
    cookie is made ``SameSite=Lax`` (a Space keeps ``None``: it runs in huggingface.co's iframe, and the
    Origin check carries it).
 5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
    ``server.rate_limit_per_minute``.
+6. **Gradio API** (``GradioCalls``, inside the Gradio app where its sign-in is readable) — every call of a public
+   event (``/gradio_api/call|run|api/<name>``, and ``/gradio_api/queue/join`` of an event with an API name) counts
+   against the same per-user limiter as REST: one budget per person, whichever door they use.
 Password checks run in worker threads, never on the event loop.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
-from typing import Optional
+from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
@@ -33,7 +38,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from rlhf.config import AppConfig, ConfigError
 from ui.api.errors import HEALTH, PREFIX, PUBLIC_PATHS, error
-from ui.auth import RateLimiter, basic_name, login_keys
+from ui.auth import RateLimiter, basic_name
 from ui.forwarded import ForwardedHeaders, TrustedProxies
 from ui.services import Services
 
@@ -167,8 +172,8 @@ class LoginGuard:
             await form.close()
         except Exception:  # a malformed form: Gradio answers it (422); it still counts for this address
             name = ""
-        keys = login_keys(scope["client"][0] if scope.get("client") else None, name)
-        wait = auth.throttle.attempt(keys)
+        client = scope["client"][0] if scope.get("client") else None
+        wait = auth.attempt(client, name)
         if wait is not None:
             return await _too_many(wait)(scope, receive, send)
         status = {}
@@ -184,7 +189,7 @@ class LoginGuard:
 
         await self.app(scope, _replay(body, receive), sending)
         if status.get("code") == 200:
-            auth.throttle.succeeded(keys)
+            auth.succeeded(client, name)
 
 
 def _lax(cookie: bytes) -> bytes:
@@ -226,6 +231,64 @@ def _too_many(wait: float) -> JSONResponse:
     return error(429, f"too many failed sign-ins: try again in {seconds} s", {"Retry-After": str(seconds)})
 
 
+def limit_key(user: Optional[str], client: Optional[str]) -> str:
+    """The rate limiter's key of a request: the signed-in user, else the client address."""
+    return f"user:{user}" if user else f"ip:{client or '?'}"
+
+
+def _slow_down(wait: float) -> JSONResponse:
+    return error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+GRADIO_CALLS = re.compile(r"/gradio_api/(?:call(?:/v2)?|run|api)/[^/]+/?$")
+QUEUE_JOIN = re.compile(r"/gradio_api/queue/join/?$")
+
+
+class GradioCalls:
+    """Pure ASGI middleware inside the Gradio app: a call of a public Gradio event counts against the per-user
+    rate limit REST uses (the same ``RateLimiter``), 429 over it. The UI's own private events (timers, refreshes)
+    are not counted; they have no API name, and the API reaches none of them by name."""
+
+    def __init__(self, app, services: Services, limiter: RateLimiter, public: Callable[[int], bool]):
+        self.app = app
+        self.services = services
+        self.limiter = limiter
+        self.public = public  # fn_index -> True for an event with an API name
+
+    async def __call__(self, scope, receive, send):
+        auth = self.services.auth
+        if scope["type"] != "http" or scope["method"] != "POST" or auth is None or self.limiter.per_minute <= 0:
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if QUEUE_JOIN.search(path):
+            body = await _read_body(receive, self.services.config.server.max_body_bytes)
+            if body is None:
+                return await error(413, "request body too large")(scope, receive, send)
+            receive = _replay(body, receive)
+            try:
+                fn_index = json.loads(body).get("fn_index")
+            except (ValueError, AttributeError):
+                fn_index = None
+            counted = not isinstance(fn_index, int) or self.public(fn_index)
+        else:
+            counted = bool(GRADIO_CALLS.search(path))
+        if counted:
+            user = await run_in_threadpool(auth.user_of, Request(scope, receive))
+            wait = self.limiter.retry_after(limit_key(user, (scope.get("client") or ("?",))[0]))
+            if wait is not None:
+                return await _slow_down(wait)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def public_events(demo) -> Callable[[int], bool]:
+    """fn_index -> True for the Blocks' events with an API name (what a script calls by name)."""
+    def public(fn_index: int) -> bool:
+        fn = demo.fns.get(fn_index)
+        return fn is None or getattr(fn, "api_visibility", "public") == "public"
+
+    return public
+
+
 def gradio_login(services: Services):
     """The check Gradio's ``/login`` calls: a coroutine, so Gradio awaits it, running scrypt in a worker
     thread instead of on the event loop. None when there are no passwords (local mode, HF sign-in)."""
@@ -240,12 +303,12 @@ def gradio_login(services: Services):
 
 
 # ---- the whole guard ---------------------------------------------------------------------------------
-def install_security(app: FastAPI, services: Services) -> None:
+def install_security(app: FastAPI, services: Services, limiter: RateLimiter) -> None:
     """Install the checks above on the parent app (call after every other middleware: the last one
-    added runs first). Reads ``services.auth`` per request, so local mode (None) passes 4 and 5."""
+    added runs first). Reads ``services.auth`` per request, so local mode (None) passes 4 and 5. ``limiter``: the
+    per-user rate limit, shared with ``GradioCalls``."""
     config = services.config.server
     origins = check_origins(config.allowed_origins)
-    limiter = RateLimiter(config.rate_limit_per_minute)
 
     @app.middleware("http")
     async def _rest_guard(request: Request, call_next):
@@ -255,17 +318,16 @@ def install_security(app: FastAPI, services: Services) -> None:
             return await call_next(request)
         client = request.client.host if request.client else None
         name = basic_name(request.headers.get("authorization"))
-        keys = login_keys(client, name) if name is not None else None
-        if keys is not None:
-            wait = auth.throttle.attempt(keys)
+        if name is not None:
+            wait = auth.attempt(client, name)
             if wait is not None:
                 return _too_many(wait)
         user = await run_in_threadpool(auth.user_of, request)  # Basic means scrypt: off the event loop
-        if user and keys is not None:
-            auth.throttle.succeeded(keys)
-        wait = limiter.retry_after(f"user:{user}" if user else f"ip:{client or '?'}")
+        if user and name is not None:
+            auth.succeeded(client, name)
+        wait = limiter.retry_after(limit_key(user, client))
         if wait is not None:
-            return error(429, "too many requests; slow down", {"Retry-After": str(max(1, math.ceil(wait)))})
+            return _slow_down(wait)
         if not user:
             return error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
                                "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import gradio as gr
 import uvicorn
@@ -17,15 +18,15 @@ from rlhf.queue.refill import QueueRefill
 from rlhf.serving.server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui
-from ui.auth import Auth
+from ui.auth import Auth, RateLimiter
 from ui.api.core import body_size_guard, build_router, install_error_handlers
 from ui.api.admin import build_admin_router
 from ui.api.arena import build_arena_router
 from ui.api.jobs import build_jobs_router
 from ui.api.policies import build_policies_router
 from ui.api.queue import build_queue_router
-from ui.downloads import DOWNLOADS, AdminOnlyFiles
-from ui.guard import allowed_hosts, gradio_login, install_security
+from ui.downloads import DOWNLOADS, AdminOnlyFiles, seal_upload_folder
+from ui.guard import GradioCalls, allowed_hosts, gradio_login, install_security, public_events
 from ui.permissions import is_admin
 from ui.services import Services
 
@@ -81,7 +82,8 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     app = FastAPI(title="RLHF Studio", docs_url="/api/v1/docs", openapi_url="/api/v1/openapi.json")
     install_error_handlers(app)
     body_size_guard(app, services.config.server.max_body_bytes)
-    install_security(app, services)  # added last = runs first: Host, Origin, CORS, /login, REST credentials
+    limiter = RateLimiter(services.config.server.rate_limit_per_minute)  # one per-user budget: REST and Gradio API
+    install_security(app, services, limiter)  # added last = runs first: Host, Origin, CORS, /login, REST credentials
     app.router.on_startup.append(lambda: widen_thread_pool(services.config))
     app.include_router(build_router(services))
     app.include_router(build_arena_router(services))
@@ -91,6 +93,7 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     app.include_router(build_policies_router(services))
     if not ui:
         return app
+    seal_upload_folder()  # before Gradio writes anything there: uploads and downloads stay owner-only
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
     # No share links (we never call launch), no extra allowed_paths, uploads capped.
@@ -99,6 +102,8 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
                               auth_message="RLHF Studio: sign in with the name and password your admin gave you.")
     gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
     # Innermost in the Gradio app, where its sign-in cookie and the HF session are already readable.
+    gradio_app.user_middleware.append(Middleware(GradioCalls, services=services, limiter=limiter,
+                                                 public=public_events(demo)))
     gradio_app.user_middleware.append(Middleware(AdminOnlyFiles, may_download=lambda r: is_admin(services, r)))
     return app
 
@@ -117,10 +122,28 @@ def serve(config: AppConfig) -> None:
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so code after run() (and atexit) may never run:
     # the private UI exports are deleted in the shutdown step, which always runs.
     app.router.on_shutdown.append(DOWNLOADS.clear)
+    app.router.on_shutdown.append(services.replies.cancel_all)
     print(f"RLHF Studio on http://{config.server.host}:{config.server.port}", flush=True)
+    # proxy_headers off: uvicorn would believe X-Forwarded-For from any loopback peer; ui.forwarded applies
+    # server.trusted_proxies instead.
+    settings = uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level="warning",
+                              proxy_headers=False, timeout_graceful_shutdown=config.server.shutdown_seconds)
     try:
-        # proxy_headers off: uvicorn would believe X-Forwarded-For from any loopback peer; ui.forwarded applies
-        # server.trusted_proxies instead.
-        uvicorn.run(app, host=config.server.host, port=config.server.port, log_level="warning", proxy_headers=False)
+        StudioServer(settings, on_exit=services.replies.cancel_all).run()
     finally:
         services.close()
+
+
+class StudioServer(uvicorn.Server):
+    """uvicorn's server that, on SIGTERM/SIGINT, first cancels every reply still generating (none is stored), so the
+    requests waiting for them end at once; any request still open ``server.shutdown_seconds`` later is dropped
+    (uvicorn's ``timeout_graceful_shutdown``), so shutdown takes seconds, whatever clients do."""
+
+    def __init__(self, config: uvicorn.Config, on_exit):
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        # A signal handler runs between two bytecodes of the main thread: take no lock here, hand the work over.
+        threading.Thread(target=self.on_exit, name="cancel-replies", daemon=True).start()
+        super().handle_exit(sig, frame)

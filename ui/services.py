@@ -11,6 +11,8 @@ from typing import Any, Callable, Optional
 from rlhf.config import AppConfig
 from rlhf.serving.server import PolicyServer, load_server
 from storage import Conflict, Store
+from ui.flows.leaderboard import Leaderboards
+from ui.flows.slots import ReplySlots
 
 
 @dataclass
@@ -24,7 +26,16 @@ class Services:
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
     refill: Optional[Any] = None  # rlhf.queue.refill.QueueRefill when the vote queue refills in the background
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
+    leaderboards: Optional[Leaderboards] = None  # made from the Store when not given
+    replies: Optional[ReplySlots] = None  # replies generating per person (server.max_replies_per_user)
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.leaderboards is None:
+            self.leaderboards = Leaderboards(self.store)
+        if self.replies is None:  # local mode is one person: no cap
+            server = self.config.server
+            self.replies = ReplySlots(0 if server.local_mode else server.max_replies_per_user)
 
     def server_for(self, agent, load: bool = True) -> Optional[PolicyServer]:
         """The PolicyServer for an agent's base model: the app's own (a shipped name and its hub id are the same
@@ -48,6 +59,7 @@ class Services:
             return self.servers[base]
 
     def close(self) -> None:
+        self.leaderboards.close()
         if self.refill is not None:
             self.refill.stop()
         if self.scheduler is not None:

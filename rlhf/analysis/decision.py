@@ -12,6 +12,12 @@ wins, ties and losses, not on their order.
 
 Verdicts: ``promote`` (the interval lies above 0.5), ``reject`` (below 0.5), ``no_difference`` (``max_votes``
 rated votes without either: the active version stays), else ``collecting``.
+
+People, not votes: one person's votes are not independent draws, so the app counts at most ``per_person`` votes of
+each person (``rlhf.jobs.decisions``) and runs the test at ``person_alpha``: the level divided by ``head_start``, the
+most one person's ``per_person`` one-sided votes multiply the bets' mixed capital at m = 0.5. The capital of the
+other people's votes then has to reach 1/alpha on its own, which by Ville's inequality it does with probability at
+most alpha under the null: one person voting first and all one way cannot raise the error rate above alpha.
 """
 from __future__ import annotations
 
@@ -47,6 +53,17 @@ def confidence_sequence(wins, ties, losses, alpha: float = 0.05) -> tuple[np.nda
     rate = (np.asarray(wins, float) + 0.5 * np.asarray(ties, float)) / np.maximum(
         1, np.asarray(wins) + np.asarray(ties) + np.asarray(losses))
     return np.where(empty, rate, np.maximum(lows - 0.005, 0.0)), np.where(empty, rate, np.minimum(highs + 0.005, 1.0))
+
+
+def head_start(per_person: int) -> float:
+    """The most ``per_person`` one-sided votes of one person multiply the mixed capital at m = 0.5."""
+    return float(np.exp(max(0.0, float(log_capital(per_person, 0, 0, np.array([0.5]))[0]))))
+
+
+def person_alpha(alpha: float, per_person: int) -> float:
+    """The level the test runs at so that one person's ``per_person`` counted votes cannot lift its error rate
+    above ``alpha`` (see the module docstring)."""
+    return alpha / head_start(per_person)
 
 
 def verdicts(low, high, votes, max_votes: int) -> np.ndarray:

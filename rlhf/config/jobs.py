@@ -47,6 +47,10 @@ class GateConfig(Checked):
     decision_max_votes: int = opt(200, "Votes after which an undecided comparison ends as 'no difference' (the "
                                   "active version stays).")
     decision_check_seconds: float = opt(30.0, "How often the scheduler settles decided comparisons.")
+    decision_min_annotators: int = opt(3, "Fewest different people whose blind votes a decision needs (team and HF "
+                                       "modes; local mode is one person: a decided comparison waits for the admin).")
+    decision_votes_per_annotator: int = opt(3, "Most votes of one person a decision counts (their first blind votes "
+                                            "on it): nobody outvotes the team by voting often.")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
@@ -58,6 +62,8 @@ class GateConfig(Checked):
             raise ConfigError(f"gate.decision_alpha must be in (0, 0.5), got {self.decision_alpha}")
         if self.decision_max_votes < 1 or self.min_judge_pairs < 2:
             raise ConfigError("gate.decision_max_votes must be >= 1 and gate.min_judge_pairs >= 2")
+        if self.decision_min_annotators < 1 or self.decision_votes_per_annotator < 1:
+            raise ConfigError("gate.decision_min_annotators and gate.decision_votes_per_annotator must be >= 1")
         if not 0 < self.min_length_ratio <= 1 <= self.max_length_ratio:
             raise ConfigError("gate.min_length_ratio must be in (0, 1] and gate.max_length_ratio >= 1")
 

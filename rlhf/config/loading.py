@@ -154,7 +154,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
         explicit.add(key.strip())
     migrate(cfg, explicit)
     check(cfg)
-    if cfg.server.space_id:
+    if cfg.server.space_id and env.get("SYSTEM") == "spaces":  # Hugging Face sets SYSTEM=spaces on a real Space
         apply_spaces_defaults(cfg, explicit)
     return cfg
 

@@ -16,7 +16,11 @@ class ServerConfig:
     rate_limit_per_minute: int = opt(120, "Requests a user may make per minute (0 = unlimited).")
     max_body_bytes: int = opt(1_000_000, "Largest accepted request body.")
     max_file_size: str = opt("5mb", "Largest file a browser may upload to the UI.")
-    space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in and Spaces defaults).")
+    space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in; the Spaces "
+                        "defaults apply only on a real Space, SYSTEM=spaces).")
+    insecure_hf_sign_in_off_space: bool = opt(False, "Let HF sign-in (space_id set) start outside a real Space, where "
+                                              "Gradio signs every visitor in as this machine's HF user: only to try "
+                                              "the sign-in page on your own machine; refused with server.admins.")
     persistent_dir: str = opt("/data", "Spaces persistent storage mount; the data dir when it exists on a Space.")
     hf_token: str = opt("", "Hugging Face token for `export --push-to-hub` and `push-policy` (also read from HF_TOKEN).")
     hf_endpoint: str = opt("", "Hugging Face Hub URL for `push-policy` (empty = huggingface.co; also read from "
@@ -26,6 +30,20 @@ class ServerConfig:
     login_max_failures: int = opt(10, "Failed sign-ins per client address (any name, and so per name from that address) "
                                   "before every attempt from it gets 429 (0 = off); others elsewhere are not locked out.")
     login_window_seconds: float = opt(600.0, "Window over which failed sign-ins are counted; a lock-out lifts as old failures leave it.")
+    login_name_failures: int = opt(20, "Failed sign-ins for one name from any addresses before each further attempt "
+                                   "for it waits 1, 2, 4, ... s (0 = off); an address it signed in from before is "
+                                   "not held back.")
+    login_max_backoff_seconds: float = opt(60.0, "Longest wait between attempts for one name (the owner is never "
+                                           "locked out for longer).")
     trusted_proxies: list = opt([], "Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For/-Proto/-Host "
                                 "are believed; empty = none (the default; a Space trusts its own proxy). '*' = any peer.")
+    max_replies_per_user: int = opt(4, "Replies one signed-in user may have generating at once (an arena round is "
+                                    "two); more get 429 (0 = no cap; local mode is one person: no cap).")
+    shutdown_seconds: float = opt(5.0, "On SIGTERM/SIGINT, replies still generating are cancelled (not stored) and "
+                                  "requests still open after this many seconds are dropped.")
     open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")
+
+    @property
+    def local_mode(self) -> bool:
+        """Single-user local mode: no configured users and no Hugging Face sign-in (everyone is the one admin)."""
+        return not (self.users.strip() or self.users_file.strip() or self.space_id.strip())

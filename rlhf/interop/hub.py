@@ -34,8 +34,10 @@ def adapter_of(store: Store, policy_id: int) -> Policy:
     return policy
 
 
-def export_version(store: Store, policy_id: int, out: str | Path, repo_id: Optional[str] = None) -> Path:
-    """Write the version as a Hub-ready folder ``out`` (new): adapter files and its card (written for ``repo_id``)."""
+def export_version(store: Store, policy_id: int, out: str | Path, repo_id: Optional[str] = None,
+                   with_system_prompt: bool = False) -> Path:
+    """Write the version as a Hub-ready folder ``out`` (new): adapter files and its card (written for ``repo_id``;
+    quoting the agent's system prompt only ``with_system_prompt``)."""
     policy = adapter_of(store, policy_id)
     src, out = Path(policy.adapter_path), Path(out)
     if out.exists():
@@ -49,7 +51,7 @@ def export_version(store: Store, policy_id: int, out: str | Path, repo_id: Optio
         if hub and adapter_cfg.get("base_model_name_or_path") != hub:  # published before bases had hub ids
             adapter_cfg["base_model_name_or_path"] = hub
             (tmp / "adapter_config.json").write_text(json.dumps(adapter_cfg, indent=2, sort_keys=True) + "\n")
-        write_card(store, policy, tmp, repo_id)
+        write_card(store, policy, tmp, repo_id, with_system_prompt)
     return out
 
 
@@ -64,8 +66,10 @@ def zip_version(store: Store, policy_id: int, dest_dir: str | Path) -> Path:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def push_policy(store: Store, config: AppConfig, policy_id: int, repo: str, private: bool = True) -> dict:
-    """Create the Hub repo ``repo`` (private by default) if needed and commit the version to it."""
+def push_policy(store: Store, config: AppConfig, policy_id: int, repo: str, private: bool = True,
+                with_system_prompt: bool = False) -> dict:
+    """Create the Hub repo ``repo`` (private by default) if needed and commit the version to it. Unless ``private``
+    is False (``--public``), a repo that exists and is public is refused before anything is pushed."""
     import tempfile
 
     from huggingface_hub import CommitOperationAdd, HfApi
@@ -77,10 +81,14 @@ def push_policy(store: Store, config: AppConfig, policy_id: int, repo: str, priv
     policy = adapter_of(store, policy_id)
     api = HfApi(endpoint=config.server.hf_endpoint or None, token=token)
     with tempfile.TemporaryDirectory(prefix="rlhf-push-") as work:
-        folder = export_version(store, policy.id, Path(work) / "model", repo_id=repo)
+        folder = export_version(store, policy.id, Path(work) / "model", repo_id=repo,
+                                with_system_prompt=with_system_prompt)
         files = sorted(p.name for p in folder.iterdir())
         try:
             url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+            if private and api.repo_info(url.repo_id, repo_type="model").private is not True:
+                raise HubError(f"{url.repo_id} already exists and is public; nothing was pushed. Make it private on "
+                               "the Hub, or pass --public to publish this version to everyone")
             ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files]
             agent = store.get_agent(policy.agent_id).name
             commit = api.create_commit(url.repo_id, ops, commit_message=f"{agent} v{policy.version} from RLHF Studio",

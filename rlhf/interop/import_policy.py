@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from rlhf.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.models import load_causal_lm, load_tokenizer, name_local_base, resolve_model
 from rlhf.jobs.publish import publish_version
+from rlhf.serving.interface import AdapterError
 from storage import Policy, Store
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,10 @@ def _import_adapter(store: Store, config: AppConfig, agent_rec, parent, path: Pa
     from peft import PeftModel
 
     settings = adapter_settings(adapter_dir)
+    try:
+        check_adapter(adapter_dir)  # its module patterns, before PEFT runs them
+    except AdapterError as exc:
+        raise PolicyImportError(f"the adapter in {adapter_dir} cannot be imported: {exc}") from exc
     try:
         model = PeftModel.from_pretrained(base, str(adapter_dir))
     except Exception as exc:  # shape mismatches and unknown modules surface as many error types

@@ -183,9 +183,22 @@ def _learning_lines(f: CardFacts) -> list[str]:
             f"- KL to the base model: {'not measured' if f.kl_to_base is None else f'{f.kl_to_base:.2f} nats per reply'}."]
 
 
-def render_card(facts: CardFacts, repo_id: Optional[str] = None) -> str:
-    """The whole README.md: metadata, facts, the ``peft`` snippet (loading from ``repo_id`` or a local folder)."""
+SYSTEM_PLACEHOLDER = "YOUR SYSTEM PROMPT"
+
+
+def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_prompt: bool = False) -> str:
+    """The whole README.md: metadata, facts, the ``peft`` snippet (loading from ``repo_id`` or a local folder). The
+    agent's system prompt is mentioned, not quoted, unless ``with_system_prompt`` (it may hold private
+    instructions)."""
     f = facts
+    prompt = json.dumps(f.system_prompt if with_system_prompt else SYSTEM_PLACEHOLDER)
+    if not f.system_prompt:
+        about_prompt = "It was trained without a system prompt."
+    elif with_system_prompt:
+        about_prompt = "It was trained to answer with the system prompt above (the agent's)."
+    else:
+        about_prompt = (f"It was trained to answer under the agent's system prompt ({len(f.system_prompt):,} "
+                        "characters, not published with this card): put the one your use needs in its place.")
     source = repo_id or LOCAL_PLACEHOLDER
     base = f.base_model if f.base_on_hub else "path/to/the/base/model"
     arena = ("not rated yet (no arena votes)" if f.arena_rating is None else
@@ -211,19 +224,20 @@ def render_card(facts: CardFacts, repo_id: Optional[str] = None) -> str:
         f'base = AutoModelForCausalLM.from_pretrained("{base}")',
         f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
         f'model = PeftModel.from_pretrained(base, "{source}")', "",
-        f"messages = [{{\"role\": \"system\", \"content\": {json.dumps(f.system_prompt)}}},",
+        f"messages = [{{\"role\": \"system\", \"content\": {prompt}}},",
         '            {"role": "user", "content": "Hello!"}]',
         'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", '
         'return_dict=True)',
         "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0], skip_special_tokens=True))",
         "```", "",
-        "It was trained to answer with the system prompt above (the agent's).", ""]
+        about_prompt, ""]
     return "\n".join(lines)
 
 
-def write_card(store: Store, policy: Policy, target_dir: Optional[Path] = None, repo_id: Optional[str] = None) -> Path:
+def write_card(store: Store, policy: Policy, target_dir: Optional[Path] = None, repo_id: Optional[str] = None,
+               with_system_prompt: bool = False) -> Path:
     """Write the version's card as ``README.md`` into its directory (or ``target_dir``), replacing it in one rename."""
     target = Path(target_dir or policy.adapter_path) / "README.md"
     with atomic_file(target) as tmp:
-        tmp.write_text(render_card(card_facts(store, policy), repo_id))
+        tmp.write_text(render_card(card_facts(store, policy), repo_id, with_system_prompt))
     return target

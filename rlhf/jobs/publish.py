@@ -15,9 +15,11 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from rlhf.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir, is_temp_dir
 from rlhf.interop.model_card import write_card
+from rlhf.serving.interface import AdapterError
 from storage import Policy, Store
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,8 @@ def leftover_parents(config: AppConfig) -> list[Path]:
 
 
 def check_adapters(store: Store) -> list[Policy]:
-    """Mark versions whose adapter directory is missing or unreadable as broken (the app serves the rest)."""
+    """Mark versions whose adapter directory is missing or unreadable, or whose module patterns cannot be matched
+    safely (``rlhf.adapter_patterns``), as broken (the app serves the rest)."""
     broken = []
     for p in store.list_policies():
         if p.adapter_path is None or p.status == "broken":
@@ -139,6 +142,11 @@ def check_adapters(store: Store) -> list[Policy]:
                 reason = f"adapter_config.json unreadable: {exc}"
             if reason is None and not any(Path(p.adapter_path).glob("adapter_model.*")):
                 reason = f"adapter weights missing in {p.adapter_path}"
+            if reason is None:
+                try:
+                    check_adapter(Path(p.adapter_path))  # its patterns, before anything loads it
+                except AdapterError as exc:
+                    reason = str(exc)
         if reason:
             broken.append(store.mark_policy_broken(p.id, reason))
             log.warning("policy %s marked broken: %s", p.id, reason)

@@ -317,6 +317,9 @@ def test_ui_export_files_are_private_and_gone_after_download(team, root):
     bob = sign_in(team, "bob", "b-pass")
     assert httpx.get(url, headers={"Cookie": bob}).status_code == 403  # an annotator who learns the URL
     assert httpx.get(url).status_code in (401, 403)  # nobody signed in
+    other_route = url.replace("/gradio_api/file=", "/gradio_api/file/")  # issue #33: Gradio's second file route
+    assert other_route != url and httpx.get(other_route, headers={"Cookie": bob}).status_code == 403
+    assert stat.S_IMODE((root / "team-gradio").stat().st_mode) == 0o700  # nobody else lists Gradio's temp folder
     alice = sign_in(team, "alice", "a-pass")
     expected = path.read_bytes()
     got = httpx.get(url, headers={"Cookie": alice})
@@ -365,12 +368,13 @@ def test_a_blind_arena_reply_cannot_be_unblinded(team, tiny_model_dir, root):
         shown = httpx.get(f"{api}/messages/{mid}", auth=bob).json()
         assert (shown["policy_id"], shown["latency_ms"], shown["gen_params"]) == (None, None, {})
     board = httpx.get(api + "/leaderboard", auth=bob).json()
+    alice = ("alice", "a-pass")  # choosing a version is an admin's (#33): the admin tries the attack here
     for version in httpx.get(api + "/policies", auth=bob).json():  # same prompt, a chosen version, then compare
-        mine = httpx.post(api + "/chat", auth=bob, timeout=120, json={"messages": prompt, "policy_id": version["id"],
-                                                                      "max_new_tokens": 4}).json()["message_id"]
+        mine = httpx.post(api + "/chat", auth=alice, timeout=120, json={"messages": prompt, "policy_id": version["id"],
+                                                                        "max_new_tokens": 4}).json()["message_id"]
         for other in blind:
-            r = httpx.post(api + "/comparisons", auth=bob, json={"message_a_id": mine, "message_b_id": other,
-                                                                 "winner": "a"})
+            r = httpx.post(api + "/comparisons", auth=alice, json={"message_a_id": mine, "message_b_id": other,
+                                                                   "winner": "a"})
             assert r.status_code == 409 and "arena pair" in r.json()["error"]
     assert httpx.get(api + "/leaderboard", auth=bob).json() == board  # nothing moved
     carol = httpx.post(f"{api}/arena/{pair}/vote", auth=("carol", "c-pass"), json={"winner": "a"})

@@ -39,10 +39,12 @@ def build_space_app():
 
 
 def test_spaces_defaults_in_the_config(tmp_path):
-    cfg = load_config(env={"SPACE_ID": "team/rlhf-studio", "RLHF_SERVER_PERSISTENT_DIR": str(tmp_path)})
+    cfg = load_config(env={"SYSTEM": "spaces", "SPACE_ID": "team/rlhf-studio",
+                           "RLHF_SERVER_PERSISTENT_DIR": str(tmp_path)})
     assert cfg.base_model == SPACES_BASE_MODEL and cfg.server.host == "0.0.0.0"
     assert cfg.data_dir == str(tmp_path / "rlhf-studio")  # the persistent mount exists: data lives there
-    kept = load_config(env={"SPACE_ID": "x/y", "RLHF_BASE_MODEL": "mine", "RLHF_DATA_DIR": "/elsewhere"},
+    kept = load_config(env={"SYSTEM": "spaces", "SPACE_ID": "x/y", "RLHF_BASE_MODEL": "mine",
+                            "RLHF_DATA_DIR": "/elsewhere"},
                        overrides=["server.host=127.0.0.1"])
     assert (kept.base_model, kept.data_dir, kept.server.host) == ("mine", "/elsewhere", "127.0.0.1")
     assert load_config(env={}).base_model == "smollm2-135m-instruct"  # not on a Space: the shipped GGUF

@@ -166,3 +166,77 @@ def test_backup_and_restore_commands(filled, app_config, tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     assert main(["backup", str(tmp_path / "x.tar"), "--set", f"data_dir={tmp_path / 'nothing'}"]) == 1
     assert "no database" in capsys.readouterr().err
+
+
+def test_a_manifest_of_the_wrong_shape_is_a_clear_error(filled, app_config, tmp_path):
+    """Issue #33: a non-object manifest entry raised a traceback; a manifest that is not an object too."""
+    archive = tmp_path / "b.tar"
+    backup(app_config, archive)
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(tar.extractfile(MANIFEST).read())
+    weights = "policies/assistant/v1/adapter_model.safetensors"
+    for bad, message in (({**manifest, "files": {**manifest["files"], weights: "abc"}}, "must be"),
+                         ({**manifest, "files": {**manifest["files"], weights: {"sha256": "x", "size": 1}}}, "must be"),
+                         ({**manifest, "version": "2"}, "whole number")):
+        path = tamper(archive, tmp_path / f"bad-{len(message)}.tar", weights, manifest=bad)
+        with pytest.raises(BackupError, match=message):
+            restore(path, tmp_path / "t")
+    listed = tmp_path / "list.tar"
+    with tarfile.open(archive) as src, tarfile.open(listed, "w") as dst:
+        for member in src.getmembers():
+            blob = b"[1, 2]" if member.name == MANIFEST else src.extractfile(member).read()
+            member.size = len(blob)
+            dst.addfile(member, io.BytesIO(blob))
+    with pytest.raises(BackupError, match="not an RLHF Studio backup"):
+        restore(listed, tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_small_archive_cannot_write_more_than_its_manifest_says(filled, app_config, tmp_path):
+    """Issue #33: 0.4 MB of gzip wrote 315 MB before the size check. A member larger than its manifest entry is
+    refused before a byte of it is written."""
+    archive = tmp_path / "b.tar"
+    backup(app_config, archive)
+    bomb = tmp_path / "bomb.tar.gz"
+    weights = "policies/assistant/v1/adapter_model.safetensors"
+    with tarfile.open(archive) as src, tarfile.open(bomb, "w:gz") as dst:
+        for member in src.getmembers():
+            if member.name == weights:  # 64 MB of zeros where the manifest promises the real weights
+                member.size = 64 << 20
+                dst.addfile(member, io.BytesIO(bytes(member.size)))
+            else:
+                dst.addfile(member, src.extractfile(member))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(BackupError, match="67,108,864 bytes where the manifest says"):  # refused before writing it
+        restore(bomb, tmp_path / "t")
+    assert not (tmp_path / "t").exists() and not [p for p in tmp_path.iterdir() if ".tmp-restore-" in p.name]
+
+
+def test_restore_brings_back_no_sign_in_secrets_it_cannot_vouch_for(filled, app_config, tmp_path):
+    """Issue #33: a token row planted in an archive worked after restore, and a token revoked since came back."""
+    from storage.credentials import hash_password
+
+    store = filled["store"]
+    store.set_password_hash("alice", hash_password("planted"), role="admin")
+    planted = store.create_api_token("alice", "planted")
+    revoked_since = store.create_api_token("alice", "later revoked")
+    archive = tmp_path / "b.tar"
+    backup(app_config, archive)
+    target = tmp_path / "restored"
+    out = restore(archive, target)
+    assert out["tokens_removed"] == 2 and out["passwords_cleared"] == 1
+    copy = Store(target / "studio.db")
+    assert copy.token_owner(planted) is None and copy.list_api_tokens() == [] and copy.password_hash("alice") is None
+    copy.close()
+    # With --keep-tokens the archive's tokens stay, but one the replaced database revoked stays revoked.
+    again = restore(archive, target, force=True, keep_tokens=True)
+    assert again["tokens_kept"] == 2
+    copy = Store(target / "studio.db")
+    revoke = next(t["id"] for t in copy.list_api_tokens("alice") if t["label"] == "later revoked")
+    copy.revoke_api_token(revoke)
+    copy.close()
+    third = restore(archive, target, force=True, keep_tokens=True)
+    assert third["tokens_revoked"] == 1 and third["tokens_kept"] == 1
+    copy = Store(target / "studio.db")
+    assert copy.token_owner(revoked_since) is None and copy.token_owner(planted) == "alice"
+    copy.close()

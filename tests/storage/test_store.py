@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import sqlite3
+import stat
 import threading
 
 import pytest
@@ -314,3 +316,20 @@ def test_a_writer_waits_once_then_gets_a_clear_busy_error(tmp_path):
     holder.execute("ROLLBACK")
     writer = Store(tmp_path / "s.db", busy_timeout_s=0.2)
     assert writer.create_agent("writer", "hi", "tiny").name == "writer"  # free again: the write goes through
+
+
+def test_the_data_dir_and_database_are_owner_only(tmp_path):
+    """Issue #33: studio.db and its folder were world-readable (0644/0755); an existing data dir is tightened too."""
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chmod(data, 0o755)
+    store = Store(data / "studio.db")
+    store.ensure_default_agent("tiny")  # a write: the WAL files exist now
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(data) == 0o700
+    files = [data / "studio.db", data / "studio.db-wal", data / "studio.db-shm"]
+    assert all(p.exists() and mode(p) == 0o600 for p in files), {p.name: oct(mode(p)) for p in files if p.exists()}
+    store.close()
+    os.chmod(data / "studio.db", 0o644)
+    Store(data / "studio.db").close()
+    assert mode(data / "studio.db") == 0o600

@@ -104,6 +104,44 @@ def test_hf_sign_in_refuses_to_start_without_a_session_secret(store, tmp_path, t
         Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio"), store)
 
 
+def test_hf_sign_in_refuses_to_start_off_a_real_space(store, tmp_path, tiny_model_dir, space_oauth, monkeypatch):
+    """Issue #33, finding 2: SPACE_ID and OAUTH_CLIENT_SECRET set but SYSTEM unset: Gradio would mock OAuth and sign
+    every visitor in as this machine's HF user (an admin when listed). Only an explicit insecure flag starts it, never
+    with admins."""
+    monkeypatch.delenv("SYSTEM")
+    with pytest.raises(AuthConfigError, match="not a Hugging Face Space"):
+        Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio"), store)
+    flag = "server.insecure_hf_sign_in_off_space=true"
+    with pytest.raises(AuthConfigError, match="admins"):
+        Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio", flag, "server.admins=me"),
+                         store)
+    tried = Auth.from_config(team_config(tmp_path, tiny_model_dir, "server.space_id=me/studio", flag), store)
+    assert tried.mode == "hf"
+
+
+def test_spaces_defaults_apply_only_on_a_real_space(tmp_path, tiny_model_dir, tiny_server, space_oauth, monkeypatch):
+    """Off a Space, SPACE_ID changes no default: the app stays on loopback and trusts no proxy, so a forwarded host
+    cannot carry a rebinding Host past the host check."""
+    from fastapi.testclient import TestClient
+
+    from ui.server import build_services, create_app
+
+    off = load_config(env={"SPACE_ID": "team/studio"})
+    assert (off.server.host, off.server.trusted_proxies, off.base_model) == ("127.0.0.1", [],
+                                                                            "smollm2-135m-instruct")
+    on = load_config(env={"SPACE_ID": "team/studio", "SYSTEM": "spaces"})
+    assert (on.server.host, on.server.trusted_proxies) == ("0.0.0.0", ["*"])
+    monkeypatch.delenv("SYSTEM")
+    services = build_services(team_config(tmp_path, tiny_model_dir, "server.insecure_hf_sign_in_off_space=true",
+                                          env={"SPACE_ID": "team/studio"}), server=tiny_server)
+    try:
+        with TestClient(create_app(services, ui=False), base_url="http://evil.example") as client:
+            r = client.get("/api/v1/me", headers={"X-Forwarded-Host": "team-studio.hf.space"})
+            assert r.status_code == 400 and "unknown host" in r.json()["error"]
+    finally:
+        services.store.close()
+
+
 def test_gradio_requests_and_oauth_session(store):
     users = Auth(store, "users", {"alice": "admin", "bob": "annotator"})
     assert users.user_of(gr.Request(username="bob")) == "bob" and users.role_of(gr.Request(username="bob")) == "annotator"

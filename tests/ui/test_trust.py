@@ -104,7 +104,8 @@ def test_trusted_proxies_parse_and_pick_the_client():
     with pytest.raises(ConfigError, match="trusted_proxies"):
         TrustedProxies(["proxy.example"])
     assert load_config(env={"RLHF_SERVER_TRUSTED_PROXIES": "*"}).server.trusted_proxies == ["*"]
-    assert load_config(env={"SPACE_ID": "team/studio"}).server.trusted_proxies == ["*"]  # HF's proxy only
+    on_space = {"SPACE_ID": "team/studio", "SYSTEM": "spaces"}
+    assert load_config(env=on_space).server.trusted_proxies == ["*"]  # HF's proxy only
     assert load_config(env={}).server.trusted_proxies == []
 
 
@@ -155,11 +156,11 @@ def test_a_blind_arena_reply_cannot_be_compared_or_read_before_the_vote(team, ad
     shown = client.get(f"/api/v1/messages/{blind}", auth=BOB).json()
     assert (shown["policy_id"], shown["latency_ms"], shown["gen_params"]) == (None, None, {})
     for version in store.list_policies("assistant"):  # the attack: same prompt, a chosen version, then compare
-        mine = chat(client, BOB, policy_id=version.id)["message_id"]
+        mine = chat(client, ALICE, policy_id=version.id)["message_id"]  # choosing a version is an admin's (#33)
         assert store.get_message(mine).context_key == store.get_message(blind).context_key
         for a, b in ((mine, blind), (blind, mine)):
-            r = client.post("/api/v1/comparisons", auth=BOB, json={"message_a_id": a, "message_b_id": b,
-                                                                   "winner": "a"})
+            r = client.post("/api/v1/comparisons", auth=ALICE, json={"message_a_id": a, "message_b_id": b,
+                                                                     "winner": "a"})
             assert r.status_code == 409 and "arena pair" in r.json()["error"]
     assert store.count("comparisons") == 0 and client.get("/api/v1/leaderboard", auth=BOB).json() == board
     assert client.post(f"/api/v1/arena/{pair}/vote", auth=CAROL, json={"winner": "a"}).status_code == 404
@@ -201,9 +202,10 @@ def test_one_annotator_one_counted_vote_per_pair(team, adapter_dir):
     services, client = team
     store = services.store
     v0, v1 = two_versions(services, adapter_dir)
-    first = chat(client, BOB, policy_id=v0.id)
-    second = client.post(f"/api/v1/messages/{first['message_id']}/regenerate", auth=BOB,
-                         json={"policy_id": v1.id}).json()
+    first = chat(client, BOB)  # annotators get the active version (v0) ...
+    store.promote_policy(v1.id)  # ... and, once v1 goes live, regenerate with it
+    second = client.post(f"/api/v1/messages/{first['message_id']}/regenerate", auth=BOB, json={}).json()
+    assert (first["policy_id"], second["policy_id"]) == (v0.id, v1.id)
     a, b = first["message_id"], second["message_id"]
     for i in range(20):  # alternating winners, and the pair written both ways round
         body = {"message_a_id": a, "message_b_id": b, "winner": "a" if i % 2 else "b"} if i % 3 else \
@@ -222,7 +224,7 @@ def test_one_annotator_one_counted_vote_per_pair(team, adapter_dir):
     export = client.get("/api/v1/export", auth=ALICE, params={"format": "jsonl"})
     votes = [json.loads(line) for line in export.text.splitlines() if json.loads(line)["event"] == "comparison"]
     assert [v["id"] for v in votes] == [counted.id]  # and the export's
-    carol = chat(client, CAROL, policy_id=v0.id)  # another annotator's vote on her own pair counts too
+    carol = chat(client, CAROL)  # another annotator's vote on her own pair counts too
     alt = client.post(f"/api/v1/messages/{carol['message_id']}/regenerate", auth=CAROL, json={}).json()
     client.post("/api/v1/comparisons", auth=CAROL, json={"message_a_id": carol["message_id"],
                                                          "message_b_id": alt["message_id"], "winner": "a"})

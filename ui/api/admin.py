@@ -19,6 +19,7 @@ from rlhf.analysis import quality
 from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
 from storage import InvalidInput, NotFound
 from storage.util import SLUG
+from ui.flows import decisions as decisions_flow
 from ui.flows.agents import agent_json, check_generation, create_agent
 from ui.permissions import current_user, is_admin, require_admin
 from ui.api.core import Strict
@@ -130,8 +131,7 @@ def quality_routes(r: APIRouter, services: Services) -> None:
     @r.post("/annotators/{name}/exclude", responses=ok(Excluded) | errors(404, write=True))
     def exclude(name: str, body: ExcludeBody, request: Request):
         require_admin(services, request)
-        a = store.set_annotator_excluded(name, body.excluded)
-        return {"name": a.name, "excluded": bool(a.excluded)}
+        return decisions_flow.set_excluded(services, name, body.excluded)
 
 
 def token_routes(r: APIRouter, services: Services) -> None:

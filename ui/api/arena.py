@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from ui import views
 from ui.flows import access, arena
 from ui.permissions import require_admin
-from ui.api.core import ChatMessage, Strict, rest_annotator
+from ui.api.core import ChatMessage, Strict, finish, rest_annotator
 from ui.api.errors import PREFIX, errors
 from ui.api.models import ArenaRound, ArenaVote, PolicyOut, ok
 from ui.services import Services
@@ -37,14 +38,19 @@ def build_arena_router(services: Services) -> APIRouter:
     r = APIRouter(prefix=PREFIX)
     store = services.store
 
-    @r.post("/arena", responses=ok(ArenaRound) | errors(404, 409, write=True))
-    def arena_round(body: ArenaBody, request: Request):
+    def opened(body: ArenaBody, request: Request) -> arena.Round:
         if body.continue_pair_id is not None:  # only the round's own player continues it
             access.pair_for(store, access.caller_of(services, request), body.continue_pair_id)
-        rnd = arena.open_round(services, body.agent, [m.model_dump() for m in body.messages],
-                               rest_annotator(services, request, body.annotator), body.continue_pair_id)
+        return arena.open_round(services, body.agent, [m.model_dump() for m in body.messages],
+                                rest_annotator(services, request, body.annotator), body.continue_pair_id)
+
+    @r.post("/arena", responses=ok(ArenaRound) | errors(404, 409, write=True))
+    async def arena_round(body: ArenaBody, request: Request):
+        """Both replies once complete; a client that hangs up first cancels them (nothing is stored)."""
+        rnd = await run_in_threadpool(opened, body, request)
         try:
-            pair = arena.close_round(store, rnd)
+            await finish(request, rnd.a, rnd.b)
+            pair = await run_in_threadpool(arena.close_round, store, rnd)
         except BaseException:
             rnd.cancel()
             raise
@@ -60,9 +66,7 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.get("/leaderboard", responses=ok(list[dict[str, Any]]) | errors(404))
     def leaderboard(agent: Optional[str] = None):
-        agent_rec = store.get_agent(agent)
-        table = views.board(store.list_comparisons(agent_rec.id, with_text=True), store.list_policies(agent_rec.id))
-        return views.leaderboard_json(table)
+        return views.leaderboard_json(services.leaderboards.table(agent))
 
     @r.post("/policies/{policy_id}/archive", responses=ok(PolicyOut) | errors(404, 409))
     def archive(policy_id: int, request: Request):

@@ -5,10 +5,12 @@ import json
 import math
 from typing import Any, Iterator, Literal, Optional
 
+import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
@@ -87,6 +89,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _busy(request: Request, exc: Busy):
         return error(503, str(exc), {"Retry-After": str(int(math.ceil(exc.retry_after)))})
 
+    @app.exception_handler(ClientGone)
+    async def _gone(request: Request, exc: ClientGone):
+        return Response(status_code=499)  # nobody reads it: the client is gone (nginx's "client closed request")
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         # FastAPI's own refusals (a body that is not UTF-8, one over the size limit) in the API's error shape.
@@ -151,6 +157,36 @@ def ndjson_reply(pending: chatflow.PendingReply) -> Iterator[str]:
             pending.stream.cancel()
 
 
+class ClientGone(Exception):
+    """The client hung up before its reply was complete (the reply was cancelled, nothing stored)."""
+
+
+async def finish(request: Request, *pending: chatflow.PendingReply) -> list:
+    """Wait (in a worker thread) for replies to end and store them; a client that hangs up meanwhile, or a request
+    cancelled at shutdown, cancels them and nothing is stored (ClientGone)."""
+    gone = anyio.Event()
+
+    async def watch() -> None:  # the body is read: the next message is the hang-up, whenever it comes
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+        for p in pending:
+            p.stream.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await anyio.to_thread.run_sync(lambda: [p.stream.text() for p in pending])
+            tg.cancel_scope.cancel()
+    except BaseException:
+        for p in pending:
+            p.stream.cancel()
+        raise
+    if gone.is_set():
+        raise ClientGone()
+    return [await run_in_threadpool(p.save) for p in pending]
+
+
 def build_router(services: Services) -> APIRouter:
     """The issue-2 REST endpoints; later features add their own routers."""
     r = APIRouter(prefix=PREFIX)
@@ -189,7 +225,7 @@ def chat_routes(r: APIRouter, services: Services) -> None:
         """The steps /chat and /chat/stream share: agent, version, settings, and the user turn(s) stored in the
         caller's conversation (a new one without ``conversation_id``; someone else's is 404)."""
         agent = store.get_agent(body.agent)  # None = the default (first) agent
-        policy = chatflow.resolve_policy(store, agent, body.policy_id)
+        policy = chatflow.resolve_policy(store, agent, body.policy_id, access.caller_of(services, request))
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
                                      body.seed)
         messages = chatflow.check_turns(services.config, [m.model_dump() for m in body.messages])
@@ -198,11 +234,13 @@ def chat_routes(r: APIRouter, services: Services) -> None:
         server = services.server_for(agent)
         user_msg = chatflow.add_user_turn(store, agent, messages, body.conversation_id,
                                           rest_annotator(services, request, body.annotator), source="api")
-        return chatflow.begin_reply(store, server, user_msg.id, policy, params)
+        return chatflow.begin_reply(store, server, user_msg.id, policy, params, services.replies)
 
     @r.post("/chat", responses=ok(Reply) | errors(404, 409, write=True))
-    def chat(body: ChatBody, request: Request):
-        return reply_json(user_turn(body, request).save())
+    async def chat(body: ChatBody, request: Request):
+        """The reply, once complete; a client that hangs up first cancels it (nothing is stored)."""
+        (msg,) = await finish(request, await run_in_threadpool(user_turn, body, request))
+        return reply_json(msg)
 
     @r.post("/chat/stream", response_class=StreamingResponse, responses=STREAM | errors(404, 409, write=True))
     def chat_stream(body: ChatBody, request: Request):
@@ -210,18 +248,24 @@ def chat_routes(r: APIRouter, services: Services) -> None:
         return StreamingResponse(ndjson_reply(user_turn(body, request)), media_type="application/x-ndjson")
 
     @r.post("/messages/{message_id}/regenerate", responses=ok(Reply) | errors(404, 409, write=True))
-    def regenerate(message_id: int, body: RegenerateBody, request: Request):
-        original = access.message_for(store, access.caller_of(services, request), message_id)
+    async def regenerate(message_id: int, body: RegenerateBody, request: Request):
+        (msg,) = await finish(request, await run_in_threadpool(regenerated, message_id, body, request))
+        return reply_json(msg)
+
+    def regenerated(message_id: int, body: RegenerateBody, request: Request) -> chatflow.PendingReply:
+        caller = access.caller_of(services, request)
+        original = access.message_for(store, caller, message_id)
         if store.is_blind(message_id):
             raise Conflict("this reply is part of an arena round that has not been voted on yet; vote first")
         if store.queue_item_of(message_id) is not None:
             raise Conflict("this reply belongs to a vote-queue item; items are voted on, not regenerated")
         parent = chatflow.sibling_parent(store, message_id)
         agent = chatflow.agent_of(store, parent)
-        policy = chatflow.resolve_policy(store, agent, body.policy_id if body.policy_id is not None
-                                         else original.policy_id)
+        # Admins regenerate with the reply's own version unless they name another; annotators get the active one.
+        wanted = body.policy_id if body.policy_id is not None else (original.policy_id if caller.admin else None)
+        policy = chatflow.resolve_policy(store, agent, wanted, caller)
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, None, body.seed)
-        return reply_json(chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params).save())
+        return chatflow.begin_reply(store, services.server_for(agent), parent.id, policy, params, services.replies)
 
 
 def feedback_routes(r: APIRouter, services: Services) -> None:

@@ -70,7 +70,8 @@ class RatingOut(BaseModel):
 
 
 class MessageOut(BaseModel):
-    """A message; a blind arena reply has its version, latency and generation settings hidden (null)."""
+    """A message; a blind reply has its version, latency and generation settings hidden (null) and its question's
+    `created`."""
     id: int
     conversation_id: int
     parent_id: Optional[int]
@@ -149,6 +150,7 @@ class Quality(BaseModel):
 class Excluded(BaseModel):
     name: str
     excluded: bool
+    reopened: list[dict[str, Any]]  # decisions that rested on their votes and no longer hold
 
 
 class TokenOut(BaseModel):

@@ -6,7 +6,8 @@ exist, so ids say nothing about other people's data. A vote-queue item belongs t
 shown to may read it (that is how they vote on it). In single-user local mode everyone is the one user.
 
 A *blind* reply keeps its version, latency and generation settings to itself: an arena reply until its round
-is voted on (for everyone), a vote-queue reply until the caller voted on its item (admins see through).
+is voted on (for everyone), a vote-queue reply until the caller voted on its item (admins see through). Its
+``created`` is its question's (when a reply was stored would tell how long it took to generate).
 """
 from __future__ import annotations
 
@@ -87,4 +88,6 @@ def shown_message(store: Store, caller: Caller, msg: Message) -> dict:
     out = {k: v for k, v in msg.to_dict().items() if k != "context_key"}
     if is_blind(store, caller, msg):
         out.update(BLIND_FIELDS)
+        if msg.parent_id is not None:
+            out["created"] = store.get_message(msg.parent_id).created
     return out

@@ -15,7 +15,7 @@ import numpy as np
 from rlhf.analysis.arena import choose_pair, pair_candidates
 from rlhf.jobs.decisions import is_open
 from storage import Agent, ArenaPair, Comparison, Conflict, Message, Policy, Store
-from ui import views
+from ui.flows.leaderboard import Leaderboards
 from ui.flows import chat as chatflow
 from ui.services import Services
 
@@ -39,11 +39,12 @@ def need_two_message(agent: Agent, servable: int) -> str:
             "to publish a new version, or promote an archived one, then come back.")
 
 
-def draw_pair(store: Store, agent: Agent, rng: Optional[np.random.Generator] = None) -> tuple[Policy, Policy]:
+def draw_pair(store: Store, boards: Leaderboards, agent: Agent,
+              rng: Optional[np.random.Generator] = None) -> tuple[Policy, Policy]:
     """The two versions of the next round (A, B), by the arena's pairing rules (``rlhf.analysis.arena``) on votes,
     BT ratings and open decisions."""
     policies = store.list_policies(agent.id)
-    table = views.board(store.list_comparisons(agent.id), policies, n_boot=0)
+    table = boards.table(agent.id, n_boot=0, with_text=False)
     candidates = pair_candidates(table, frozenset(p.id for p in policies if is_open(p)))
     if len(candidates) < 2:
         raise Conflict(need_two_message(agent, len(candidates)))
@@ -73,16 +74,16 @@ def open_round(services: Services, agent_name: Optional[str], messages: list[dic
             raise Conflict(f"arena pair {continue_pair_id} belongs to agent {agent.name!r}")
     else:
         agent = store.get_agent(agent_name)  # None = the default (first) agent
-    policy_a, policy_b = draw_pair(store, agent, rng)
+    policy_a, policy_b = draw_pair(store, services.leaderboards, agent, rng)
     params = chatflow.gen_params(services.config, agent)
     if continue_pair_id is not None:
         user = store.append_messages(parent.conversation_id, messages, parent_id=parent.id)[-1]
     else:
         user = chatflow.add_user_turn(store, agent, messages, None, annotator, source="arena")
     server = services.server_for(agent)
-    a = chatflow.begin_reply(store, server, user.id, policy_a, params)
+    a = chatflow.begin_reply(store, server, user.id, policy_a, params, services.replies)
     try:
-        b = chatflow.begin_reply(store, server, user.id, policy_b, params)
+        b = chatflow.begin_reply(store, server, user.id, policy_b, params, services.replies)
     except BaseException:
         a.stream.cancel()
         raise

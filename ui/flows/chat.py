@@ -11,6 +11,9 @@ from typing import Iterator, Optional
 from rlhf.config import AppConfig
 from rlhf.serving.server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
 from storage import Agent, Conflict, InvalidInput, Message, Policy, Store
+from ui.flows.access import Caller
+from ui.flows.slots import ReplySlots
+from ui.permissions import Forbidden
 
 
 def gen_params(config: AppConfig, agent: Agent, max_new_tokens=None, temperature=None, top_p=None,
@@ -27,10 +30,17 @@ def gen_params(config: AppConfig, agent: Agent, max_new_tokens=None, temperature
         raise InvalidInput(str(exc)) from None
 
 
-def resolve_policy(store: Store, agent: Agent, policy_id: Optional[int] = None) -> Policy:
-    """The version to answer with: the one asked for (of this agent, usable) or the agent's active one."""
-    if policy_id is None:
-        return store.active_policy(agent.id)
+def resolve_policy(store: Store, agent: Agent, policy_id: Optional[int] = None,
+                   caller: Optional[Caller] = None) -> Policy:
+    """The version to answer with: the agent's active one, or the one asked for (of this agent, usable). Choosing a
+    version is for admins: annotators chat with the version they are given (Forbidden for any other; ``caller``
+    None is nobody's, so it is refused too)."""
+    active = store.active_policy(agent.id)
+    if policy_id is None or policy_id == active.id:
+        return active
+    if caller is None or not caller.admin:
+        raise Forbidden("choosing a version is for admins: annotators chat with the active version "
+                        "(leave the version out)")
     policy = store.get_policy(policy_id)
     if policy.agent_id != agent.id:
         raise InvalidInput(f"policy {policy_id} belongs to another agent, not {agent.name!r}")
@@ -58,9 +68,11 @@ class PendingReply:
         return iter(self.stream)
 
     def save(self) -> Message:
-        """Wait for the end of the reply and record it (idempotent)."""
+        """Wait for the end of the reply and record it (idempotent); a cancelled reply is never stored (Conflict)."""
         if self.saved is None:
             text = self.stream.text()
+            if self.stream.cancelled:
+                raise Conflict("the reply was cancelled before it ended; nothing was stored")
             self.saved = self.store.record_reply(self.parent.id, text, self.policy.id, self.params.to_dict(),
                                                  round(self.stream.latency_ms, 1), self.stream.n_tokens)
         return self.saved
@@ -74,14 +86,16 @@ def is_cut(message: Message) -> bool:
 
 
 def begin_reply(store: Store, server: PolicyServer, parent_id: int, policy: Policy,
-                params: GenParams) -> PendingReply:
-    """Start generating a reply to the user message ``parent_id`` with ``policy``."""
+                params: GenParams, slots: Optional[ReplySlots] = None) -> PendingReply:
+    """Start generating a reply to the user message ``parent_id`` with ``policy``; with ``slots``, within the
+    conversation owner's share (TooManyReplies beyond it)."""
     parent = store.get_message(parent_id)
     if parent.role != "user":
         raise InvalidInput(f"message {parent_id} is not a user message")
     system_prompt, history = store.state_for(parent_id)
+    begin = lambda: server.stream(system_prompt, history, adapter_for(policy), params)  # noqa: E731
     try:
-        stream = server.stream(system_prompt, history, adapter_for(policy), params)
+        stream = begin() if slots is None else slots.start(store.conversation_owner(parent.conversation_id), begin)
     except AdapterError as exc:
         store.mark_policy_broken(policy.id, str(exc))
         raise Conflict(f"version {policy.version} cannot be served and was marked broken: {exc}") from exc

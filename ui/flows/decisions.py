@@ -22,6 +22,26 @@ def open_decisions(services: Services, agent: Optional[str]) -> list[dict]:
     return decisions.open_decisions(services.store, services.config, services.store.get_agent(agent).id)
 
 
+def set_excluded(services: Services, name: str, excluded: bool) -> dict:
+    """Exclude an annotator from training and from people's decisions (their feedback stays stored), or include them
+    again; every recorded decision that rested on their votes is recomputed, and reopened when it no longer holds.
+    ``{"name", "excluded", "reopened": [{"policy_id", "version", "previous", "now", ...}]}``."""
+    a = services.store.set_annotator_excluded(name, excluded)
+    reopened = decisions.revisit(services.store, services.config, a.name)
+    return {"name": a.name, "excluded": bool(a.excluded), "reopened": reopened}
+
+
+def reopened_text(reopened: list[dict]) -> str:
+    """What reopening decisions changed, in words ('' when nothing was reopened)."""
+    lines = []
+    for r in reopened:
+        undone = (f"; policy {r['restored_active_id']} is active again" if r.get("restored_active_id") else "") + \
+            (f" ({r['note']})" if r.get("note") else "")
+        lines.append(f"v{r['version']}: people's decision '{r['previous']}' reopened ({r['because']}; without those "
+                     f"votes: {r['now']}){undone}")
+    return "\n".join(lines)
+
+
 def lineage_json(services: Services, policy_id: int) -> dict:
     """GET /policies/{id}/lineage."""
     return lineage.lineage(services.store, policy_id, services.config.reward.exclude_annotators)

@@ -14,6 +14,7 @@ from rlhf.serving.server import Busy
 from storage import Conflict, StoreError
 from ui import views
 from ui.flows.arena import cast_vote, close_round, open_round, stream_round
+from ui.flows.leaderboard import counted_votes
 from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
@@ -111,12 +112,13 @@ def start_over():
 
 
 def leaderboard_tables(services: Services, agent_name: str):
-    """Leaderboard and win-rate matrix of an agent, from every comparison between two of its versions."""
+    """Leaderboard and win-rate matrix of an agent, from every counted comparison between two of its versions
+    (excluded annotators' left out)."""
     store = services.store
-    policies = store.list_policies(agent_name)
-    comparisons = store.list_comparisons(agent_name, with_text=True)  # style control reads the replies
-    table = views.board(comparisons, policies)
-    return views.leaderboard_view(table), views.win_rate_view(comparisons, policies)
+    agent = store.get_agent(agent_name)
+    table = services.leaderboards.table(agent.id)  # cached per vote, fitted off this thread
+    matrix = views.win_rate_view(counted_votes(store, agent.id), store.list_policies(agent.id))
+    return views.leaderboard_view(table), matrix
 
 
 # ---- layout ----------------------------------------------------------------------------------------

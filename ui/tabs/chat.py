@@ -15,7 +15,7 @@ import gradio as gr
 
 from rlhf.serving.server import Busy
 from storage import FLAGS, StoreError
-from ui.flows import chat as chatflow
+from ui.flows import access, chat as chatflow
 from ui.permissions import Forbidden, current_user
 from ui.services import Services, bind
 from ui.tabs import chat_view as cv
@@ -139,13 +139,14 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         name = labeller(services, request, annotator)
         check_message(services, text)
         agent = store.get_agent(agent_name)
-        policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None)
+        policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None,
+                                         access.caller_of(services, request))
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
         server = services.server_for(agent)
         parent = cv.reply_parent(store, state["ids"]) if state["conversation_id"] else None
         user_msg = chatflow.add_user_turn(store, agent, [{"role": "user", "content": text}],
                                           state["conversation_id"], name, parent_id=parent)
-        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
+        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params, services.replies)
     except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         yield _status_only(f"⚠️ {exc}")
@@ -193,9 +194,11 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
             return
         agent = chatflow.agent_of(store, store.get_message(parent_id))
         agent_name = agent.name
-        policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None)
+        policy = chatflow.resolve_policy(store, agent, int(policy_id) if policy_id is not None else None,
+                                         access.caller_of(services, request))
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
-        pending = chatflow.begin_reply(store, services.server_for(agent), parent_id, policy, params)
+        pending = chatflow.begin_reply(store, services.server_for(agent), parent_id, policy, params,
+                                       services.replies)
     except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
         yield _status_only(f"⚠️ {exc}")

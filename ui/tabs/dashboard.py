@@ -32,8 +32,7 @@ def refresh_overview(services: Services, agent_name: str, pick_a, pick_b, pick_a
     """Versions table, rating and feedback charts, and every version/job picker (keeping the picks)."""
     store = services.store
     policies = store.list_policies(agent_name)
-    comparisons = store.list_comparisons(agent_name)
-    table = views.board(comparisons, policies)
+    table = services.leaderboards.table(agent_name, with_text=False)
     reward_models = {rm.id: rm for rm in store.list_reward_models(agent_name)}
     versions = views.versions_table(policies, reward_models, table)
     ratings = charts.interval_chart(views.rating_rows(table))

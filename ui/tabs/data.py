@@ -16,6 +16,7 @@ from storage import FLAGS, NotFound, StoreError
 from ui.tabs.agents import build_agents_panel
 from ui.downloads import DOWNLOADS
 from ui import charts
+from ui.flows import decisions as decisions_flow
 from ui.permissions import Forbidden, current_user, is_admin, require_admin, sees_all_feedback
 from ui.services import Services, bind
 from ui.views import literal_html
@@ -144,14 +145,16 @@ def set_excluded(services: Services, name: Optional[str], excluded: bool, reques
         require_admin(services, request)
         if not name:
             return "Pick an annotator first."
-        a = services.store.set_annotator_excluded(name, excluded)
+        done = decisions_flow.set_excluded(services, name, excluded)
     except (Forbidden, StoreError) as exc:
         gr.Warning(str(exc))
         return f"⚠️ {exc}"
-    if a.excluded:
-        return f"**{literal_html(a.name)}** is excluded: their feedback stays stored but the next retrain and " \
-               "exports skip it."
-    return f"**{literal_html(a.name)}** is included again in training."
+    reopened = decisions_flow.reopened_text(done["reopened"])
+    reopened = f"\n\n**Decisions reopened:** {literal_html(reopened)}" if reopened else ""
+    if done["excluded"]:
+        return f"**{literal_html(done['name'])}** is excluded: their feedback stays stored but the next retrain, " \
+               "exports, leaderboards and people's decisions skip it." + reopened
+    return f"**{literal_html(done['name'])}** is included again in training." + reopened
 
 
 def run_export(services: Services, agent: str, fmt: str, request: gr.Request = None):

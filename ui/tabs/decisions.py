@@ -37,13 +37,21 @@ def guard_html(gate: Optional[dict]) -> str:
 
 def decision_line(d: dict) -> str:
     """One open decision in words: votes, win rate with its always-valid interval, and what happens next."""
-    head = (f"**v{d['version']}** vs active v{d['opponent_version']}: {d['votes']} votes"
-            f" ({d['wins']} won, {d['ties']} tied, {d['losses']} lost, {d['both_bad']} both bad) · win rate "
+    head = (f"**v{d['version']}** vs active v{d['opponent_version']}: {d['votes']} votes from {d.get('people', 0)} "
+            f"people ({d['wins']} won, {d['ties']} tied, {d['losses']} lost, {d['both_bad']} both bad) · win rate "
             f"{_pct(d['win_rate'])} [{_pct(d['low'])}–{_pct(d['high'])}]")
+    if d.get("uncounted_votes"):
+        head += f" · {d['uncounted_votes']} votes not counted (the voter chose or saw the versions)"
+    reopened = d.get("reopened") or {}
+    if reopened and d.get("open"):
+        head += f" · reopened: was '{reopened.get('previous')}' until {reopened.get('because')}"
     if d.get("awaiting_admin"):
         return head + f" · **decided: {d['outcome']}** — waiting for an admin to promote or archive it"
     why = ", ".join(d.get("guard_tripped") or []) or "the gate could not tell"
-    return head + f" · about {d['votes_needed']} more votes to decide · sent to people because: {why}"
+    more = f"about {d['votes_needed']} more votes"
+    if d.get("people_needed"):
+        more += f" from at least {d['people_needed']} more people"
+    return head + f" · {more} to decide · sent to people because: {why}"
 
 
 def decisions_markdown(rows: list[dict]) -> str:

@@ -149,13 +149,26 @@ class FakeHub:
     """The few Hub endpoints ``create_repo`` and ``create_commit`` call, on loopback; the commit's files are kept.
     Like the Hub it refuses a README whose metadata does not parse."""
 
-    def __init__(self):
+    def __init__(self, public_repos=()):
         hub = self
         self.requests, self.files = [], {}
+        self.repos = {name: False for name in public_repos}  # repo -> private
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):  # model_info: what the Hub says about an existing repo
+                hub.requests.append((self.path, self.headers.get("Authorization")))
+                repo = self.path.split("?")[0].removeprefix("/api/models/")
+                status, answer = (200, {"id": repo, "private": hub.repos[repo], "sha": "1" * 40}) \
+                    if repo in hub.repos else (404, {"error": "Repository not found"})
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -177,6 +190,8 @@ class FakeHub:
 
         if path == "/api/repos/create":
             req = json.loads(body)
+            private = bool(req.get("private")) or req.get("visibility") == "private"
+            self.repos.setdefault(f"{req['organization']}/{req['name']}", private)
             return 200, {"url": f"{self.url}/{req['organization']}/{req['name']}"}
         if path == "/api/validate-yaml":
             try:
@@ -219,9 +234,37 @@ def test_push_policy_commits_the_version_to_the_hub(shipped, tmp_path, monkeypat
     assert json.loads(hub.files["adapter_config.json"])["base_model_name_or_path"] == HUB_ID
     assert 'PeftModel.from_pretrained(base, "team/assistant-rlhf")' in hub.files["README.md"].decode()
     paths = [p for p, _ in hub.requests]
+    assert hub.repos == {"team/assistant-rlhf": True}  # created private
     assert "/api/validate-yaml" in paths  # the Hub checks the card's metadata before the upload
     assert paths[0] == "/api/repos/create" and paths[-1].startswith("/api/models/team/assistant-rlhf/commit/")
     assert {auth for _, auth in hub.requests} == {"Bearer hf_secret_test"}
+
+
+def test_push_policy_refuses_an_existing_public_repo_unless_public(shipped, monkeypatch, capsys):
+    """Issue #33: create_repo(private=True, exist_ok=True) keeps an existing repo as it is: a public one would have
+    received the version. Now the push stops first, unless --public says so."""
+    hub = FakeHub(public_repos=["team/open"])
+    config, v1 = shipped["config"], shipped["v1"]
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_test")
+    argv = ["push-policy", str(v1.id), "--repo", "team/open", "--set", f"data_dir={config.data_dir}",
+            "--set", f"server.hf_endpoint={hub.url}", "--set", "base_model=smollm2-135m-instruct"]
+    try:
+        assert main(argv) == 1
+        assert "is public" in capsys.readouterr().err and hub.files == {}  # nothing was pushed
+        assert main(argv + ["--public"]) == 0 and "README.md" in hub.files
+    finally:
+        hub.close()
+
+
+def test_the_card_names_no_system_prompt_unless_asked(shipped, tmp_path):
+    store, v1 = shipped["store"], shipped["v1"]
+    secret = "You are Acme's support bot. Internal escalation code: 7731."
+    store.update_agent("assistant", system_prompt=secret)
+    text = (export_version(store, v1.id, tmp_path / "plain") / "README.md").read_text()
+    assert secret not in text and "7731" not in text and "not published with this card" in text
+    assert '"content": "YOUR SYSTEM PROMPT"' in text
+    asked = (export_version(store, v1.id, tmp_path / "asked", with_system_prompt=True) / "README.md").read_text()
+    assert json.dumps(secret) in asked
 
 
 def test_push_policy_without_a_token_says_what_to_set(shipped, monkeypatch, capsys):

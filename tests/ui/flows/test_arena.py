@@ -70,7 +70,8 @@ def test_pairs_are_two_different_servable_versions(services, versions):
     v0, v1, v2 = versions
     services.store.archive_policy(v2.id)
     rng = np.random.default_rng(1)
-    seen = {tuple(sorted(p.id for p in flow.draw_pair(services.store, services.store.get_agent("assistant"), rng)))
+    agent = services.store.get_agent("assistant")
+    seen = {tuple(sorted(p.id for p in flow.draw_pair(services.store, services.leaderboards, agent, rng)))
             for _ in range(40)}
     assert seen == {(v0.id, v1.id)}  # never v2 (archived), never one version twice
 

@@ -154,7 +154,7 @@ def test_rest_agents_quality_export_and_server_for(services, tmp_path, tokenizer
         assert q["annotators"][0]["annotator"] == "ann" and q["alpha"]["thumbs"]["units"] == 0
         assert client.get("/api/v1/flagged", params={"agent": "second"}).json()[0]["flags"] == "Unsafe ×1"
         assert client.post("/api/v1/annotators/ann/exclude", json={"excluded": True}).json() == {
-            "name": "ann", "excluded": True}
+            "name": "ann", "excluded": True, "reopened": []}
         jsonl = client.get("/api/v1/export", params={"format": "jsonl", "agent": "second"})
         assert jsonl.status_code == 200 and jsonl.headers["content-type"].startswith("application/x-ndjson")
         assert '"annotator_excluded": true' in jsonl.text and "attachment" in jsonl.headers["content-disposition"]

@@ -23,7 +23,7 @@ def test_panel_lists_open_decisions_and_marked_versions(services, tmp_path):
     cand = version(store, tmp_path, 1, {**INCONCLUSIVE, "gate/guard_tripped": ["off_prompt"]})
     vote(store, cand, store.active_policy("assistant"), "a", "ann", 0)
     text, marked, pick = panel.refresh_panel(services, "assistant")
-    assert "**v1** vs active v0: 1 votes (1 won" in text and "off_prompt" in text and "more votes" in text
+    assert "**v1** vs active v0: 1 votes from 1 people (1 won" in text and "off_prompt" in text and "more votes" in text
     assert marked == "" and pick["choices"] == []
     for i in range(10):
         feedback(store, "mallory", i)
