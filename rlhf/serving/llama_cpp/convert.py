@@ -15,7 +15,6 @@ Layout facts this relies on (llama.cpp's own converter and loader agree on them)
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from rlhf.adapter_patterns import scaling
 from rlhf.serving.interface import AdapterError, EngineUnavailable
 
 # Hugging Face Llama module name -> llama.cpp tensor name (per block unless marked).
@@ -93,15 +93,6 @@ def _read_adapter(adapter_dir: Path) -> tuple[dict, dict]:
         raise AdapterError(f"cannot read the weights in {adapter_dir}: {type(exc).__name__}: {exc}") from exc
 
 
-def _scaling(config: dict, module_key: str, rank: int) -> float:
-    """PEFT's scaling of one module: alpha / r (alpha / sqrt(r) with rsLoRA), honouring the per-module patterns."""
-    alpha = config.get("lora_alpha", 8)
-    for pattern, value in (config.get("alpha_pattern") or {}).items():
-        if re.search(rf"(^|\.){pattern}$", module_key):
-            alpha = value
-    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-
-
 def _check_supported(config: dict) -> None:
     problems = []
     if config.get("peft_type", "LORA") != "LORA":
@@ -156,7 +147,7 @@ def lora_to_gguf(adapter_dir: str | Path, base: BaseInfo, out: str | Path, dtype
         if a.shape[1] != target[0] or b.shape[0] != target[1] or a.shape[0] != b.shape[1]:
             raise AdapterError(f"adapter tensor {name} has shapes A{a.shape} B{b.shape}, which do not fit the base "
                                f"weight {target[::-1]} (out, in): wrong base model?")
-        b = b * _scaling(config, pair["module"], a.shape[0])
+        b = b * scaling(config, pair["module"], a.shape[0])  # bounded pattern match: AdapterError, never a stall
         if base.arch in PERMUTED_ARCHS and pair["module"] in ("self_attn.q_proj", "self_attn.k_proj"):
             b = _permute(b, base.n_head if pair["module"] == "self_attn.q_proj" else base.n_head_kv)
         writer.add_tensor(f"{name}.weight.lora_a", np.ascontiguousarray(a, dtype=np_dtype))
