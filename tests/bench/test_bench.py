@@ -35,9 +35,11 @@ def test_serve_bench_quick(app_config, tmp_path, capsys):
     assert printed == figures
     expected = {"users", "ttft_p50_s", "ttft_p95_s", "tokens_per_s", "baseline_tokens_per_s", "ratio",
                 "load_avg_1m_before_after"}
-    if llama_cpp_installed():  # both engines side by side (no anchor: the tiny model is not the shipped GGUF)
+    if llama_cpp_installed():  # both engines side by side; llama.cpp itself on the GGUF the app serves
         expected |= {"llama_cpp_tokens_per_s", "llama_cpp_ttft_p95_s", "llama_cpp_vs_transformers",
-                     "adapter_convert_and_load_s", "batch1_decode_tokens_per_s"}
+                     "adapter_convert_and_load_s", "batch1_decode_tokens_per_s", "best_stream_tokens_per_s",
+                     "best_stream_threads", "best_stream_gguf", "ceiling_tokens_per_s", "users8_vs_best_stream",
+                     "users8_vs_ceiling", "ceiling_vs_best_stream", "greedy_identical", "batch1_vs_best_stream"}
         assert figures["llama_cpp_tokens_per_s"] > 0 and 0 <= figures["adapter_convert_and_load_s"] < 10
     assert set(figures) == expected
     assert figures["users"] == 8 and figures["tokens_per_s"] > 0 and figures["baseline_tokens_per_s"] > 0
