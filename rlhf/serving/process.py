@@ -93,6 +93,7 @@ class EngineProcess(Engine):
         self.name = "none"
         self.status = "starting"
         self.history: list[str] = []  # what happened to each engine tried, for people
+        self.restarts: list[str] = []  # how and when the serving engine's process died and was started again
         self.avg_reply_s = 2.0
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the maps below
@@ -190,7 +191,8 @@ class EngineProcess(Engine):
             return
         self.spec, self.name = spec, spec.name
         why = f"; {'; '.join(self.history)}" if self.history else ""
-        self.status = f"{spec.label} (proved in its own process: {info.get('proof', 'decoded')}){why}"
+        again = (f"; started again {len(self.restarts)}x (last: {self.restarts[-1]})" if self.restarts else "")
+        self.status = f"{spec.label} (proved in its own process: {info.get('proof', 'decoded')}){again}{why}"
         log.info("serving engine: %s", self.status)
         self._running = 0
         self._reader = threading.Thread(target=self._read, args=(self._conn, self._proc), name="engine-process",
@@ -241,9 +243,10 @@ class EngineProcess(Engine):
                   "y" if len(lost) == 1 else "ies")
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < FAULT_WINDOW_S] + [now]
+        self.restarts.append(f"{how} at {time.strftime('%H:%M:%S UTC', time.gmtime())}")
         if len(self._deaths) >= 2:
             self._give_up(self.spec, f"its process died twice while serving ({how})")
-            self._deaths = []
+            self._deaths, self.restarts = [], []
         try:
             self.start()
         except EngineUnavailable as exc:
@@ -295,7 +298,7 @@ class EngineProcess(Engine):
 
     def profile(self) -> dict:
         out = self._call("profile") if self._link.is_set() else {}
-        return {**out, "submitted": self._submitted, "restarts": len(self.history)}
+        return {**out, "submitted": self._submitted, "restarts": len(self.restarts), "fallbacks": len(self.history)}
 
     def retry_after(self) -> float:
         load = self.load()

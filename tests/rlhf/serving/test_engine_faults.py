@@ -86,6 +86,7 @@ def test_a_reply_in_flight_when_the_engine_dies_ends_with_a_clear_error_and_the_
             long.text()
         assert marker.exists() and long.finished_at is not None
         assert reply(server) and server.engine_status.startswith("llama.cpp (proved")  # the same engine, started again
+        assert "started again 1x (last: SIGSEGV" in server.engine_status
     finally:
         server.close()
 
