@@ -60,19 +60,17 @@ def _list(services: Services, agent_name: str, name: Optional[str], conversation
     return gr.Dropdown(choices=choices, value=value)
 
 
-def _chat(services: Services, state: dict, name: Optional[str], history=None):
-    """The chatbot showing the state's branch, its thumb icons as stored for ``name``."""
-    if history is None:
-        history, state["ids"] = cv.branch_view(services.store, next((i for i in reversed(state["ids"]) if i), None))
-    return gr.Chatbot(value=history, feedback_value=cv.thumbs_shown(services.store, state["ids"], name))
-
-
-def shown_view(services: Services, request, annotator, agent_name, state: dict, status: str, text=None) -> tuple:
-    """The conversation outputs of a handler that changed what is shown (never the label panel)."""
+def shown_view(services: Services, request, annotator, agent_name, state: dict, status: str,
+               icons: bool = True) -> tuple:
+    """The conversation outputs of a handler that changed what is shown (never the label panel): the state's branch
+    with its thumb icons as stored for the viewer (``icons=False``: the plain messages, the public API's answer;
+    ``chat_labels.follow_reply`` lights the icons after)."""
     name = labels.viewer(services, request, annotator)
-    chat = _chat(services, state, name)
-    return (chat, state, gr.skip() if text is None else text, status,
-            _list(services, agent_name, name, state["conversation_id"]), *_locks(True))
+    history, state["ids"] = cv.branch_view(services.store, next((i for i in reversed(state["ids"]) if i), None))
+    chat = gr.Chatbot(value=history, feedback_value=cv.thumbs_shown(services.store, state["ids"], name)) \
+        if icons else history
+    return (chat, state, gr.skip(), status, _list(services, agent_name, name, state["conversation_id"]),
+            *_locks(True))
 
 
 def _status_only(status: str, n: int = N_OUT) -> tuple:
@@ -152,7 +150,7 @@ def _streamed(services, request, annotator, agent_name, state: dict, pending, hi
         state["reply"] = None
         status = failed.format(exc=exc)
     state["busy"] = False
-    yield shown_view(services, request, annotator, agent_name, state, status)
+    yield shown_view(services, request, annotator, agent_name, state, status, icons=False)
 
 
 def _regeneration_target(store, state: dict, form_for) -> tuple[Optional[int], Optional[int]]:
@@ -360,10 +358,10 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
           [text, state, agent, version, annotator] + gen + [form_for], out, api_name="chat",
           trigger_mode="always_last", concurrency_limit=None, concurrency_id="generate",
           js="(...args) => { document.activeElement?.blur(); return args; }") \
-        .then(follow, [state, annotator] + panel_in, panel_out + [status], api_name=False)
+        .then(follow, [state, annotator] + panel_in, panel_out + [status, chatbot], api_name=False)
     regen.click(bind(regenerate_reply, services), [state, version, annotator] + gen + [form_for, agent], out,
                 api_name="regenerate", concurrency_limit=None, concurrency_id="generate") \
-        .then(follow, [state, annotator] + panel_in, panel_out + [status], api_name=False)
+        .then(follow, [state, annotator] + panel_in, panel_out + [status, chatbot], api_name=False)
     # Label writes: every click is queued ("multiple": a quick second click is never dropped) and they are stored
     # one at a time in click order (one queue, "labels"): a thumb and its taking back land in that order.
     once_each = {"trigger_mode": "multiple", "concurrency_limit": 1, "concurrency_id": "labels"}

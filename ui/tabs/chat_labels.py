@@ -164,21 +164,23 @@ def save_note(services: Services, annotator: str, form_for, note: str, request: 
 def follow_reply(services: Services, state: dict, annotator: str, form_for, panel_as, note,
                  request: gr.Request = None):
     """After a reply ended: the panel moves to it when it still shows what it showed when the reply was asked for
-    and holds no unsaved note; otherwise it stays where the person took it (and says where the new reply is)."""
+    and holds no unsaved note; otherwise it stays where the person took it (and says where the new reply is). The
+    thumb icons light up as stored for the name in the box now."""
     state = state or {}
     reply = state.get("reply")
     if reply is None:  # the reply failed: the stream's own status says so
-        return (gr.skip(),) * (N_PANEL + 1)
+        return (gr.skip(),) * (N_PANEL + 2)
     store = services.store
     name = viewer(services, request, annotator)
+    icons = gr.Chatbot(feedback_value=cv.thumbs_shown(store, state.get("ids", []), name))
     status = cv.rating_summary(store, reply, name, state.get("done")) + cv.cut_hint(store.get_message(reply)) + \
         cv.same_text_note(store, reply)
     shown = None if form_for is None else int(form_for)
     if shown is not None and shown != reply and (
             shown != state.get("form_at_start") or cv.unsaved_note(store, shown, panel_as or None, note)):
         return (gr.skip(),) * N_PANEL + (status + f" · the panel stays on reply #{shown} where you left it: click "
-                                         "the new reply to label it",)
-    return panel(services, reply, name) + (status,)
+                                         "the new reply to label it", icons)
+    return panel(services, reply, name) + (status, icons)
 
 
 def rename(services: Services, state: dict, annotator: str, form_for, panel_as, note, request: gr.Request = None):
