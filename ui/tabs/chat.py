@@ -21,7 +21,7 @@ from ui.permissions import Forbidden, is_admin
 from ui.services import Services, bind
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
-from ui.tabs.common import PAINT_SECONDS, check_message, guidelines_markdown, labeller
+from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
 from ui.views import literal_html
 
 THUMBS = ("Like", "Dislike")  # flags are ticked in the label panel: one icon state per bubble can show one thumb
@@ -357,7 +357,7 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
     gr.on([text.submit, send.click], bind(send_message, services),
           [text, state, agent, version, annotator] + gen + [form_for], out, api_name="chat",
           trigger_mode="always_last", concurrency_limit=None, concurrency_id="generate",
-          js="(...args) => { document.activeElement?.blur(); return args; }") \
+          js=BLUR_ON_SEND) \
         .then(follow, [state, annotator] + panel_in, panel_out + [status, chatbot], api_name=False)
     regen.click(bind(regenerate_reply, services), [state, version, annotator] + gen + [form_for, agent], out,
                 api_name="regenerate", concurrency_limit=None, concurrency_id="generate") \

@@ -12,6 +12,9 @@ NAME_FIRST = ("Type your name in the box at the top first: every label is stored
               "remembered in this browser).")
 PAINT_SECONDS = 0.05  # while a reply streams, at most ~20 repaints a second (the browser re-renders the bubble)
 NO_GUIDELINES = "*No guidelines for this agent yet. Admins write them in Data → Agents.*"
+# Run in the browser when a message or prompt is sent: the box lets go of the focus, so the keyboard shortcuts
+# (1-5 score in Chat, A/B/T/X vote in the Arena) work at once instead of typing into the box. Inputs pass through.
+BLUR_ON_SEND = "(...args) => { document.activeElement?.blur(); return args; }"
 
 
 def labeller(services: Services, request, typed: Optional[str]) -> str:
