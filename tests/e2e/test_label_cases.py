@@ -70,6 +70,14 @@ def stored(store: Store, reply: int, name: str, expected: tuple) -> None:
                f"{name}'s labels on reply {reply} to be {expected} (they are {rating(store, reply, name)})")
 
 
+def stays(page, shown: int, new: int) -> None:
+    """Wait until the label panel, kept on reply ``shown`` by the person's hand, says the reply ``new`` is in."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_text(re.compile(rf"Labels of reply #{shown}\b.*new reply #{new} is in"))).to_be_visible(
+        timeout=SLOW)
+
+
 def test_1_a_rating_revised_while_the_next_reply_streams_stays_as_revised(studio, page_of):
     app, store = studio
     page = page_of("ulla")
@@ -92,13 +100,13 @@ def test_1_a_rating_revised_while_the_next_reply_streams_stays_as_revised(studio
         revised = (None, 4, ["Inaccurate"], "revised while the next reply streamed")
         stored(store, first, "ulla", revised)
         assert not replies_to(store, user_message(store, "second question").id)  # it was still streaming
+    # the reply ended: it wrote nothing back, and the panel stayed where the hand was labelling
     second = int(chat_status(page, r"Reply #(\d+) stored").group(1))
-    assert rating(store, first, "ulla") == revised  # the end of the reply wrote nothing back
+    stays(page, first, second)
+    assert rating(store, first, "ulla") == revised
     assert rating(store, second, "ulla") == (None, None, [], None)
 
     # Regenerate the first reply: while it streams, the panel (still on the first reply) is revised again
-    bot_bubbles(page).first.click()
-    panel_on(page, first)
     with QueuedAhead(app):
         page.get_by_role("button", name="Regenerate").click()
         chat_status(page, "Regenerating")
@@ -108,7 +116,7 @@ def test_1_a_rating_revised_while_the_next_reply_streams_stays_as_revised(studio
         stored(store, first, "ulla", revised)
         assert len(store.siblings(first)) == 1
     again = int(chat_status(page, r"Alternative 2 stored as reply #(\d+)").group(1))
-    panel_on(page, again)  # the panel follows the new reply: it showed the first reply when Regenerate was clicked
+    stays(page, first, again)
     assert rating(store, first, "ulla") == revised
     assert rating(store, again, "ulla") == (None, None, [], None)
     assert [r[0] for r in rating_rows(store, "ulla")] == [first] * 7  # 2 + 3 + 2 clicks, one event each
@@ -128,8 +136,8 @@ def test_2_a_note_typed_while_a_reply_streams_stays_in_its_box_on_its_reply(stud
         chat_status(page, "Generating")
         note.fill("typed while the next reply streams, not saved yet")
         assert rating_rows(store, "vera") == []
-    second = int(chat_status(page, rf"Reply #(\d+) stored.*panel stays on reply #{first}").group(1))
-    panel_on(page, first)
+    second = int(chat_status(page, r"Reply #(\d+) stored").group(1))
+    stays(page, first, second)
     expect(note).to_have_value("typed while the next reply streams, not saved yet")
     page.get_by_role("button", name="Save note").click()
     chat_status(page, rf"Note stored on reply #{first}\b")
@@ -210,6 +218,7 @@ def test_5_an_empty_seed_is_random_and_identical_replies_make_no_pair(studio, pa
     first = send_chat(page, "surprise me")
     page.get_by_role("button", name="Regenerate").click()
     second = int(chat_status(page, r"Alternative 2 stored as reply #(\d+)").group(1))
+    panel_on(page, second)
     assert [store.get_message(i).gen_params["seed"] for i in (first, second)] == [None, None]
 
     seed.fill("seven")  # bad input: a clear error, nothing stored
@@ -221,8 +230,10 @@ def test_5_an_empty_seed_is_random_and_identical_replies_make_no_pair(studio, pa
     seed.fill("7")  # a fixed seed repeats the reply word for word: the page says so, and no pair is ever made
     page.get_by_role("button", name="Regenerate").click()
     third = int(chat_status(page, r"Alternative 3 stored as reply #(\d+)").group(1))
+    panel_on(page, third)
     page.get_by_role("button", name="Regenerate").click()
     fourth = int(chat_status(page, r"Alternative 4 stored as reply #(\d+).*word for word the same text").group(1))
+    panel_on(page, fourth)
     assert store.get_message(third).content == store.get_message(fourth).content
     assert store.get_message(fourth).gen_params["seed"] == 7
     page.get_by_role("button", name="Like", exact=True).last.click()

@@ -213,6 +213,7 @@ def test_a_flag_ticked_in_the_panel_and_regenerate_act_on_the_panels_reply(studi
     expect(page.get_by_role("checkbox", name="Unsafe")).to_be_checked()
     page.get_by_role("button", name="Regenerate").click()
     again = int(chat_status(page, r"Alternative 2 stored as reply #(\d+)").group(1))
+    panel_on(page, again)
     assert [m.id for m in store.siblings(again)] == [first, again]
     assert store.get_message(second).parent_id != store.get_message(again).parent_id
     expect(user_bubbles(page)).to_have_count(1)  # the new alternative's branch: "one" and its new reply

@@ -109,7 +109,7 @@ def _policy_id(version) -> Optional[int]:
 
 
 def send_message(services: Services, text: str, state: dict, agent_name: str, policy_id, annotator: str,
-                 max_new_tokens, temperature, top_p, seed, form_for=None, request: gr.Request = None):
+                 max_new_tokens, temperature, top_p, seed, touched=0, request: gr.Request = None):
     """Record the user's message, stream the reply into the chat, record the reply."""
     store = services.store
     state = {**empty_state(), **dict(state or {})}
@@ -134,7 +134,7 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
     history, ids = cv.branch_view(store, user_msg.id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
     state.update(conversation_id=user_msg.conversation_id, ids=ids, busy=True, reply=None,
-                 form_at_start=None if form_for is None else int(form_for))
+                 touched_at_start=int(touched or 0))
     yield (history, dict(state), "", STREAMING, gr.skip()) + _locks(False)
     yield from _streamed(services, request, annotator, agent_name, state, pending, history, "Reply **#{id}** stored",
                          "⚠️ The reply failed ({exc}); your message is kept: press Regenerate to answer it.")
@@ -142,10 +142,14 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
 
 def _streamed(services, request, annotator, agent_name, state: dict, pending, history, done: str, failed: str):
     """Stream a reply, then the final update: busy off, buttons back on, the reply's id for ``follow_reply``."""
+    store = services.store
     try:
         yield from _stream(pending, history)
-        status = done.format(id=pending.saved.id, n=len(services.store.siblings(pending.saved.id)))
-        state.update(ids=[pending.saved.id], reply=pending.saved.id, done=status)
+        reply = pending.saved
+        lead = done.format(id=reply.id, n=len(store.siblings(reply.id)))
+        status = cv.rating_summary(store, reply.id, labels.viewer(services, request, annotator), lead) + \
+            cv.cut_hint(reply) + cv.same_text_note(store, reply.id)
+        state.update(ids=[reply.id], reply=reply.id)
     except Exception as exc:  # a failed generation: the turn stays, marked unanswered; the app stays usable
         state["reply"] = None
         status = failed.format(exc=exc)
@@ -166,7 +170,7 @@ def _regeneration_target(store, state: dict, form_for) -> tuple[Optional[int], O
 
 
 def regenerate_reply(services: Services, state: dict, policy_id, annotator: str, max_new_tokens, temperature,
-                     top_p, seed, form_for=None, agent_name=None, request: gr.Request = None):
+                     top_p, seed, form_for=None, agent_name=None, touched=0, request: gr.Request = None):
     """Answer the panel's reply's message again (both replies are kept as alternatives), or answer a turn that
     never got its reply."""
     store = services.store
@@ -191,7 +195,7 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         return
     history, ids = cv.branch_view(store, parent_id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
-    state.update(ids=ids, busy=True, reply=None, form_at_start=None if form_for is None else int(form_for))
+    state.update(ids=ids, busy=True, reply=None, touched_at_start=int(touched or 0))
     yield (history, dict(state), gr.skip(), "Regenerating…", gr.skip()) + _locks(False)
     done = "Alternative {n} stored as reply **#{id}**" if replaced is not None else "Answered: reply **#{id}** stored"
     yield from _streamed(services, request, annotator, agent_name, state, pending, history, done,
@@ -206,7 +210,7 @@ def _moved(services, request, annotator, agent_name, state: dict, target, status
 
 
 def show_alternative(services: Services, step: int, state: dict, agent_name, annotator, form_for, panel_as, note,
-                     request: gr.Request = None):
+                     touched=0, request: gr.Request = None):
     """Show the previous (-1) or next (+1) alternative of the panel's reply, with the turns that followed it."""
     store = services.store
     state = {**empty_state(), **dict(state or {})}
@@ -218,11 +222,11 @@ def show_alternative(services: Services, step: int, state: dict, agent_name, ann
     _, state["ids"] = cv.branch_view(store, cv.newest_leaf(store, target))
     name = labels.viewer(services, request, annotator)
     return _moved(services, request, annotator, agent_name, state, target, cv.rating_summary(store, target, name),
-                  (form_for, panel_as, note))
+                  (form_for, panel_as, note, touched))
 
 
 def open_conversation(services: Services, conversation_id, state: dict, agent_name, annotator, form_for, panel_as,
-                      note, request: gr.Request = None):
+                      note, touched=0, request: gr.Request = None):
     """Show one of the annotator's conversations where it was left (its newest message)."""
     store = services.store
     state = {**empty_state(), **dict(state or {})}
@@ -244,17 +248,18 @@ def open_conversation(services: Services, conversation_id, state: dict, agent_na
     state = {**empty_state(), "conversation_id": conv.id, "ids": ids}
     status = cv.rating_summary(store, selected, name) if selected else \
         "Your last message here has no reply yet: press **Regenerate** to answer it."
-    return _moved(services, request, annotator, agent_name, state, selected, status, (form_for, panel_as, note))
+    return _moved(services, request, annotator, agent_name, state, selected, status,
+                  (form_for, panel_as, note, touched))
 
 
 def new_conversation(services: Services, state: dict, agent_name, annotator, form_for=None, panel_as=None,
-                     note=None, request: gr.Request = None):
+                     note=None, touched=0, request: gr.Request = None):
     """An empty chat (the old conversation stays stored and listed); refused while a reply streams."""
     if (state or {}).get("busy"):
         # the trash icon already emptied the view: show the streaming conversation again
         return _status_only(BUSY, N_OUT + labels.N_PANEL)
     return _moved(services, request, annotator, agent_name, empty_state(), None, "New conversation: say something.",
-                  (form_for, panel_as, note))
+                  (form_for, panel_as, note, touched))
 
 
 def refresh_versions(services: Services, agent_name: str, current=None):
@@ -326,6 +331,7 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
         with gr.Column(scale=2, min_width=300, elem_id="chat-labels"):
             form_for = gr.Number(value=None, visible=False, precision=0)  # the reply the panel shows
             panel_as = gr.Textbox(value="", visible=False)  # whose labels it shows
+            touched = gr.Number(value=0, visible=False, precision=0)  # the person's clicks on it so far
             header = gr.Markdown(cv.panel_header(store, None, None))
             score = gr.Radio([1, 2, 3, 4, 5], label="Score (1–5) · stored when clicked", elem_id="chat-score",
                              interactive=True)
@@ -346,8 +352,8 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
             seed = gr.Textbox(value="", label="Seed (empty = random)", placeholder="random",
                               info="A fixed seed repeats the same reply")
     gen = [max_tokens, temperature, top_p, seed]
-    panel_in = [form_for, panel_as, note]
-    panel_out = [form_for, panel_as, header, score, flags, note]
+    panel_in = [form_for, panel_as, note, touched]
+    panel_out = [form_for, panel_as, header, score, flags, note, touched]
     out = [chatbot, state, text, status, conversations, regen, prev_alt, next_alt, new]
     assert len(out) == N_OUT and len(panel_out) == labels.N_PANEL
     follow = bind(labels.follow_reply, services)
@@ -355,13 +361,13 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
     # One event for Enter and Send; "always_last": a message sent while a reply streams goes out when it ends. The
     # box gives the focus back on send, so the keys 1-5 label the reply and do not type into the box.
     gr.on([text.submit, send.click], bind(send_message, services),
-          [text, state, agent, version, annotator] + gen + [form_for], out, api_name="chat",
+          [text, state, agent, version, annotator] + gen + [touched], out, api_name="chat",
           trigger_mode="always_last", concurrency_limit=None, concurrency_id="generate",
           js=BLUR_ON_SEND) \
-        .then(follow, [state, annotator] + panel_in, panel_out + [status, chatbot], api_name=False)
-    regen.click(bind(regenerate_reply, services), [state, version, annotator] + gen + [form_for, agent], out,
+        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False)
+    regen.click(bind(regenerate_reply, services), [state, version, annotator] + gen + [form_for, agent, touched], out,
                 api_name="regenerate", concurrency_limit=None, concurrency_id="generate") \
-        .then(follow, [state, annotator] + panel_in, panel_out + [status, chatbot], api_name=False)
+        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False)
     # Label writes: every click is queued ("multiple": a quick second click is never dropped) and they are stored
     # one at a time in click order (one queue, "labels"): a thumb and its taking back land in that order.
     once_each = {"trigger_mode": "multiple", "concurrency_limit": 1, "concurrency_id": "labels"}
@@ -369,10 +375,12 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
                  api_name=False, **once_each)
     chatbot.select(bind(labels.select_reply, services), [state, annotator] + panel_in, panel_out + [status],
                    api_name=False)
-    label_out = [status, panel_as, header, score, flags]
-    score.select(bind(labels.label_score, services), [annotator, form_for], label_out, api_name=False, **once_each)
-    flags.select(bind(labels.label_flag, services), [annotator, form_for], label_out, api_name=False, **once_each)
-    gr.on([save.click, note.submit], bind(labels.save_note, services), [annotator, form_for, note], label_out,
+    label_out = [status, panel_as, header, score, flags, touched]
+    score.select(bind(labels.label_score, services), [annotator, form_for, touched], label_out, api_name=False,
+                 **once_each)
+    flags.select(bind(labels.label_flag, services), [annotator, form_for, touched], label_out, api_name=False,
+                 **once_each)
+    gr.on([save.click, note.submit], bind(labels.save_note, services), [annotator, form_for, note, touched], label_out,
           api_name="note", **once_each)
     for button, step in ((prev_alt, -1), (next_alt, 1)):
         button.click(bind(show_alternative, services, step), [state, agent, annotator] + panel_in,

@@ -28,17 +28,17 @@ def texts(chatbot) -> list[str]:
             for m in value]
 
 
-def send(services, text, state=None, annotator="alice", gen=GEN, form_for=None):
+def send(services, text, state=None, annotator="alice", gen=GEN, touched=0):
     return run(chat.send_message(services, text, state or chat.empty_state(), "assistant", "active", annotator,
-                                 *gen, form_for))
+                                 *gen, touched))
 
 
-def like(services, state, index, liked, annotator="alice", panel=(None, "", ""), value=None):
+def like(services, state, index, liked, annotator="alice", panel=(None, "", "", 0), value=None):
     return labels.like_reply(services, state, annotator, *panel, gr.LikeData(None, {
         "index": index, "value": value if value is not None else "", "liked": liked}))
 
 
-def select(services, state, index, annotator="alice", panel=(None, "", "")):
+def select(services, state, index, annotator="alice", panel=(None, "", "", 0)):
     return labels.select_reply(services, state, annotator, *panel, gr.SelectData(None, {"index": index, "value": ""}))
 
 
@@ -87,22 +87,21 @@ def test_a_bad_seed_stores_nothing(services):
     assert "Seed must be a whole number" in out[3] and services.store.count("messages") == 0
 
 
-def test_after_a_reply_the_panel_follows_it_unless_the_person_moved_it_or_types_a_note(services):
+def test_after_a_reply_the_panel_follows_it_unless_the_person_touched_it_or_types_a_note(services):
     store = services.store
     first = send(services, "One")
     a = first[1]["reply"]
-    panel = labels.follow_reply(services, first[1], "alice", None, "", "")
-    assert panel[7].feedback_value == [None] and panel[0] == a and f"Reply **#{a}** stored" in panel[6]
-    # the panel showed `a` when the next reply was asked for, and still does: it moves to the new reply
-    out = send(services, "Two", first[1], form_for=a)
+    panel = labels.follow_reply(services, first[1], "alice", None, "", "", 0)
+    assert panel[7].feedback_value == [None] and panel[0] == a
+    # the person did not touch the panel while the next reply streamed: it moves to the new reply
+    out = send(services, "Two", first[1], touched=3)
     b = out[1]["reply"]
-    assert labels.follow_reply(services, out[1], "alice", a, "alice", "")[0] == b
-    # a note typed for `a` and not saved: the panel stays (and keeps the text)
-    kept = labels.follow_reply(services, out[1], "alice", a, "alice", "typed, not saved")
-    assert kept[:6] == (SKIP,) * 6 and f"stays on reply #{a}" in kept[6]
-    # the person moved the panel to another reply while the reply streamed: it stays there
-    out = send(services, "Three", out[1], form_for=b)
-    assert labels.follow_reply(services, out[1], "alice", a, "alice", "")[0] == SKIP
+    assert labels.follow_reply(services, out[1], "alice", a, "alice", "", 3)[0] == b
+    # a note typed for `a` and not saved: the panel stays (and keeps the text); its header says where `b` is
+    kept = labels.follow_reply(services, out[1], "alice", a, "alice", "typed, not saved", 3)
+    assert kept[:2] == (SKIP, SKIP) and kept[3:7] == (SKIP,) * 4 and f"new reply **#{b}** is in" in kept[2]
+    # the person clicked on the panel (moved it, or labelled there) while the reply streamed: it stays there
+    assert labels.follow_reply(services, out[1], "alice", a, "alice", "", 4)[0] == SKIP
     assert store.count("ratings") == 0  # none of this wrote a label
 
 
@@ -112,10 +111,10 @@ def test_thumbs_are_stored_at_once_idempotent_and_a_second_click_takes_them_back
     done = like(services, state, 1, True)
     like(services, state, 1, True)  # one click may fire twice: stored once
     assert labels_of(services, reply) == (1, None, [], None) and services.store.count("ratings") == 1
-    assert done[0] == reply and "👍 stored" in done[6]
+    assert done[0] == reply and "👍 stored" in done[7]
     taken = like(services, state, 1, "")  # the lit icon clicked again
-    assert "thumb taken back" in taken[6] and labels_of(services, reply)[0] is None
-    assert "no thumb of yours" in like(services, state, 1, "")[6]
+    assert "thumb taken back" in taken[7] and labels_of(services, reply)[0] is None
+    assert "no thumb of yours" in like(services, state, 1, "")[7]
     assert services.store.count("rating_withdrawals") == 1
     like(services, state, 1, False)
     assert labels_of(services, reply)[0] == -1
@@ -126,31 +125,32 @@ def test_a_label_needs_a_name_and_a_refused_thumb_is_unlit_again(services):
     assert "Type your name" in out[3] and services.store.count("messages") == 0
     out = send(services, "Hello")
     refused = like(services, out[1], 1, True, annotator="")
-    assert "Type your name" in refused[6] and refused[7].feedback_value == [None]
-    assert "Type your name" in labels.label_score(services, "", out[1]["reply"], choose(3))[0]
+    assert "Type your name" in refused[7] and refused[8].feedback_value == [None]
+    assert "Type your name" in labels.label_score(services, "", out[1]["reply"], 0, choose(3))[0]
     assert services.store.count("ratings") == 0
 
 
 def test_a_click_on_a_view_that_changed_labels_nothing(services):
     out = send(services, "Hello")
-    assert "not a stored reply" in like(services, out[1], 7, True)[6]
-    assert "Only replies" in like(services, out[1], 0, True)[6]
-    assert "changed while you clicked" in like(services, out[1], 1, True, value=["another text"])[6]
+    assert "not a stored reply" in like(services, out[1], 7, True)[7]
+    assert "Only replies" in like(services, out[1], 0, True)[7]
+    assert "changed while you clicked" in like(services, out[1], 1, True, value=["another text"])[7]
     assert services.store.count("ratings") == 0
 
 
 def test_score_flags_and_note_are_each_stored_at_once_on_the_panels_reply(services):
     out = send(services, "Explain rain")
     reply = out[1]["reply"]
-    assert "Click a reply first" in labels.label_score(services, "alice", None, choose(4))[0]
-    shown = labels.label_score(services, "alice", reply, choose(4))
+    assert "Click a reply first" in labels.label_score(services, "alice", None, 0, choose(4))[0]
+    shown = labels.label_score(services, "alice", reply, 0, choose(4))
     assert "Score 4 stored" in shown[0] and shown[3] == 4 and labels_of(services, reply) == (None, 4, [], None)
-    labels.label_flag(services, "alice", reply, choose("Unsafe"))
-    labels.label_flag(services, "alice", reply, choose("Inaccurate"))
-    shown = labels.label_flag(services, "alice", reply, choose("Unsafe", selected=False))
+    labels.label_flag(services, "alice", reply, 0, choose("Unsafe"))
+    labels.label_flag(services, "alice", reply, 0, choose("Inaccurate"))
+    shown = labels.label_flag(services, "alice", reply, 0, choose("Unsafe", selected=False))
     assert shown[4] == ["Inaccurate"] and labels_of(services, reply) == (None, 4, ["Inaccurate"], None)
-    assert "Type a note first" in labels.save_note(services, "alice", reply, "  ")[0]
-    assert "Note stored" in labels.save_note(services, "alice", reply, "a note")[0]
+    assert "Type a note first" in labels.save_note(services, "alice", reply, "  ", 0)[0]
+    stored = labels.save_note(services, "alice", reply, "a note", 5)
+    assert "Note stored" in stored[0] and stored[5] == 6  # a click on the panel: counted
     assert "Nothing new" in labels.save_note(services, "alice", reply, "a note ")[0]
     assert "Note cleared" in labels.save_note(services, "alice", reply, "")[0]
     assert labels_of(services, reply) == (None, 4, ["Inaccurate"], "")
@@ -161,25 +161,25 @@ def test_moving_the_panel_writes_nothing_and_says_when_a_typed_note_is_left_behi
     store = services.store
     out = send(services, "Tell me a joke")
     first = out[1]["reply"]
-    labels.label_score(services, "alice", first, choose(2))
-    out = send(services, "Another", out[1], form_for=first)
+    labels.label_score(services, "alice", first, 0, choose(2))
+    out = send(services, "Another", out[1])
     second = out[1]["reply"]
-    moved = select(services, out[1], 1, panel=(second, "alice", "typed for the second, not saved"))
-    assert moved[:2] == (first, "alice") and moved[3] == 2 and "was not saved" in moved[6]
-    assert "Only replies" in select(services, out[1], 0)[6]
+    moved = select(services, out[1], 1, panel=(second, "alice", "typed for the second, not saved", 2))
+    assert moved[:2] == (first, "alice") and moved[3] == 2 and moved[6] == 3 and "was not saved" in moved[7]
+    assert "Only replies" in select(services, out[1], 0)[7]
     assert [r.message_id for r in store.ratings_by(first, "alice")] == [first] and not store.ratings_by(second, "alice")
 
 
 def test_a_new_name_shows_its_own_labels_and_writes_nothing(services):
     out = send(services, "Hello")
     reply = out[1]["reply"]
-    labels.label_score(services, "alma", reply, choose(3))
+    labels.label_score(services, "alma", reply, 0, choose(3))
     labels.save_note(services, "alma", reply, "alma's note")
     like(services, out[1], 1, True, annotator="alma")
-    renamed = labels.rename(services, out[1], "bert", reply, "alma", "alma's note")
-    assert renamed[:6] == (reply, "bert", cv.panel_header(services.store, reply, "bert"), None, [], "")
-    assert renamed[6].feedback_value == [None]  # bert's thumbs: none lit
-    typing = labels.rename(services, out[1], "bert", reply, "alma", "alma typed this, unsaved")
+    renamed = labels.rename(services, out[1], "bert", reply, "alma", "alma's note", 4)
+    assert renamed[:7] == (reply, "bert", cv.panel_header(services.store, reply, "bert"), None, [], "", SKIP)
+    assert renamed[7].feedback_value == [None]  # bert's thumbs: none lit; and no click counted
+    typing = labels.rename(services, out[1], "bert", reply, "alma", "alma typed this, unsaved", 4)
     assert typing[5] == SKIP  # a note being typed stays in its box
     assert services.store.ratings_by(reply, "bert") == [] and len(services.store.ratings_by(reply, "alma")) == 3
 
@@ -188,14 +188,14 @@ def test_regenerate_answers_the_panels_reply_again_and_alternatives_move_without
     store = services.store
     out = send(services, "Tell me a joke")
     first = out[1]["reply"]
-    out = send(services, "Another", out[1], form_for=first)
+    out = send(services, "Another", out[1])
     second = out[1]["reply"]
     out = run(chat.regenerate_reply(services, out[1], "active", "alice", 8, 1.0, 1.0, "3", first))
     again = out[1]["reply"]
     assert "Alternative 2 stored" in out[3] and [m.id for m in store.siblings(again)] == [first, again]
     assert len(out[0]) == 2  # the new alternative's branch
-    back = chat.show_alternative(services, -1, out[1], "assistant", "alice", again, "alice", "")
-    assert back[9] == first and back[1]["ids"][-1] == second and len(back[0].value) == 4
+    back = chat.show_alternative(services, -1, out[1], "assistant", "alice", again, "alice", "", 1)
+    assert back[9] == first and back[15] == 2 and back[1]["ids"][-1] == second and len(back[0].value) == 4
     assert "No other alternative" in chat.show_alternative(services, -1, back[1], "assistant", "alice", first,
                                                            "alice", "")[3]
     assert store.count("ratings") == 0
@@ -269,8 +269,7 @@ def test_identical_alternatives_are_named_in_the_status(services):
     again = run(chat.regenerate_reply(services, out[1], "active", "alice", 8, 1.0, 1.0, "7", first))
     twin = again[1]["reply"]
     assert store.get_message(twin).content == store.get_message(first).content  # a fixed seed repeats the reply
-    assert "word for word the same text as alternative 1" in labels.follow_reply(
-        services, again[1], "alice", first, "alice", "")[6]
+    assert "word for word the same text as alternative 1" in again[3]
     assert cv.same_text_note(store, first) != "" and cv.toggled_flags(["Unsafe"], "Unsafe", False) == []
 
 
@@ -294,4 +293,4 @@ def test_a_reply_that_reached_max_new_tokens_is_marked_cut(services):
     if reply.n_tokens < 4:
         pytest.skip("the tiny model happened to end by itself")
     assert "4-token limit" in texts(out[0])[-1] and "✂️" in texts(out[0])[-1]
-    assert "cut at its token limit" in labels.follow_reply(services, out[1], "alice", None, "", "")[6]
+    assert "cut at its token limit" in out[3]
