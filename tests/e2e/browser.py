@@ -56,7 +56,7 @@ def open_app(browser, url: str, name: str | None = None, viewport=(1280, 1100)):
 
     context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
     page = context.new_page()
-    page.goto(url + "/")
+    page.goto(url + "/", timeout=SLOW)  # a loaded machine serves the first page slowly
     box = page.get_by_placeholder(NAME_BOX)
     expect(box).to_be_visible(timeout=SLOW)
     if name is not None:
