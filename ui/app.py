@@ -58,9 +58,22 @@ SHORTCUTS = """() => {
 }"""
 
 
+# On a phone a table keeps readable columns and scrolls sideways (Gradio squeezes the desktop column widths into
+# 390 pixels, one letter per line); the leaderboard and other wide blocks scroll instead of overflowing the page.
+PHONE_CSS = """
+@media (max-width: 640px) {
+  .table-wrap { overflow-x: auto !important; }
+  .table-wrap table { width: max-content !important; }
+  .table-wrap th, .table-wrap td, .table-wrap .body-cell {
+    width: 8.5em !important; min-width: 8.5em !important; max-width: 8.5em !important; flex: 0 0 8.5em !important; }
+  .table-wrap .virtual-body, .table-wrap .virtual-row { width: max-content !important; }
+}
+"""
+
+
 def page_css() -> str:
     """The tabs' layout rules (label panel beside the reply, phone widths), one style sheet for the page."""
-    return CHAT_CSS
+    return CHAT_CSS + PHONE_CSS
 
 
 def oauth_available() -> bool:

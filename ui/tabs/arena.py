@@ -164,7 +164,9 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     again.click(start_over, None, chats + [state, status] + buttons, api_name=False)
     agent.change(start_over, None, chats + [state, status] + buttons, api_name=False)
     gr.on(None, tables, [agent], [board, matrix], api_name=False)  # on load and on agent change
-    gr.on(None, bind(guidelines_markdown, services), [agent], [guide], api_name=False)
+    guidelines = bind(guidelines_markdown, services)
+    gr.on(None, guidelines, [agent], [guide], api_name=False)
     gr.Timer(10).tick(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
-    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
-        tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
+    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown (guidelines too)
+        tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden") \
+            .then(guidelines, [agent], [guide], api_name=False, show_progress="hidden")
