@@ -77,6 +77,12 @@ def _status_only(status: str, n: int = N_OUT) -> tuple:
     return (gr.skip(), gr.skip(), gr.skip(), status) + (gr.skip(),) * (n - 4)
 
 
+def _refused(state: dict, status: str) -> tuple:
+    """A send or regenerate that started nothing: the status says why, and no reply is left for ``follow_reply``
+    (chained after it) to move the panel to."""
+    return (gr.skip(), {**state, "reply": None}, gr.skip(), status) + (gr.skip(),) * (N_OUT - 4)
+
+
 def _stream(pending: chatflow.PendingReply, history: list):
     """Yield outputs while the reply streams into the last bubble (only the chat changes), at most one repaint per
     ``PAINT_SECONDS`` (a browser re-renders the whole bubble each time), then store it; cancel it when the page is
@@ -129,7 +135,7 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         pending = chatflow.begin_reply(store, server, user_msg.id, policy, params)
     except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
-        yield _status_only(f"⚠️ {exc}")
+        yield _refused(state, f"⚠️ {exc}")
         return
     history, ids = cv.branch_view(store, user_msg.id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
@@ -182,7 +188,7 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         labeller(services, request, annotator)
         parent_id, replaced = _regeneration_target(store, state, form_for)
         if parent_id is None:
-            yield _status_only("Nothing to regenerate yet.")
+            yield _refused(state, "Nothing to regenerate yet.")
             return
         agent = chatflow.agent_of(store, store.get_message(parent_id))
         agent_name = agent.name
@@ -191,7 +197,7 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         pending = chatflow.begin_reply(store, services.server_for(agent), parent_id, policy, params)
     except (StoreError, Busy, Forbidden) as exc:
         gr.Warning(str(exc))
-        yield _status_only(f"⚠️ {exc}")
+        yield _refused(state, f"⚠️ {exc}")
         return
     history, ids = cv.branch_view(store, parent_id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""

@@ -87,6 +87,13 @@ def test_a_bad_seed_stores_nothing(services):
     assert "Seed must be a whole number" in out[3] and services.store.count("messages") == 0
 
 
+def test_a_refused_send_leaves_no_reply_for_the_panel_to_follow(services):
+    first = send(services, "Hello")
+    refused = send(services, "  ", first[1])
+    assert refused[1]["reply"] is None and refused[1]["ids"] == first[1]["ids"]
+    assert labels.follow_reply(services, refused[1], "alice", None, "", "", 0) == (SKIP,) * 8
+
+
 def test_after_a_reply_the_panel_follows_it_unless_the_person_touched_it_or_types_a_note(services):
     store = services.store
     first = send(services, "One")
