@@ -59,7 +59,7 @@ def phone(page, out: Path) -> None:
     from playwright.sync_api import expect
 
     chat_and_label(page)
-    page.locator("#chat-status").scroll_into_view_if_needed()
+    page.locator("#chat-conversation").evaluate("e => e.scrollIntoView({block: 'start'})")  # the reply at the top
     page.screenshot(path=str(out / "chat-phone.png"))
     open_tab(page, "Vote")
     expect(page.get_by_text("Which reply is better?").or_(page.get_by_text("Nothing to vote on")).first) \

@@ -370,17 +370,19 @@ def build_chat(services: Services, annotator: gr.Textbox) -> None:
           [text, state, agent, version, annotator] + gen + [touched], out, api_name="chat",
           trigger_mode="always_last", concurrency_limit=None, concurrency_id="generate",
           js=BLUR_ON_SEND) \
-        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False)
+        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False, show_progress="hidden")
     regen.click(bind(regenerate_reply, services), [state, version, annotator] + gen + [form_for, agent, touched], out,
                 api_name="regenerate", concurrency_limit=None, concurrency_id="generate") \
-        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False)
+        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False, show_progress="hidden")
     # Label writes: every click is queued ("multiple": a quick second click is never dropped) and they are stored
     # one at a time in click order (one queue, "labels"): a thumb and its taking back land in that order.
-    once_each = {"trigger_mode": "multiple", "concurrency_limit": 1, "concurrency_id": "labels"}
+    # No progress veil over the panel while a label is stored (a flicker on every click); the status line answers.
+    once_each = {"trigger_mode": "multiple", "concurrency_limit": 1, "concurrency_id": "labels",
+                 "show_progress": "hidden"}
     chatbot.like(bind(labels.like_reply, services), [state, annotator] + panel_in, panel_out + [status, chatbot],
                  api_name=False, **once_each)
     chatbot.select(bind(labels.select_reply, services), [state, annotator] + panel_in, panel_out + [status],
-                   api_name=False)
+                   api_name=False, show_progress="hidden")
     label_out = [status, panel_as, header, score, flags, touched]
     score.select(bind(labels.label_score, services), [annotator, form_for, touched], label_out, api_name=False,
                  **once_each)
