@@ -211,7 +211,9 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
 def _moved(services, request, annotator, agent_name, state: dict, target, status: str, panel_in: tuple) -> tuple:
     """Conversation outputs plus the label panel moved to ``target`` by the person's click."""
     name = labels.viewer(services, request, annotator)
-    panel, warning = labels.moved_panel(services, target, name, *panel_in)
+    shown, shown_as, note, touched = panel_in
+    panel, warning = labels.moved_panel(services, target, name, None if shown is None else int(shown), shown_as,
+                                        note, touched)
     return shown_view(services, request, annotator, agent_name, state, status + warning) + panel
 
 

@@ -3,7 +3,7 @@
 A thumb (the reply's own 👍/👎 icon), a score, a flag and a note are each their own event, stored the moment they
 are clicked under the name signed in (or typed) at that moment; clicking a lit thumb again takes it back (an
 append-only withdrawal). The label panel beside the conversation only *shows* what the Store holds for one reply:
-its id travels with every click (``reply`` below is the panel's hidden reply id as the page showed it), nothing
+its id travels with every click (``form_for``: the panel's hidden reply id as the page showed it), nothing
 is saved when the panel moves to another reply, and nothing read before a reply streamed is written after it.
 The one thing a panel can hold unsaved is a note being typed: ``Save note`` stores it. A reply that ends moves the
 panel to itself only when the person has not touched the panel since asking for it (``touched`` counts their
@@ -15,7 +15,7 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import StoreError
+from storage import InvalidInput, StoreError
 from ui.permissions import Forbidden, current_user
 from ui.services import Services
 from ui.tabs import chat_view as cv
@@ -67,17 +67,17 @@ def clicked_reply(services: Services, state: dict, data) -> int:
     ids = (state or {}).get("ids", [])
     index = _index(data)
     if not 0 <= index < len(ids) or ids[index] is None:
-        raise Forbidden("That bubble is not a stored reply yet: wait for it to finish, then label it.")
+        raise InvalidInput("That bubble is not a stored reply yet: wait for it to finish, then label it.")
     message = services.store.get_message(ids[index])
     if message.role != "assistant":
-        raise Forbidden("Only replies carry labels: click an assistant message.")
+        raise InvalidInput("Only replies carry labels: click an assistant message.")
     value = data.value
     if isinstance(value, list):  # parts, [{"type": "text", "text": ...}] or one string per grouped message
         value = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in value)
     if isinstance(value, dict):
         value = value.get("text", "")
     if isinstance(value, str) and value.split() and value.split() != cv.shown(message)["content"].split():
-        raise Forbidden("The conversation changed while you clicked: nothing was stored; click the reply again.")
+        raise InvalidInput("The conversation changed while you clicked: nothing was stored; click the reply again.")
     return message.id
 
 
@@ -102,10 +102,11 @@ def like_reply(services: Services, state: dict, annotator: str, form_for, panel_
         name = viewer(services, request, annotator)
         thumbs = cv.thumbs_shown(store, (state or {}).get("ids", []), name)
         return (gr.skip(),) * N_PANEL + (f"⚠️ {exc}", gr.Chatbot(feedback_value=thumbs))
-    keep = form_for is not None and form_for != reply and cv.unsaved_note(store, form_for, panel_as or None, note)
+    shown = None if form_for is None else int(form_for)
+    keep = shown is not None and shown != reply and cv.unsaved_note(store, shown, panel_as or None, note)
     status = cv.rating_summary(store, reply, name, f"{done} on reply **#{reply}**") + cv.same_text_note(store, reply)
     if keep:
-        status += f" · the panel stays on reply #{form_for}: your note there is not saved yet"
+        status += f" · the panel stays on reply #{shown}: your note there is not saved yet"
     outputs = (gr.skip(),) * (N_PANEL - 1) + (touch(touched),) if keep else \
         panel(services, reply, name, touched=touch(touched))
     return outputs + (status, gr.skip())
@@ -119,7 +120,8 @@ def select_reply(services: Services, state: dict, annotator: str, form_for, pane
         reply = clicked_reply(services, state, data)
     except (StoreError, Forbidden) as exc:
         return (gr.skip(),) * N_PANEL + (str(exc),)
-    outputs, warning = moved_panel(services, reply, name, form_for, panel_as, note, touched)
+    shown = None if form_for is None else int(form_for)
+    outputs, warning = moved_panel(services, reply, name, shown, panel_as, note, touched)
     return outputs + (cv.rating_summary(services.store, reply, name) + warning,)
 
 
