@@ -204,7 +204,9 @@ def rename(services: Services, state: dict, annotator: str, form_for, panel_as, 
     box); nothing is written, and only what is clicked from now on is labelled under the new name."""
     store = services.store
     name = viewer(services, request, annotator)
-    reply = None if form_for is None else int(form_for)
+    thumbs = gr.Chatbot(feedback_value=cv.thumbs_shown(store, (state or {}).get("ids", []), name))
+    if form_for is None:  # nothing shown: nothing to re-read (and a reply arriving meanwhile keeps its panel)
+        return (gr.skip(),) * N_PANEL + (thumbs,)
+    reply = int(form_for)
     keep = cv.unsaved_note(store, reply, panel_as or None, note)
-    thumbs = cv.thumbs_shown(store, (state or {}).get("ids", []), name)
-    return panel(services, reply, name, keep_note=keep) + (gr.Chatbot(feedback_value=thumbs),)
+    return panel(services, reply, name, keep_note=keep) + (thumbs,)

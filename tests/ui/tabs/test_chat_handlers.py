@@ -188,6 +188,7 @@ def test_a_new_name_shows_its_own_labels_and_writes_nothing(services):
     assert renamed[7].feedback_value == [None]  # bert's thumbs: none lit; and no click counted
     typing = labels.rename(services, out[1], "bert", reply, "alma", "alma typed this, unsaved", 4)
     assert typing[5] == SKIP  # a note being typed stays in its box
+    assert labels.rename(services, out[1], "bert", None, "", "", 0)[:7] == (SKIP,) * 7  # an empty panel stays
     assert services.store.ratings_by(reply, "bert") == [] and len(services.store.ratings_by(reply, "alma")) == 3
 
 
