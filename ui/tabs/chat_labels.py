@@ -66,11 +66,13 @@ def clicked_reply(services: Services, state: dict, data) -> int:
     stored message, so a click on a view that changed meanwhile labels nothing (StoreError says so)."""
     ids = (state or {}).get("ids", [])
     index = _index(data)
-    if not 0 <= index < len(ids) or ids[index] is None:
+    if not 0 <= index < len(ids):
+        raise InvalidInput("That message is not part of this conversation: nothing was stored.")
+    if ids[index] is None:
         raise InvalidInput("That bubble is not a stored reply yet: wait for it to finish, then label it.")
     message = services.store.get_message(ids[index])
     if message.role != "assistant":
-        raise InvalidInput("Only replies carry labels: click an assistant message.")
+        raise InvalidInput("That is your own message: only replies carry labels.")
     value = data.value
     if isinstance(value, list):  # parts, [{"type": "text", "text": ...}] or one string per grouped message
         value = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in value)

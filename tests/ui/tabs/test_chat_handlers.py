@@ -139,8 +139,9 @@ def test_a_label_needs_a_name_and_a_refused_thumb_is_unlit_again(services):
 
 def test_a_click_on_a_view_that_changed_labels_nothing(services):
     out = send(services, "Hello")
-    assert "not a stored reply" in like(services, out[1], 7, True)[7]
-    assert "Only replies" in like(services, out[1], 0, True)[7]
+    assert "not part of this conversation" in like(services, out[1], 7, True)[7]
+    assert "not a stored reply yet" in like(services, {**out[1], "ids": out[1]["ids"][:1] + [None]}, 1, True)[7]
+    assert "only replies" in like(services, out[1], 0, True)[7]
     assert "changed while you clicked" in like(services, out[1], 1, True, value=["another text"])[7]
     assert services.store.count("ratings") == 0
 
@@ -173,7 +174,7 @@ def test_moving_the_panel_writes_nothing_and_says_when_a_typed_note_is_left_behi
     second = out[1]["reply"]
     moved = select(services, out[1], 1, panel=(second, "alice", "typed for the second, not saved", 2))
     assert moved[:2] == (first, "alice") and moved[3] == 2 and moved[6] == 3 and "was not saved" in moved[7]
-    assert "Only replies" in select(services, out[1], 0)[7]
+    assert "only replies" in select(services, out[1], 0)[7]
     assert [r.message_id for r in store.ratings_by(first, "alice")] == [first] and not store.ratings_by(second, "alice")
 
 
