@@ -48,6 +48,7 @@ def status_text(page, pattern: str, timeout: int = SLOW) -> str:
 
 def open_tab(page, name: str) -> None:
     """Open a tab by its name; on a narrow screen the tabs that do not fit are under the "More tabs" menu."""
+    page.get_by_role("tab").first.wait_for(timeout=SLOW)  # the tab bar is drawn
     tab = page.get_by_role("tab", name=name)
     if tab.count() and tab.first.is_visible():
         tab.first.click()

@@ -7,7 +7,8 @@
 4. a reload mid-reply keeps the conversation (listed, its unanswered turn marked and answerable);
 5. in local mode a label needs a name (asked once, remembered in the browser), never "(anonymous)";
 6. a flag ticked in the panel is stored on the panel's reply; Regenerate answers that reply again and the
-   earlier alternative stays viewable.
+   earlier alternative stays viewable;
+7. a new API token's copy button copies the token alone (no stray line).
 The six wrong-label paths of issue 34 have their own module, ``test_label_cases``.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pytest
 from storage import Store
 from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
 from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status,
-                               open_app, panel_on, save_note, score_reply, send_chat, set_max_tokens, status_text,
-                               sync_playwright_or_skip, tick_flag, user_bubbles)
+                               open_app, open_tab, panel_on, save_note, score_reply, send_chat, set_max_tokens,
+                               status_text, sync_playwright_or_skip, tick_flag, user_bubbles)
 from tests.e2e.chat_support import LONG, QueuedAhead, rating, replies_to, user_message
 
 pytestmark = pytest.mark.browser
@@ -44,6 +45,29 @@ def chromium():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+def test_a_new_api_tokens_copy_button_copies_the_token_alone(studio, chromium, tmp_path):
+    from playwright.sync_api import expect
+
+    _, store = studio
+    context = chromium.new_context(viewport={"width": 1400, "height": 1000},
+                                   permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    try:
+        page.goto(studio[0].url + "/", timeout=SLOW)
+        open_tab(page, "Data")
+        page.get_by_role("button", name="API tokens (admin)").click()
+        page.get_by_label("User", exact=True).fill("bob")
+        page.get_by_role("button", name="Create token").click()
+        box = page.locator("#new-token textarea, #new-token input").first
+        expect(box).to_have_value(re.compile(r"^rlhf_\S+$"), timeout=SLOW)
+        page.locator("#new-token button").first.click()  # the box's copy button
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert copied == box.input_value() and store.token_owner(copied) == "bob"
+    finally:
+        page.screenshot(path=str(tmp_path / "token.png"), full_page=True)
+        context.close()
 
 
 @pytest.fixture
