@@ -2,9 +2,9 @@
 from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy, StoreError
 from storage.feedback import FLAGS, WINNERS
 from storage.records import (Agent, Annotator, ArenaPair, Comparison, Conversation, Job, Message, Policy,
-                             QueueAssignment, QueueItem, Rating, RewardModel)
+                             QueueAssignment, QueueItem, Rating, RewardModel, Withdrawal)
 from storage.store import Store
 
 __all__ = ["FLAGS", "WINNERS", "Store", "StoreError", "InvalidInput", "NotFound", "Conflict", "StorageUnavailable", "StoreBusy", "Agent",
            "Annotator", "ArenaPair", "Comparison", "Conversation", "Job", "Message", "Policy", "QueueAssignment",
-           "QueueItem", "Rating", "RewardModel"]
+           "QueueItem", "Rating", "RewardModel", "Withdrawal"]

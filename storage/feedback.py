@@ -12,12 +12,18 @@ import uuid
 from typing import Any, Iterable, Optional
 
 from storage.errors import Conflict, InvalidInput, NotFound
-from storage.records import ArenaPair, Comparison, Conversation, Message, Rating
+from storage.records import ArenaPair, Comparison, Conversation, Message, Rating, Withdrawal
 from storage.util import check_text, dumps, utcnow
 
 FLAGS = ("Inaccurate", "Unsafe", "Off-topic", "Unhelpful")
 WINNERS = ("a", "b", "tie", "both_bad")
 ROLES = ("user", "assistant")
+RATING_FIELDS = ("thumb", "score", "flags", "note")
+# A thumb or a score cannot be set to "none" by a new event (flags can be emptied, a note blanked): they are withdrawn.
+WITHDRAWABLE = ("thumb", "score")
+# A rating event with the fields taken back since (``withdraw_rating``), as a JSON list: what every fold reads.
+_RATING = ("r.*, (SELECT json_group_array(w.field) FROM rating_withdrawals w WHERE w.rating_id = r.id) "
+           "AS withdrawn")
 
 
 def context_key(parent_key: Optional[str], parent_role: Optional[str], parent_content: Optional[str],
@@ -251,32 +257,56 @@ class FeedbackMixin:
         with self._tx() as db:
             current = self._effective(message_id, annotator_id)
             if current is not None and all(v is None or current.get(k) == v for k, v in event.items()):
-                return Rating.from_row(self._one("SELECT * FROM ratings WHERE id = ?", [current["id"]]))
+                return self.get_rating(current["id"])
             rating_id = self._insert(db, "ratings", {
                 "message_id": message_id, "annotator_id": annotator_id, "thumb": thumb, "score": score,
                 "flags": dumps(flags) if flags is not None else None, "note": note, "created": utcnow()})
-        return Rating.from_row(self._one("SELECT * FROM ratings WHERE id = ?", [rating_id]))
+        return self.get_rating(rating_id)
 
     def _effective(self, message_id: int, annotator_id: Optional[int]) -> Optional[dict]:
-        rows = self._all("SELECT * FROM ratings WHERE message_id = ? AND annotator_id IS ? ORDER BY id",
+        rows = self._all(f"SELECT {_RATING} FROM ratings r WHERE r.message_id = ? AND r.annotator_id IS ? ORDER BY r.id",
                          [message_id, annotator_id])
         return fold_ratings([Rating.from_row(r) for r in rows])
 
+    def _named(self, annotator: Optional[str]) -> tuple[bool, Optional[int]]:
+        """(known?, id) of an annotator name without creating it; None or blank is the anonymous one."""
+        if annotator is None or not annotator.strip():
+            return True, None
+        row = self._one("SELECT id FROM annotators WHERE name = ?", [annotator.strip()])
+        return (row is not None), (row["id"] if row else None)
+
     def effective_rating(self, message_id: int, annotator: Optional[str] = None) -> Optional[dict]:
         """An annotator's current rating of a reply (thumb, score, flags, note), or None."""
-        annotator_id = None
-        if annotator is not None and annotator.strip():
-            row = self._one("SELECT id FROM annotators WHERE name = ?", [annotator.strip()])
-            if row is None:
+        known, annotator_id = self._named(annotator)
+        return self._effective(message_id, annotator_id) if known else None
+
+    def withdraw_rating(self, message_id: int, annotator: Optional[str] = None,
+                        field: str = "thumb") -> Optional[Withdrawal]:
+        """Take back an annotator's current thumb (or score) on a reply: an append-only withdrawal event pointing at
+        the rating event that set it. With nothing to take back (no such value, or already taken back) nothing is
+        stored and None comes back, so a repeated click stores one withdrawal."""
+        if field not in WITHDRAWABLE:
+            raise InvalidInput(f"field must be one of {list(WITHDRAWABLE)}, got {field!r}")
+        msg = self.get_message(message_id)
+        if msg.role != "assistant":
+            raise InvalidInput(f"message {message_id} is a {msg.role} message; only replies carry ratings")
+        known, annotator_id = self._named(annotator)
+        if not known:
+            return None
+        with self._tx() as db:
+            row = self._one(f"""SELECT {_RATING} FROM ratings r WHERE r.message_id = ? AND r.annotator_id IS ?
+                                AND r.{field} IS NOT NULL ORDER BY r.id DESC LIMIT 1""", [message_id, annotator_id])
+            if row is None or field in Rating.from_row(row).withdrawn:
                 return None
-            annotator_id = row["id"]
-        return self._effective(message_id, annotator_id)
+            withdrawal_id = self._insert(db, "rating_withdrawals",
+                                         {"rating_id": row["id"], "field": field, "created": utcnow()})
+        return Withdrawal.from_row(self._one("SELECT * FROM rating_withdrawals WHERE id = ?", [withdrawal_id]))
 
     def ratings_for(self, message_id: int) -> list[Rating]:
-        """Every rating event on a message, oldest first."""
+        """Every rating event on a message, oldest first (each with the fields withdrawn since)."""
         self.get_message(message_id)
         return [Rating.from_row(r) for r in
-                self._all("SELECT * FROM ratings WHERE message_id = ? ORDER BY id", [message_id])]
+                self._all(f"SELECT {_RATING} FROM ratings r WHERE r.message_id = ? ORDER BY r.id", [message_id])]
 
     def ratings_by(self, message_id: int, annotator: Optional[str]) -> list[Rating]:
         """One annotator's rating events on a message, oldest first (none for None or an unknown name)."""
@@ -284,11 +314,11 @@ class FeedbackMixin:
         if annotator is None or not annotator.strip():
             return []
         return [Rating.from_row(r) for r in self._all(
-            """SELECT r.* FROM ratings r JOIN annotators a ON a.id = r.annotator_id
+            f"""SELECT {_RATING} FROM ratings r JOIN annotators a ON a.id = r.annotator_id
                WHERE r.message_id = ? AND a.name = ? ORDER BY r.id""", [message_id, annotator.strip()])]
 
     def get_rating(self, rating_id: int) -> Rating:
-        row = self._one("SELECT * FROM ratings WHERE id = ?", [_check_id(rating_id, "rating id")])
+        row = self._one(f"SELECT {_RATING} FROM ratings r WHERE r.id = ?", [_check_id(rating_id, "rating id")])
         if row is None:
             raise NotFound(f"unknown rating {rating_id}")
         return Rating.from_row(row)
@@ -453,15 +483,19 @@ def _verdict(row: dict, first_id: int) -> str:
     return {"a": "b", "b": "a"}.get(row["winner"], row["winner"])
 
 
-def fold_ratings(rows: list[Rating]) -> Optional[dict]:
-    """Effective rating from append-only events: the latest non-null value of each field wins."""
+def fold_ratings(rows: list) -> Optional[dict]:
+    """Effective rating from append-only events, oldest first: the latest non-null value of each field wins, and a
+    value its event has had withdrawn counts as none from that event on. Rows are records or dicts (``withdrawn``:
+    the fields taken back). The one fold every reader uses: the rating form, the reward data, the statistics."""
     if not rows:
         return None
     state: dict = {"thumb": None, "score": None, "flags": None, "note": None, "id": None}
     for r in rows:
-        for key in ("thumb", "score", "flags", "note"):
-            value = getattr(r, key)
+        get = r.get if isinstance(r, dict) else (lambda key, r=r: getattr(r, key, None))
+        withdrawn = get("withdrawn") or ()
+        for key in RATING_FIELDS:
+            value = get(key)
             if value is not None:
-                state[key] = value
-        state["id"] = r.id
+                state[key] = None if key in withdrawn else value
+        state["id"] = get("id")
     return state

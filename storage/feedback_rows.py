@@ -11,13 +11,18 @@ class FeedbackExportMixin:
     """Read-only views of an agent's feedback for the data builders (training, exports, stats)."""
 
     def feedback_watermark(self, agent: int | str) -> dict:
-        """Highest rating and comparison ids of an agent: a snapshot of 'the feedback used so far'."""
+        """Highest rating, comparison and withdrawal ids of an agent: a snapshot of 'the feedback used so far'."""
         agent_id = self.get_agent(agent).id
         r = self._one("""SELECT COALESCE(MAX(r.id), 0) AS m FROM ratings r JOIN messages m ON m.id = r.message_id
                          JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
         c = self._one("""SELECT COALESCE(MAX(x.id), 0) AS m FROM comparisons x JOIN messages m ON m.id = x.message_a_id
                          JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ?""", [agent_id])
-        return {"rating_id": r["m"], "comparison_id": c["m"]}
+        w = self._one("""SELECT COALESCE(MAX(w.id), 0) AS m FROM rating_withdrawals w JOIN ratings r ON r.id = w.rating_id
+                         JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
+                         WHERE c.agent_id = ?""", [agent_id])
+        # "withdrawal_id" only once there is one: a watermark without it (also every one from before withdrawals
+        # existed) means "no withdrawals yet", and the watermarks stored with older versions stay comparable.
+        return {"rating_id": r["m"], "comparison_id": c["m"], **({"withdrawal_id": w["m"]} if w["m"] else {})}
 
     def feedback_snapshot(self, agent: int | str) -> tuple[dict, dict]:
         """(watermark, rows) read in one read transaction: the rows hold exactly the store at the watermark's
@@ -36,9 +41,9 @@ class FeedbackExportMixin:
         return watermark, rows
 
     def count_feedback_since(self, agent: int | str, watermark: Optional[dict]) -> int:
-        """Ratings + comparisons of an agent newer than a watermark (None = all)."""
+        """Ratings + comparisons + withdrawals of an agent newer than a watermark (None = all)."""
         if not watermark:
-            watermark = {"rating_id": 0, "comparison_id": 0}
+            watermark = {"rating_id": 0, "comparison_id": 0, "withdrawal_id": 0}
         agent_id = self.get_agent(agent).id
         r = self._one("""SELECT COUNT(*) AS n FROM ratings r JOIN messages m ON m.id = r.message_id
                          JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND r.id > ?""",
@@ -46,7 +51,10 @@ class FeedbackExportMixin:
         x = self._one("""SELECT COUNT(*) AS n FROM comparisons x JOIN messages m ON m.id = x.message_a_id
                          JOIN conversations c ON c.id = m.conversation_id WHERE c.agent_id = ? AND x.id > ?""",
                       [agent_id, watermark.get("comparison_id", 0)])["n"]
-        return r + x
+        w = self._one("""SELECT COUNT(*) AS n FROM rating_withdrawals w JOIN ratings r ON r.id = w.rating_id
+                         JOIN messages m ON m.id = r.message_id JOIN conversations c ON c.id = m.conversation_id
+                         WHERE c.agent_id = ? AND w.id > ?""", [agent_id, watermark.get("withdrawal_id", 0)])["n"]
+        return r + x + w
 
     def feedback_volume(self, agent: int | str, per: str = "hour") -> list[dict]:
         """Ratings and comparisons of an agent per UTC hour (or ``per="minute"``): dicts with hour
@@ -69,12 +77,13 @@ class FeedbackExportMixin:
     def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
         """Everything the data builders need for one agent, as plain rows (dicts).
 
-        Keys: conversations, messages, ratings, comparisons (each a list of dicts, annotator by name, JSON
-        decoded; the comparisons that count, as ``list_comparisons`` gives them) and excluded_annotators (names).
-        ``until`` (a watermark) freezes the snapshot.
+        Keys: conversations, messages, ratings, comparisons, withdrawals (each a list of dicts, annotator by name,
+        JSON decoded; the comparisons that count, as ``list_comparisons`` gives them) and excluded_annotators.
+        A rating row's ``withdrawn`` lists the fields taken back since (``withdraw_rating``); ``fold_ratings`` honours
+        it. ``until`` (a watermark) freezes the snapshot; a watermark from before withdrawals existed has none.
         """
         agent_id = self.get_agent(agent).id
-        until = until or {"rating_id": 2**62, "comparison_id": 2**62}
+        until = until or {"rating_id": 2**62, "comparison_id": 2**62, "withdrawal_id": 2**62}
         conversations = self._all("""SELECT c.id, c.system_prompt, c.source, c.created, a.name AS annotator
                                      FROM conversations c LEFT JOIN annotators a ON a.id = c.annotator_id
                                      WHERE c.agent_id = ? ORDER BY c.id""", [agent_id])
@@ -82,15 +91,26 @@ class FeedbackExportMixin:
                                 m.policy_id, m.created FROM messages m JOIN conversations c ON c.id = m.conversation_id
                                 WHERE c.agent_id = ? ORDER BY m.id""", [agent_id])
         ratings = self._all("""SELECT r.id, r.message_id, a.name AS annotator, r.thumb, r.score, r.flags, r.note,
-                               r.created FROM ratings r JOIN messages m ON m.id = r.message_id
+                               r.created, (SELECT json_group_array(w.field) FROM rating_withdrawals w
+                                           WHERE w.rating_id = r.id AND w.id <= ?) AS withdrawn
+                               FROM ratings r JOIN messages m ON m.id = r.message_id
                                JOIN conversations c ON c.id = m.conversation_id
                                LEFT JOIN annotators a ON a.id = r.annotator_id
-                               WHERE c.agent_id = ? AND r.id <= ? ORDER BY r.id""", [agent_id, until["rating_id"]])
+                               WHERE c.agent_id = ? AND r.id <= ? ORDER BY r.id""",
+                            [until.get("withdrawal_id", 0), agent_id, until["rating_id"]])
         for r in ratings:
             r["flags"] = json.loads(r["flags"]) if r["flags"] is not None else None
+            r["withdrawn"] = json.loads(r["withdrawn"])
         keys = ("id", "message_a_id", "message_b_id", "policy_a_id", "policy_b_id", "winner", "annotator", "pair_id",
                 "created")
         comparisons = [{k: r[k] for k in keys} for r in self._counted_comparisons(agent_id, until["comparison_id"])]
+        withdrawals = self._all("""SELECT w.id, w.rating_id, r.message_id, a.name AS annotator, w.field, w.created
+                                   FROM rating_withdrawals w JOIN ratings r ON r.id = w.rating_id
+                                   JOIN messages m ON m.id = r.message_id
+                                   JOIN conversations c ON c.id = m.conversation_id
+                                   LEFT JOIN annotators a ON a.id = r.annotator_id
+                                   WHERE c.agent_id = ? AND w.id <= ? AND r.id <= ? ORDER BY w.id""",
+                                [agent_id, until.get("withdrawal_id", 0), until["rating_id"]])
         excluded = [r["name"] for r in self._all("SELECT name FROM annotators WHERE excluded = 1")]
         return {"conversations": conversations, "messages": messages, "ratings": ratings,
-                "comparisons": comparisons, "excluded_annotators": excluded}
+                "comparisons": comparisons, "withdrawals": withdrawals, "excluded_annotators": excluded}

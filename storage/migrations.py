@@ -272,6 +272,22 @@ def m007_relative_paths(db: Database) -> None:
                 db.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", [stored, row_id])
 
 
+@MIGRATIONS(name="m009_rating_withdrawals")
+def m009_rating_withdrawals(db: Database) -> None:
+    # A thumb clicked again is taken back (issue 34): feedback stays append-only, so a withdrawal is its own event
+    # that points at the rating event whose value it withdraws. One withdrawal per (rating event, field): a double
+    # click stores one. Folding an annotator's events, a withdrawn value counts as no value from that event on.
+    _run(db, """
+CREATE TABLE rating_withdrawals (
+    id INTEGER PRIMARY KEY,
+    rating_id INTEGER NOT NULL REFERENCES ratings(id),
+    field TEXT NOT NULL CHECK (field IN ('thumb', 'score')),
+    created TEXT NOT NULL,
+    UNIQUE (rating_id, field)
+)
+""")
+
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))

@@ -51,8 +51,9 @@ class QueueMixin:
     # ---- items -------------------------------------------------------------------------------
     def create_queue_item(self, agent: int | str, history: list[dict], replies: list[dict], source: str = "starter",
                           overlap_every: int = 0, ttl_seconds: float = 86400.0) -> QueueItem:
-        """Store a context and its two replies (``{content, policy_id, gen_params?, latency_ms?}``) as a queue item,
-        in one transaction. Every ``overlap_every``-th item of the agent wants a second annotator's vote."""
+        """Store a context and its two replies (``{content, policy_id, gen_params?, latency_ms?, n_tokens?}``: with
+        ``n_tokens`` a reply cut at its token limit is marked ✂️ like a chat reply) as a queue item, in one
+        transaction. Every ``overlap_every``-th item of the agent wants a second annotator's vote."""
         agent_rec = self.get_agent(agent)
         if not isinstance(replies, list) or len(replies) != 2:
             raise InvalidInput("a queue item needs exactly two replies")
@@ -60,7 +61,7 @@ class QueueMixin:
             conv = self.create_conversation(agent_rec.id, None, source="queue", messages=history)
             user = self.leaf(conv.id)
             a, b = (self.record_reply(user.id, r["content"], r.get("policy_id"), r.get("gen_params"),
-                                      r.get("latency_ms")) for r in replies)
+                                      r.get("latency_ms"), r.get("n_tokens")) for r in replies)
             n = self._one("SELECT COUNT(*) AS n FROM queue_items WHERE agent_id = ?", [agent_rec.id])["n"] + 1
             item_id = self._insert(db, "queue_items", {
                 "agent_id": agent_rec.id, "context_key": a.context_key, "message_a_id": a.id, "message_b_id": b.id,

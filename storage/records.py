@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-_JSON_FIELDS = {"generation", "gen_params", "config", "result", "metrics", "data_snapshot", "flags", "prompt"}
+_JSON_FIELDS = {"generation", "gen_params", "config", "result", "metrics", "data_snapshot", "flags", "prompt",
+                "withdrawn"}
 
 
 def _from_row(cls, row: Mapping[str, Any]):
@@ -107,6 +108,17 @@ class Rating(Record):
     score: Optional[int]
     flags: Optional[list]
     note: Optional[str]
+    created: str
+    withdrawn: Optional[list] = None  # fields of this event taken back since (``Store.withdraw_rating``)
+
+
+@dataclass(frozen=True)
+class Withdrawal(Record):
+    """An annotator taking back one field (thumb or score) of a rating event: append-only, like every label."""
+
+    id: int
+    rating_id: int
+    field: str
     created: str
 
 

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import gradio as gr
 
 from rlhf.config import data_is_ephemeral
 from ui.tabs.arena import build_arena
+from ui.tabs.chat import CSS as CHAT_CSS
 from ui.tabs.chat import build_chat
 from ui.tabs.dashboard import build_dashboard
 from ui.tabs.data import build_data_tab
@@ -23,10 +25,15 @@ NO_OAUTH = ("\n\n> ⚠️ Hugging Face sign-in needs `gradio[oauth]` (listed in 
             "installed, so nobody can sign in and ratings cannot be stored.")
 
 # Keyboard shortcuts, active while no text field has the focus: the tab on screen decides what a key does.
-# Vote and Arena: A/1, B/2, T/3 (tie), X/4 (both bad), and S (skip) in Vote; Chat: 1-5 score, S saves the rating.
+# Vote and Arena: A/1, B/2, T/3 (tie), X/4 (both bad), and S (skip) in Vote; Chat: 1-5 score the reply in the label
+# panel (stored at once, like a click). Sending a message gives the focus back, so the keys work right after a send.
+# The tabs' own layout rules (STYLE) are added to the page once, here: Gradio 6 takes CSS only at launch/mount.
 SHORTCUTS = """() => {
   if (window.__rlhfShortcuts) return;
   window.__rlhfShortcuts = true;
+  const style = document.createElement("style");
+  style.textContent = STYLE;
+  document.head.appendChild(style);
   const shown = (el) => el !== null && el.offsetParent !== null;
   const press = (el) => { if (shown(el) && !el.disabled) { el.click(); return true; } return false; };
   const byId = (id) => document.getElementById(id);
@@ -43,15 +50,30 @@ SHORTCUTS = """() => {
       done = key === "s" ? press(byId("vote-skip")) : (key in votes && press(byId("vote-" + votes[key])));
     } else if (shown(byId("arena-a"))) {
       done = key in votes && press(byId("arena-" + votes[key]));
-    } else if (shown(byId("chat-score"))) {
-      if (key === "s") done = press(byId("chat-save"));
-      else if ("12345".includes(key) && key.length === 1) {
-        done = press(document.querySelector('#chat-score input[type="radio"][value="' + key + '"]'));
-      }
+    } else if (shown(byId("chat-score")) && "12345".includes(key) && key.length === 1) {
+      done = press(document.querySelector('#chat-score input[type="radio"][value="' + key + '"]'));
     }
     if (done) event.preventDefault();
   });
 }"""
+
+
+# On a phone a table keeps readable columns and scrolls sideways (Gradio squeezes the desktop column widths into
+# 390 pixels, one letter per line); the leaderboard and other wide blocks scroll instead of overflowing the page.
+PHONE_CSS = """
+@media (max-width: 640px) {
+  .table-wrap { overflow-x: auto !important; }
+  .table-wrap table { width: max-content !important; }
+  .table-wrap th, .table-wrap td, .table-wrap .body-cell {
+    width: 8.5em !important; min-width: 8.5em !important; max-width: 8.5em !important; flex: 0 0 8.5em !important; }
+  .table-wrap .virtual-body, .table-wrap .virtual-row { width: max-content !important; }
+}
+"""
+
+
+def page_css() -> str:
+    """The tabs' layout rules (label panel beside the reply, phone widths), one style sheet for the page."""
+    return CHAT_CSS + PHONE_CSS
 
 
 def oauth_available() -> bool:
@@ -110,7 +132,7 @@ def build_ui(services: Services) -> gr.Blocks:
             build_training(services)
         with gr.Tab("Data") as data_tab:
             build_data_tab(services, data_tab)
-        demo.load(None, None, None, js=SHORTCUTS, api_name=False)
+        demo.load(None, None, None, js=SHORTCUTS.replace("STYLE", json.dumps(page_css())), api_name=False)
         if team:
             demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
         else:

@@ -15,6 +15,7 @@ from ui.views import PALETTE
 
 FONT = "font-family:ui-sans-serif,system-ui,sans-serif;font-size:11px"
 MUTED = "opacity:0.55"
+MIN_RATING_SPAN = 40.0  # rating points: the narrowest y axis of the rating chart
 
 
 def nice_ticks(low: float, high: float, n: int = 5, integer: bool = False) -> list[float]:
@@ -38,8 +39,13 @@ def nice_ticks(low: float, high: float, n: int = 5, integer: bool = False) -> li
     return ticks
 
 
-def tick_text(value: float) -> str:
-    """A tick label: whole numbers without decimals, others with as few as they need (at most 3)."""
+def tick_text(value: float, step: Optional[float] = None) -> str:
+    """A tick label: whole numbers without decimals, others with the decimals their axis's ``step`` needs (one
+    format per axis, never an exponent: 999.8, 1000.0, 1000.2 rather than "1e+03" beside "1,000")."""
+    if step is not None and step < 1:
+        decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+        decimals += not math.isclose(round(step, decimals), step)
+        return f"{value:,.{decimals}f}" if abs(value) >= 10000 else f"{value:.{decimals}f}"
     if float(value).is_integer():
         return f"{int(value):,}" if abs(value) >= 10000 else str(int(value))
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
@@ -58,11 +64,12 @@ def _text(x: float, y: float, text: str, anchor: str = "middle", extra: str = ""
 
 def _y_axis(ticks: list[float], y_of, left: float, right: float, title: str) -> list[str]:
     parts = []
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else None
     for t in ticks:
         y = y_of(t)
         parts.append(f'<line x1="{left}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="currentColor" '
                      f'style="opacity:0.12"/>')
-        parts.append(_text(left - 6, y + 4, tick_text(t), "end"))
+        parts.append(_text(left - 6, y + 4, tick_text(t, step), "end"))
     if title:
         parts.append(_text(12, (y_of(ticks[0]) + y_of(ticks[-1])) / 2, title, "middle",
                            f'transform="rotate(-90 12 {(y_of(ticks[0]) + y_of(ticks[-1])) / 2:.1f})"'))
@@ -82,7 +89,11 @@ def interval_chart(rows: Sequence[dict], y_title: str = "rating (Elo scale)", wi
     if not rows:
         return empty_chart("No versions yet.")
     values = [r["value"] for r in rows] + [v for r in rows for v in (r.get("low"), r.get("high")) if v is not None]
-    ticks = nice_ticks(min(values), max(values))
+    # Ratings differ in whole points: versions rated about the same get an axis at least MIN_RATING_SPAN wide with
+    # whole-number ticks, not a zoom into fractions of a point that makes a tie look like a spread.
+    low, high = min(values), max(values)
+    pad = max(0.0, (MIN_RATING_SPAN - (high - low)) / 2)
+    ticks = nice_ticks(low - pad, high + pad, integer=True)
     left, right, top, bottom = 56, width - 12, 14, height - 46
     y_of = lambda v: bottom - (v - ticks[0]) / (ticks[-1] - ticks[0]) * (bottom - top)  # noqa: E731
     slot = (right - left) / len(rows)

@@ -158,7 +158,9 @@ def _style(row: Any) -> str:
     value = getattr(row, "bt_style", None)
     if missing(value):
         return DASH
-    return fmt(value, 0) + ("" if missing(row.style_low) else f" [{row.style_low:.0f} – {row.style_high:.0f}]")
+    if not has_interval(row.style_low, row.style_high):  # one vote: resampling cannot vary it, no interval yet
+        return fmt(value, 0) + " (no interval yet)"
+    return fmt(value, 0) + f" [{row.style_low:.0f} – {row.style_high:.0f}]"
 
 
 def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> pd.DataFrame:
@@ -194,17 +196,28 @@ def gate_text(m: dict) -> str:
     if not isinstance(verdict, str) or not verdict:
         return DASH
     rate = m.get("gate/win_rate", m.get("eval/win_rate"))  # the held-out judge's (older versions: the RM's)
-    text = f"{verdict} {fmt(rate)} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
+    if m.get("gate/evidence") == "none":  # no judge measured anything: a win rate here would be a placeholder
+        text = f"{verdict}: no judge (too few held-out votes)"
+    else:
+        text = f"{verdict} {fmt(rate)} [{fmt(m.get('gate/low'))}–{fmt(m.get('gate/high'))}]"
     if m.get("gate/guard_tripped"):
         text += f" · guard: {', '.join(m['gate/guard_tripped'])}"
     if isinstance(m.get("decision/verdict"), str):
         return text + f" · people's votes: {m['decision/verdict']} ({m.get('decision/votes')} votes)"
-    return text + (": needs arena votes" if verdict == "inconclusive" else "")
+    return text + (" · needs arena votes" if verdict == "inconclusive" else "")
+
+
+def mean_eval_reward(samples: list[dict]) -> Optional[float]:
+    """The mean reward-model score of a version's stored eval replies (None when none is scored)."""
+    scores = [float(s["reward"]) for s in samples if not missing(s.get("reward"))]
+    return sum(scores) / len(scores) if scores else None
 
 
 def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel],
-                   table: pd.DataFrame) -> pd.DataFrame:
-    """One row per version, newest first: lineage, status, training metrics and arena ratings."""
+                   table: pd.DataFrame, eval_rewards: Optional[dict[int, float]] = None) -> pd.DataFrame:
+    """One row per version, newest first: lineage, status, training metrics and arena ratings. A version without
+    an ``eval/reward`` metric (the base) shows the mean score of its stored eval replies (``eval_rewards``)."""
+    eval_rewards = eval_rewards or {}
     by_id = {p.id: p for p in policies}
     ratings = {int(r["policy_id"]): r for r in table.to_dict(orient="records")}
     rows = []
@@ -228,7 +241,8 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
                      "Created": short_time(p.created), "Status": p.status,
                      "Feedback used": str(int(used)) if not missing(used) else DASH,
                      "RM accuracy": cv or fmt(rm_acc, 0, percent=True), "Gate": gate_text(m),
-                     "Eval reward": fmt(m.get("eval/reward"), 3),
+                     "Eval reward": fmt(m.get("eval/reward") if not missing(m.get("eval/reward"))
+                                        else eval_rewards.get(p.id), 3),
                      "KL to base": fmt(m.get("eval/kl"), 2), "Elo": fmt(r.get("elo"), 0), "BT [95% CI]": bt,
                      "Votes": int(r.get("votes", 0))})
     return pd.DataFrame(rows, columns=VERSION_COLUMNS)

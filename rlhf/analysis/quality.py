@@ -17,6 +17,8 @@ from typing import Hashable, Iterable, Optional
 import numpy as np
 import pandas as pd
 
+from storage.feedback import fold_ratings
+
 ANONYMOUS = "(anonymous)"
 TIME_CAP_SECONDS = 300.0  # a longer gap between two items is a break, not work on the item
 STAT_COLUMNS = ["annotator", "ratings", "votes", "items", "overlap_items", "agreement", "median_seconds",
@@ -69,14 +71,16 @@ def _name(annotator: Optional[str]) -> str:
 
 
 def effective_ratings(rows: dict) -> dict[tuple[str, int], dict]:
-    """(annotator, message id) → latest non-null thumb, score and flags, and the first event's time."""
-    out: dict[tuple[str, int], dict] = {}
+    """(annotator, message id) → latest non-null thumb, score and flags (a withdrawn one counts as none), and the
+    first event's time."""
+    events: dict[tuple[str, int], list[dict]] = {}
     for r in sorted(rows["ratings"], key=lambda r: r["id"]):
-        key = (_name(r.get("annotator")), r["message_id"])
-        state = out.setdefault(key, {"thumb": None, "score": None, "flags": None, "first": r["created"]})
-        for field in ("thumb", "score", "flags"):
-            if r.get(field) is not None:
-                state[field] = r[field]
+        events.setdefault((_name(r.get("annotator")), r["message_id"]), []).append(r)
+    out = {}
+    for key, rs in events.items():
+        folded = fold_ratings(rs)
+        out[key] = {"thumb": folded["thumb"], "score": folded["score"], "flags": folded["flags"],
+                    "first": rs[0]["created"]}
     return out
 
 

@@ -44,6 +44,7 @@ EVENT_SCHEMA = pa.schema([
     ("thumb", pa.int64()), ("score", pa.int64()), ("flags", pa.list_(pa.string())), ("note", pa.string()),
     ("message_b_id", pa.int64()), ("policy_b_id", pa.int64()), ("reply_b", pa.string()), ("winner", pa.string()),
     ("same_context", pa.bool_()), ("pair_id", pa.string()),
+    ("withdraws_id", pa.int64()), ("field", pa.string()),
 ])
 VERL_SCHEMA = pa.schema([
     ("data_source", pa.string()), ("prompt", _MESSAGES), ("ability", pa.string()),
@@ -92,7 +93,8 @@ def load_source(store, config: AppConfig, agent: Optional[str] = None) -> Source
 
 # ---- rows ------------------------------------------------------------------------------------------
 def event_records(src: Source) -> list[dict]:
-    """Every rating and comparison event as one flat record with its full context (EVENT_SCHEMA)."""
+    """Every rating, comparison and withdrawal event as one flat record with its full context (EVENT_SCHEMA). A
+    withdrawal (a thumb clicked again) names the rating event ``withdraws_id`` whose ``field`` it takes back."""
     out = []
     for agent in src.agents:
         rows = src.rows[agent.name]
@@ -115,6 +117,13 @@ def event_records(src: Source) -> list[dict]:
                         "policy_id": c.get("policy_a_id"), "reply": a["content"], "message_b_id": b["id"],
                         "policy_b_id": c.get("policy_b_id"), "reply_b": b["content"], "winner": c["winner"],
                         "same_context": a["context_key"] == b["context_key"], "pair_id": c.get("pair_id")})
+        for w in rows.get("withdrawals") or ():
+            msg = fb.messages[w["message_id"]]
+            out.append({**blank, "event": "withdrawal", "id": w["id"], "created": w["created"], "agent": agent.name,
+                        "annotator": w.get("annotator"), "annotator_excluded": w.get("annotator") in excluded,
+                        "conversation_id": msg["conversation_id"], "prompt": fb.prompt(msg["id"]),
+                        "message_id": msg["id"], "policy_id": msg.get("policy_id"), "reply": msg["content"],
+                        "withdraws_id": w["rating_id"], "field": w["field"]})
     return sorted(out, key=lambda r: (r["created"], r["event"], r["id"]))
 
 

@@ -185,7 +185,7 @@ class QueueRefill:
             self._skip.add((prompt.key, ids))  # nothing to compare: not asked again for these two versions
             return 0
         replies = [{"content": text, "policy_id": policy.id, "gen_params": params.to_dict(),
-                    "latency_ms": round(stream.latency_ms, 1)}
+                    "latency_ms": round(stream.latency_ms, 1), "n_tokens": stream.n_tokens}  # ✂️ on a cut reply
                    for (_, policy, params, stream), text in zip(jobs, texts)]
         if self.rng.random() < 0.5:  # sides at random: A is not always the active version
             replies.reverse()

@@ -6,13 +6,16 @@ split: ``context_key`` and ``conversation_ids``.
 
 Rules, in the order they apply:
 - feedback from excluded annotators (config list + annotators the Store marks excluded) is left out;
-- an annotator's effective rating of a reply is the latest non-null value of each field (``fold_ratings``);
+- an annotator's effective rating of a reply is the latest non-null value of each field (``fold_ratings``), and
+  a withdrawn thumb or score counts as none (a thumb clicked again is taken back);
   a reply's rating is the mean over its annotators; a reply is "unsafe" when any of them flagged it Unsafe;
 - a comparison gives a pair when its winner is ``a`` or ``b`` (an annotator's latest vote on a pair counts);
   ties and ``both_bad`` give none;
 - sibling replies (same parent: regenerations) give a pair when their ratings differ: thumbs decide first,
   then scores; only rated vs rated unless ``rated_vs_unrated`` (then a thumbs-up beats an unrated sibling);
 - an Unsafe-flagged reply is always the rejected one against an unflagged sibling;
+- two replies with the same text (up to whitespace) never form a pair, whatever their votes or ratings say: it
+  would teach the reward model that a text is better than itself (``skipped`` collects them with the reason);
 - the margin is ``margin_per_score`` times the chosen reply's score lead (0 without two scores).
 """
 from __future__ import annotations
@@ -27,6 +30,12 @@ from storage.feedback import fold_ratings
 
 UNSAFE = "Unsafe"
 SOURCES = ("comparison", "siblings", "unsafe", "rated_vs_unrated")
+IDENTICAL = "identical texts: a reply cannot be preferred to itself"
+
+
+def same_text(a: str, b: str) -> bool:
+    """True for two replies that say the same thing word for word (whitespace aside): never a preference pair."""
+    return a.split() == b.split()
 
 
 class NotEnoughData(RuntimeError):
@@ -185,10 +194,21 @@ def _pair(fb: Feedback, chosen: dict, rejected: dict, source: str, margin_per_sc
 
 
 def build_pairs(rows: dict, exclude_annotators: Iterable[str] = (), margin_per_score: float = 0.25,
-                rated_vs_unrated: bool = False) -> list[dict]:
-    """Preference pairs ``{prompt, chosen, rejected, margin, source, ...}``."""
+                rated_vs_unrated: bool = False, skipped: Optional[list] = None) -> list[dict]:
+    """Preference pairs ``{prompt, chosen, rejected, margin, source, ...}``. A pair the votes or ratings would give
+    but the rules refuse (two identical texts) goes to ``skipped`` when given, as ``{chosen_id, rejected_id,
+    source, reason}``."""
     fb = Feedback(rows, exclude_annotators)
     pairs, covered = [], set()
+    skipped = [] if skipped is None else skipped
+
+    def add(chosen: dict, rejected: dict, source: str) -> None:
+        if same_text(chosen["content"], rejected["content"]):
+            skipped.append({"chosen_id": chosen["id"], "rejected_id": rejected["id"], "source": source,
+                            "reason": IDENTICAL})
+        else:
+            pairs.append(_pair(fb, chosen, rejected, source, margin_per_score))
+
     # Comparisons: the rows are the ones that count (an annotator's latest vote per pair of replies), as
     # Store.feedback_rows hands them out: the same votes the leaderboard and the exports count.
     for c in sorted(fb.comparisons, key=lambda c: c["id"]):
@@ -201,7 +221,7 @@ def build_pairs(rows: dict, exclude_annotators: Iterable[str] = (), margin_per_s
         source = "comparison"
         if fb.rating(chosen["id"]).unsafe and not fb.rating(rejected["id"]).unsafe:
             chosen, rejected, source = rejected, chosen, "unsafe"
-        pairs.append(_pair(fb, chosen, rejected, source, margin_per_score))
+        add(chosen, rejected, source)
         covered.add(frozenset((a["id"], b["id"])))
     # Siblings: regenerations of the same parent whose ratings differ.
     for parent_id, children in sorted(fb.children.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
@@ -212,7 +232,7 @@ def build_pairs(rows: dict, exclude_annotators: Iterable[str] = (), margin_per_s
             verdict = _prefer(fb.rating(a["id"]), fb.rating(b["id"]), rated_vs_unrated)
             if verdict is not None:
                 a_wins, source = verdict
-                pairs.append(_pair(fb, a if a_wins else b, b if a_wins else a, source, margin_per_score))
+                add(a if a_wins else b, b if a_wins else a, source)
     return pairs
 
 

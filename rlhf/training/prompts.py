@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from storage.feedback import context_key
+from storage.feedback import context_key, fold_ratings
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 STARTER_PROMPTS = ASSETS / "prompts.jsonl"
@@ -65,15 +65,11 @@ def is_low_rating(rating: dict) -> bool:
 def _low_rated_messages(rows: dict) -> set[int]:
     """Ids of replies rated low by some (non-excluded) annotator, or judged both bad in a comparison."""
     excluded = set(rows.get("excluded_annotators") or ())
-    folded: dict[tuple, dict] = {}
-    for r in rows["ratings"]:  # ordered by id: the latest non-null value of each field wins
-        if r.get("annotator") in excluded:
-            continue
-        state = folded.setdefault((r["message_id"], r.get("annotator")), {})
-        for field in ("thumb", "score", "flags"):
-            if r.get(field) is not None:
-                state[field] = r[field]
-    low = {message_id for (message_id, _), state in folded.items() if is_low_rating(state)}
+    events: dict[tuple, list[dict]] = {}
+    for r in rows["ratings"]:  # ordered by id: fold_ratings takes the latest value of each field (withdrawals too)
+        if r.get("annotator") not in excluded:
+            events.setdefault((r["message_id"], r.get("annotator")), []).append(r)
+    low = {message_id for (message_id, _), rs in events.items() if is_low_rating(fold_ratings(rs))}
     for c in rows.get("comparisons") or ():
         if c["winner"] == "both_bad" and c.get("annotator") not in excluded:
             low.update((c["message_a_id"], c["message_b_id"]))

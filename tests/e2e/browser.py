@@ -47,7 +47,14 @@ def status_text(page, pattern: str, timeout: int = SLOW) -> str:
 
 
 def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name).click()
+    """Open a tab by its name; on a narrow screen the tabs that do not fit are under the "More tabs" menu."""
+    page.get_by_role("tab").first.wait_for(timeout=SLOW)  # the tab bar is drawn
+    tab = page.get_by_role("tab", name=name)
+    if tab.count() and tab.first.is_visible():
+        tab.first.click()
+        return
+    page.get_by_role("button", name="More tabs").click()
+    page.locator(".overflow-dropdown button, .overflow-menu button").filter(has_text=name).first.click()
 
 
 def open_app(browser, url: str, name: str | None = None, viewport=(1280, 1100)):
@@ -56,7 +63,7 @@ def open_app(browser, url: str, name: str | None = None, viewport=(1280, 1100)):
 
     context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
     page = context.new_page()
-    page.goto(url + "/")
+    page.goto(url + "/", timeout=SLOW)  # a loaded machine serves the first page slowly
     box = page.get_by_placeholder(NAME_BOX)
     expect(box).to_be_visible(timeout=SLOW)
     if name is not None:
@@ -96,18 +103,56 @@ def set_max_tokens(page, n: int) -> None:
     expect(number).to_have_value(str(n))
 
 
+def chat_status(page, pattern: str, timeout: int = SLOW) -> re.Match:
+    """Wait until the Chat tab's status line (under the conversation) matches ``pattern``; the match."""
+    line = page.locator("#chat-status")
+    deadline = time.monotonic() + timeout / 1000
+    while True:
+        text = line.inner_text() if line.count() else ""
+        found = re.search(pattern, text)
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the chat status never matched {pattern!r}; it says {text!r}")
+        page.wait_for_timeout(100)
+
+
+def panel_on(page, reply_id: int, timeout: int = SLOW) -> None:
+    """Wait until the Chat tab's label panel shows reply ``reply_id``."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_text(re.compile(rf"Labels of reply #{reply_id}\b"))).to_be_visible(timeout=timeout)
+
+
 def send_chat(page, text: str) -> int:
-    """Type a message in the Chat tab and wait for the reply; the reply's message id."""
+    """Type a message in the Chat tab and wait for its reply to be stored and shown in the label panel; its id."""
     box = page.get_by_placeholder(MESSAGE_BOX)
-    before = page.get_by_text(re.compile(r"Selected reply #\d+")).all_inner_texts()
+    before = re.search(r"Reply #(\d+) stored", page.locator("#chat-status").inner_text())
     box.fill(text)
     box.press("Enter")
-    deadline = time.monotonic() + SLOW / 1000
-    while True:  # a new "Selected reply #N" line: the reply is stored
-        line = status_text(page, r"Selected reply #\d+")
-        if [line] != before[-1:] or time.monotonic() > deadline:
-            return int(re.search(r"#(\d+)", line).group(1))
-        page.wait_for_timeout(100)
+    newer = rf"Reply #(?!{before.group(1)}\b)(\d+) stored" if before else r"Reply #(\d+) stored"
+    reply = int(chat_status(page, newer).group(1))
+    panel_on(page, reply)
+    return reply
+
+
+def score_reply(page, n: int) -> None:
+    """Click score ``n`` in the label panel and wait until the page says it is stored."""
+    page.get_by_role("radio", name=str(n), exact=True).click()
+    chat_status(page, rf"Score {n} stored on reply #\d+")
+
+
+def tick_flag(page, flag: str) -> None:
+    """Tick (or untick) a flag in the label panel and wait until the page says so."""
+    page.get_by_role("checkbox", name=flag).click()
+    chat_status(page, rf"Flag {flag} (stored|taken off) on reply #\d+")
+
+
+def save_note(page, text: str) -> None:
+    """Type a note in the label panel and store it."""
+    page.get_by_label("Note").fill(text)
+    page.get_by_role("button", name="Save note").click()
+    chat_status(page, r"Note (stored|cleared) on reply #\d+")
 
 
 def bot_bubbles(page):

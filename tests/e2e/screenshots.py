@@ -1,11 +1,14 @@
-"""The README's screenshots: the app on a real data dir, clicked through in Chromium, one PNG per tab.
+"""The README's screenshots: the app on a real data dir, clicked through in Chromium at a desktop size (1400×1000)
+and a phone size (390×844), one PNG per tab and size.
 
 Not a test. Point it at a data dir that went around the loop once (the real default model, feedback and a
-trained version), e.g. the one `rlhf-studio simulate --votes 64 --retrain` fills, then:
+trained version), e.g. the one `rlhf-studio simulate --votes 24 --retrain` fills, then:
 
     .venv/bin/python -m tests.e2e.screenshots --data /tmp/demo --out assets/screenshots
 
-The data dir is copied first, so the chat and the vote made for the pictures land in the copy.
+The data dir is copied first, so the chat and the votes made for the pictures land in the copy. Desktop pictures
+show what fits on the screen for the annotation tabs (the label controls must be there without scrolling) and the
+whole page for the others; phone pictures show the screen where the reply and its labels are.
 """
 from __future__ import annotations
 
@@ -15,40 +18,75 @@ import tempfile
 from pathlib import Path
 
 from tests.e2e.app_process import TEST_APP, AppProcess, write_config
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, open_tab, send_chat, status_text
+from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, chat_status, open_tab, save_note,
+                               score_reply, send_chat)
 
-TABS = ("chat", "arena", "dashboard", "training", "data")
+DESKTOP, PHONE = (1400, 1000), (390, 844)
+SHOTS = ("chat", "arena", "vote", "dashboard", "training", "data", "chat-phone", "vote-phone", "dashboard-phone")
+
+
+def chat_and_label(page) -> None:
+    """One exchange in the Chat tab, labelled: 👍 from the reply's icon, a score and a note in the panel."""
+    reply = send_chat(page, "How do I keep basil fresh?")
+    page.get_by_role("button", name="Like", exact=True).last.click()
+    chat_status(page, rf"👍 stored on reply #{reply}\b")
+    score_reply(page, 5)
+    save_note(page, "Short and practical.")
+
+
+def desktop(page, out: Path) -> None:
+    """Every tab at 1400×1000: the annotation tabs as the screen shows them, the others as a whole page."""
+    from playwright.sync_api import expect
+
+    chat_and_label(page)
+    page.screenshot(path=str(out / "chat.png"))
+    arena_vote_a(page, "Give me one tip for learning to cook.")
+    page.screenshot(path=str(out / "arena.png"))
+    open_tab(page, "Vote")
+    expect(page.get_by_text("Which reply is better?").or_(page.get_by_text("Nothing to vote on")).first) \
+        .to_be_visible(timeout=SLOW)
+    page.screenshot(path=str(out / "vote.png"))
+    ready = {"Dashboard": 'svg[aria-label="ratings per version"]', "Training": "text=/Job \\d+ ·/",
+             "Data": "text=/\\d+ of \\d+ feedback events/"}
+    for tab, selector in ready.items():
+        open_tab(page, tab)
+        expect(page.locator(selector).first).to_be_visible(timeout=SLOW)
+        page.screenshot(path=str(out / f"{tab.lower()}.png"), full_page=True)
+
+
+def phone(page, out: Path) -> None:
+    """The Chat tab with a labelled reply, the Vote tab and the top of the Dashboard at 390×844."""
+    from playwright.sync_api import expect
+
+    chat_and_label(page)
+    page.locator("#chat-conversation").evaluate("e => e.scrollIntoView({block: 'start'})")  # the reply at the top
+    page.screenshot(path=str(out / "chat-phone.png"))
+    open_tab(page, "Vote")
+    expect(page.get_by_text("Which reply is better?").or_(page.get_by_text("Nothing to vote on")).first) \
+        .to_be_visible(timeout=SLOW)
+    page.locator("#vote-a").scroll_into_view_if_needed()
+    page.screenshot(path=str(out / "vote-phone.png"))
+    open_tab(page, "Dashboard")
+    versions = page.get_by_text("Versions (newest first)")
+    expect(versions).to_be_visible(timeout=SLOW)
+    versions.scroll_into_view_if_needed()
+    page.screenshot(path=str(out / "dashboard-phone.png"))
 
 
 def shoot(url: str, out: Path) -> None:
-    """Chat and rate, vote once in the arena, then a full-page picture of every tab once its content is in."""
-    from playwright.sync_api import expect, sync_playwright
+    """Both sizes, each on its own page (own name, own session)."""
+    from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
         try:
-            page.goto(url + "/")
-            page.get_by_placeholder("e.g. alice").fill("alice")
-            page.get_by_role("button", name="Annotation guidelines").first.click()
-            reply = send_chat(page, "How do I keep basil fresh?")
-            page.get_by_role("button", name="Like", exact=True).last.click()
-            page.get_by_role("radio", name="5").click()
-            page.get_by_label("Note").fill("Short and practical.")
-            page.get_by_role("button", name="Save rating").click()
-            status_text(page, rf"Saved\. Selected reply #{reply}\b")
-            page.screenshot(path=str(out / "chat.png"), full_page=True)
-
-            arena_vote_a(page, "Give me one tip for learning to cook.")
-            page.screenshot(path=str(out / "arena.png"), full_page=True)
-
-            ready = {"Dashboard": 'svg[aria-label="ratings per version"]', "Training": "text=/Job \\d+ ·/",
-                     "Data": "text=/\\d+ of \\d+ feedback events/"}
-            for tab, selector in ready.items():
-                open_tab(page, tab)
-                expect(page.locator(selector).first).to_be_visible(timeout=SLOW)
-                page.screenshot(path=str(out / f"{tab.lower()}.png"), full_page=True)
+            for size, name, walk in ((DESKTOP, "alice", desktop), (PHONE, "bo", phone)):
+                page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+                page.goto(url + "/", timeout=SLOW)
+                page.get_by_placeholder("e.g. alice").fill(name)
+                walk(page, out)
+                page.close()
         finally:
             browser.close()
 
@@ -64,10 +102,11 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         shutil.copytree(args.data, data, ignore=shutil.ignore_patterns("runs", "jobs"))
-        config = write_config(Path(tmp) / "app.yaml", TEST_APP, {"serving": {"max_new_tokens": 96}})
+        config = write_config(Path(tmp) / "app.yaml", TEST_APP, {"serving": {"max_new_tokens": 96},
+                                                                   "queue": {"refill": True}})
         with AppProcess(data, args.base_model, config) as app:
             shoot(app.url, args.out)
-    print("\n".join(str(args.out / f"{t}.png") for t in TABS))
+    print("\n".join(str(args.out / f"{t}.png") for t in SHOTS))
 
 
 if __name__ == "__main__":

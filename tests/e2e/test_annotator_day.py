@@ -1,10 +1,12 @@
 """An annotator's day in a real browser (Debian Chromium + Playwright against `python app.py` on the tiny model),
 and at the end every label in the Store checked against what was clicked: 0 wrong, 0 lost, none anonymous.
 
-Chat and rate (icon, keys, form), regenerate and rate the alternative, a new conversation with a flag, a message
-sent while a reply streams, a reload mid-reply (the conversation comes back from the list and its unanswered turn
-is answered), five vote-queue items voted with the keyboard (and one skipped), an arena vote by key, then an
-admin's retrain: asked first, live progress with time left, cancelled. Every wait is for a condition.
+Chat and label (icon, keys right after a send, mouse), a thumb taken back, regenerate and label the alternative, a
+new conversation with a flag, labels revised while the next reply streams and a message sent meanwhile, a second
+person taking the chair (their labels under their name only) and handing it back, a reload mid-reply (the
+conversation comes back from the list and its unanswered turn is answered), five vote-queue items voted with the
+keyboard (and one skipped), an arena vote by key, then an admin's retrain: asked first, live progress with time
+left, cancelled. Every wait is for a condition.
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import pytest
 from storage import Store
 from tests.conftest import make_adapter
 from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, merged, wait_until, write_config
-from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, open_app, open_tab,
-                               send_chat, set_max_tokens, status_text, sync_playwright_or_skip, user_bubbles)
+from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status,
+                               open_app, open_tab, panel_on, save_note, score_reply, send_chat, status_text,
+                               sync_playwright_or_skip, tick_flag, user_bubbles)
+from tests.e2e.chat_support import QueuedAhead, rating
 
 pytestmark = pytest.mark.browser
-NAME = "walker"
-LONG = 1024  # tokens: a reply that streams for seconds on the tiny model
+NAME, OTHER = "walker", "rover"
 QUEUE_VOTES = ("a", "b", "t", "x", "1")  # keys pressed on five items (1 = A)
 KEY_WINNER = {"a": "a", "1": "a", "b": "b", "2": "b", "t": "tie", "3": "tie", "x": "both_bad", "4": "both_bad"}
 # A retrain that runs long enough to be watched and cancelled (it never finishes in this test).
@@ -29,7 +32,8 @@ LONG_RETRAIN = merged(FAST_RETRAIN, {"ppo": {"steps": 500}})
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir):
-    """The app with two versions (the arena needs both) and six vote-queue items made up front."""
+    """The app with two versions (the arena needs both) and six vote-queue items made up front; one reply decodes
+    at a time, so a turn held behind long replies is still streaming while the walk acts."""
     root = tmp_path_factory.mktemp("annotator-day")
     data = root / "data"
     store = Store(data / "studio.db")
@@ -43,7 +47,7 @@ def studio(tmp_path_factory, tiny_model_dir):
                                               {"role": "user", "content": f"Go on ({i})."}],
                                 [{"content": f"First reply {i}", "policy_id": v0.id},
                                  {"content": f"Second reply {i}", "policy_id": v1.id}])
-    config = write_config(root / "app.yaml", TEST_APP, LONG_RETRAIN)
+    config = write_config(root / "app.yaml", TEST_APP, LONG_RETRAIN, {"serving": {"max_batch_size": 1}})
     with AppProcess(data, tiny_model_dir, config) as app:
         yield app, store
     store.close()
@@ -58,72 +62,88 @@ def test_an_annotators_day_stores_every_label_as_clicked(studio, tmp_path):
     from playwright.sync_api import expect
 
     app, store = studio
-    ratings: dict[int, dict] = {}  # what was clicked: reply id -> the rating it must have
+    labels: dict[tuple[str, int], tuple] = {}  # what was clicked: (name, reply id) -> (thumb, score, flags, note)
     votes: list[tuple] = []  # (message a, message b, winner) in the order clicked
     typed: list[str] = []  # every message sent
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = open_app(browser, app.url, NAME)
+        page = open_app(browser, app.url, NAME, viewport=(1400, 1000))
+        box = page.get_by_placeholder(MESSAGE_BOX)
         try:
-            # Chat; thumbs up from the reply's icon; score 4 and save with the keys
+            # Chat; thumbs up from the reply's icon; score 4 with a key, right after the send (no click first)
             typed.append("What should I cook tonight?")
             first = send_chat(page, typed[-1])
-            page.get_by_role("button", name="Like", exact=True).last.click()
-            status_text(page, rf"Selected reply #{first} · 👍")
-            bot_bubbles(page).last.click()  # the focus leaves the message box: keys rate
             page.keyboard.press("4")
+            chat_status(page, rf"Score 4 stored on reply #{first}\b")
             expect(page.get_by_role("radio", name="4", exact=True)).to_be_checked()
-            page.keyboard.press("s")
-            status_text(page, rf"Saved\. Selected reply #{first} · 👍 · score 4/5")
-            ratings[first] = {"thumb": 1, "score": 4, "flags": [], "note": None}
+            expect(box).to_have_value("")  # the key labelled; it did not type into the box
+            page.get_by_role("button", name="Like", exact=True).last.click()
+            chat_status(page, rf"👍 stored on reply #{first}\b")
+            labels[NAME, first] = (1, 4, [], None)
 
-            # Regenerate: the form is empty for the alternative; rate it with the mouse
+            # Regenerate: the panel is empty for the alternative; label it with the mouse; a thumb taken back
             page.get_by_role("button", name="Regenerate").click()
-            second = reply_id(status_text(page, r"Alternative 2 stored\. Selected reply #\d+"))
+            second = reply_id(chat_status(page, r"Alternative 2 stored as reply #\d+").group(0))
+            panel_on(page, second)
             expect(page.get_by_role("radio", name="4", exact=True)).not_to_be_checked()
-            page.get_by_role("radio", name="2", exact=True).click()
-            page.get_by_label("Note").fill("Too vague.")
-            page.get_by_role("button", name="Save rating").click()
-            status_text(page, rf"Saved\. Selected reply #{second}\b")
-            ratings[second] = {"thumb": None, "score": 2, "flags": [], "note": "Too vague."}
+            score_reply(page, 2)
+            save_note(page, "Too vague.")
+            page.get_by_role("button", name="Like", exact=True).last.click()
+            chat_status(page, rf"👍 stored on reply #{second}\b")
+            page.get_by_role("button", name="Liked", exact=True).last.click()
+            chat_status(page, rf"thumb taken back on reply #{second}\b")
+            labels[NAME, second] = (None, 2, [], "Too vague.")
 
-            # A new conversation; a flag from the reply's icon ticks the form's checkbox
+            # A new conversation; a flag ticked in the panel
             page.get_by_role("button", name="New conversation").click()
             expect(user_bubbles(page)).to_have_count(0)
             typed.append("Name a quick dessert.")
             third = send_chat(page, typed[-1])
-            page.get_by_role("button", name="Feedback").last.click()
-            page.get_by_role("button", name="Unhelpful").last.click()
-            status_text(page, rf"Selected reply #{third} · flags: Unhelpful")
-            expect(page.get_by_role("checkbox", name="Unhelpful")).to_be_checked()
-            ratings[third] = {"thumb": None, "score": None, "flags": ["Unhelpful"], "note": None}
+            tick_flag(page, "Unhelpful")
+            labels[NAME, third] = (None, None, ["Unhelpful"], None)
 
-            # A message sent while a reply streams goes out when the reply ends
-            set_max_tokens(page, LONG)
-            box = page.get_by_placeholder(MESSAGE_BOX)
-            typed.append("Tell me a long story.")
-            box.fill(typed[-1])
-            box.press("Enter")
-            status_text(page, "Generating")
-            typed.append("And a short moral, please.")
-            box.fill(typed[-1])
-            box.press("Enter")
+            # While the next reply streams: revise the dessert reply with a key, and send the next message
+            with QueuedAhead(app):
+                typed.append("Tell me a long story.")
+                box.fill(typed[-1])
+                box.press("Enter")
+                chat_status(page, "Generating")
+                bot_bubbles(page).first.click()
+                panel_on(page, third)
+                page.keyboard.press("3")
+                chat_status(page, rf"Score 3 stored on reply #{third}\b")
+                labels[NAME, third] = (None, 3, ["Unhelpful"], None)
+                typed.append("And a short moral, please.")
+                box.fill(typed[-1])
+                box.press("Enter")
+                assert _user(store, typed[-2]) is not None and not _replies(store, _user(store, typed[-2]).id)
             moral = wait_until(lambda: _user(store, typed[-1]), SLOW / 1000, "the message sent while streaming")
-            wait_until(lambda: _replies(store, moral.id), SLOW / 1000, "its reply")
-            status_text(page, rf"Selected reply #{_replies(store, moral.id)[0]}\b")
+            moral_reply = wait_until(lambda: _replies(store, moral.id), SLOW / 1000, "its reply")[0]
+            chat_status(page, rf"Reply #{moral_reply} stored")
+            panel_on(page, moral_reply)
+
+            # Another person takes the chair: the panel shows their (empty) labels; they score the reply shown
+            page.get_by_placeholder(NAME_BOX).fill(OTHER)
+            expect(page.get_by_text(re.compile(rf"Labels of reply #{moral_reply}\b.* as {OTHER}"))).to_be_visible()
+            score_reply(page, 5)
+            labels[OTHER, moral_reply] = (None, 5, [], None)
+            page.get_by_placeholder(NAME_BOX).fill(NAME)  # and hands it back
+            expect(page.get_by_text(re.compile(rf"Labels of reply #{moral_reply}\b.* as {NAME}"))).to_be_visible()
+            expect(page.get_by_role("radio", name="5", exact=True)).not_to_be_checked()
 
             # A reload mid-reply: the conversation comes back from the list, its unanswered turn is answered
-            typed.append("One more long story?")
-            box.fill(typed[-1])
-            box.press("Enter")
-            status_text(page, "Generating")
-            page.reload()
+            with QueuedAhead(app):
+                typed.append("One more long story?")
+                box.fill(typed[-1])
+                box.press("Enter")
+                chat_status(page, "Generating")
+                page.reload()
             expect(page.get_by_placeholder(NAME_BOX)).to_have_value(NAME)
             page.get_by_role("combobox", name="Your conversations").click()
             page.get_by_role("option", name=re.compile(r"Name a quick dessert.*unanswered")).click()
-            status_text(page, "no reply yet")
+            chat_status(page, "no reply yet")
             page.get_by_role("button", name="Regenerate").click()
-            answered = reply_id(status_text(page, r"Answered\. Selected reply #\d+"))
+            answered = reply_id(chat_status(page, r"Answered: reply #\d+ stored").group(0))
             assert store.get_message(store.get_message(answered).parent_id).content == typed[-1]
 
             # Five vote-queue items with the keyboard (A, B, T, X, 1), one skipped with S
@@ -139,14 +159,13 @@ def test_an_annotators_day_stores_every_label_as_clicked(studio, tmp_path):
                 queued = store.get_queue_item(item)
                 votes.append((queued.message_a_id, queued.message_b_id, KEY_WINNER[key]))
 
-            # An arena round, voted with the B key
+            # An arena round, voted with the B key right after sending the prompt
             open_tab(page, "Arena")
             prompt = page.get_by_placeholder("Type a prompt (or a follow-up after voting) and press Enter")
             typed.append("Which of you writes better haiku?")
             prompt.fill(typed[-1])
             prompt.press("Enter")
             expect(page.locator("#arena-b")).to_be_enabled(timeout=SLOW)
-            prompt.evaluate("box => box.blur()")  # the focus leaves the prompt box: keys vote
             page.keyboard.press("b")
             comparison = reply_id(status_text(page, r"stored as comparison #\d+"))
             arena = next(c for c in store.list_comparisons("assistant") if c.id == comparison)
@@ -169,12 +188,15 @@ def test_an_annotators_day_stores_every_label_as_clicked(studio, tmp_path):
             browser.close()
 
     # Every label the walk made, and nothing else: none wrong, none lost, none anonymous.
+    for who in (NAME, OTHER):
+        mine = {reply for name, reply in labels if name == who}
+        rated = {r["message_id"] for r in store.db.query(
+            "SELECT r.message_id FROM ratings r JOIN annotators a ON a.id = r.annotator_id WHERE a.name = ?", [who])}
+        assert rated == mine, who
+        for reply in mine:
+            assert rating(store, reply, who) == labels[who, reply], (who, reply)
+    assert store.count("rating_withdrawals") == 1
     who = store.annotator_id(NAME)
-    rated = {r["message_id"] for r in store.db.query("SELECT message_id FROM ratings WHERE annotator_id = ?", [who])}
-    assert rated == set(ratings)
-    for message_id, expected in ratings.items():
-        got = store.effective_rating(message_id, NAME)
-        assert {k: got[k] or (None if k != "flags" else []) for k in expected} == expected, message_id
     cast = [(c["message_a_id"], c["message_b_id"], c["winner"]) for c in
             store.db.query("SELECT * FROM comparisons WHERE annotator_id = ? ORDER BY id", [who])]
     assert cast == votes and len(votes) == len(QUEUE_VOTES) + 1

@@ -17,6 +17,7 @@ import pytest
 from rlhf.config import load_config
 from tests.conftest import LiveServer, make_adapter
 from ui.tabs import arena, chat
+from ui.tabs import chat_labels as labels
 from ui.server import build_services, create_app
 
 GEN = (8, 0.0, 1.0, None)  # max tokens, temperature, top_p, seed
@@ -254,9 +255,17 @@ def send(w, text, agent="assistant", policy_id=None):
 
 
 def rate(w, score=None, note="", flags=None):
-    """Chat tab: score/flags/note for the reply; returns the status line."""
-    state = {"conversation_id": None, "ids": [w["user"], w["reply"]], "selected": w["reply"]}
-    return chat.save_rating(w["services"], state, "mallory", score, flags or [], note)
+    """Chat tab's label panel on the reply: a score clicked, flags ticked, a note saved; the last status line."""
+    status = ""
+    if score is not None:
+        status = labels.label_score(w["services"], "mallory", w["reply"], 0, gr.SelectData(None, {
+            "index": 0, "value": score, "selected": True}))[0]
+    for flag in flags or []:
+        status = labels.label_flag(w["services"], "mallory", w["reply"], 0, gr.SelectData(None, {
+            "index": 0, "value": flag, "selected": True}))[0]
+    if note:
+        status = labels.save_note(w["services"], "mallory", w["reply"], note)[0]
+    return status
 
 
 def ask_arena(w, text):
@@ -271,9 +280,9 @@ def vote(w, pair):
 
 def like(w, index):
     """Chat tab: thumbs-up icon on message ``index`` of a two-message conversation; returns the status line."""
-    state = {"conversation_id": None, "ids": [w["user"], w["reply"]], "selected": None}
-    return chat.like_reply(w["services"], state, "mallory", None, None, [], "", "assistant",
-                           gr.LikeData(None, {"index": index, "value": "", "liked": True}))[3]
+    state = {"conversation_id": None, "ids": [w["user"], w["reply"]]}
+    return labels.like_reply(w["services"], state, "mallory", None, "", "", 0,
+                             gr.LikeData(None, {"index": index, "value": "", "liked": True}))[labels.N_PANEL]
 
 
 UI_CASES = [
@@ -324,7 +333,7 @@ def test_ui_stores_html_verbatim_and_shows_it_escaped(world):
     shown = history[0]["content"]
     assert "<script" not in shown and "<img" not in shown and "<b>" not in shown
     assert shown.startswith("&lt;script>window.__xss = 1&lt;/script>") and "AT&amp;T" in shown
-    assert "Saved" in chat.save_rating(world["services"], state, "mallory", 3, [], HTML)
+    assert "Note stored" in labels.save_note(world["services"], "mallory", state["ids"][1], HTML)[0]
     assert store.effective_rating(state["ids"][1], "mallory")["note"] == HTML
     # the arena shows the shared prompt the same way
     updates = list(arena.play_round(world["services"], HTML, arena.empty_state(), "assistant", "mallory"))

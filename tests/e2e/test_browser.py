@@ -14,7 +14,8 @@ import pytest
 from storage import Store
 from tests.conftest import make_adapter
 from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, seed_preferences, write_config
-from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, open_tab, pick_version, send_chat,
+from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, SLOW, arena_vote_a, chat_status, open_tab, pick_version,
+                               save_note, score_reply, send_chat,
                                status_text, sync_playwright_or_skip)
 
 pytestmark = pytest.mark.browser
@@ -62,20 +63,18 @@ def test_the_whole_loop_in_a_browser(studio):
 
             # Thumbs up from the reply's icon
             page.get_by_role("button", name="Like", exact=True).last.click()
-            status_text(page, r"Selected reply #\d+ · 👍")
+            chat_status(page, rf"👍 stored on reply #{reply_id}\b")
             assert store.effective_rating(reply_id, "alice")["thumb"] == 1
 
-            # Score and note (HTML in the note is stored as text)
-            page.get_by_role("radio", name="4").click()
-            page.get_by_label("Note").fill(NOTE)
-            page.get_by_role("button", name="Save rating").click()
-            status_text(page, r"Saved\. Selected reply")
+            # Score and note (HTML in the note is stored as text), each stored when clicked
+            score_reply(page, 4)
+            save_note(page, NOTE)
             rating = store.effective_rating(reply_id, "alice")
             assert (rating["thumb"], rating["score"], rating["note"]) == (1, 4, NOTE)
 
             # Regenerate: a second reply to the same message, both kept
             page.get_by_role("button", name="Regenerate").click()
-            status_text(page, r"Alternative 2 stored")
+            chat_status(page, r"Alternative 2 stored")
             assert len(store.siblings(reply_id)) == 2
 
             # HTML and script in a message: stored as typed, shown as typed, never run

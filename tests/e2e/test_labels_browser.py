@@ -1,29 +1,30 @@
 """No wrong or lost labels in the Chat tab, clicked in a real browser (Debian Chromium + Playwright against
 `python app.py` on the tiny model). Each test plays one thing an annotator does and checks what the Store holds.
 
-1. the rating form always shows and saves the selected reply's own rating;
+1. the label panel always shows the clicked reply's own labels, each stored on that reply at its click;
 2. a message typed or sent while a reply streams is kept and sent;
 3. the chat's trash icon starts a new conversation;
 4. a reload mid-reply keeps the conversation (listed, its unanswered turn marked and answerable);
 5. in local mode a label needs a name (asked once, remembered in the browser), never "(anonymous)";
-6. a flag from a reply's icon ticks the form's checkbox; Regenerate answers the selected reply again and the
-   earlier alternative stays viewable.
+6. a flag ticked in the panel is stored on the panel's reply; Regenerate answers that reply again and the
+   earlier alternative stays viewable;
+7. a new API token's copy button copies the token alone (no stray line).
+The six wrong-label paths of issue 34 have their own module, ``test_label_cases``.
 """
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import pytest
 
 from storage import Store
 from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
-from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, open_app,
-                               send_chat, set_max_tokens, status_text, sync_playwright_or_skip, user_bubbles)
+from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status,
+                               open_app, open_tab, panel_on, save_note, score_reply, send_chat, set_max_tokens,
+                               status_text, sync_playwright_or_skip, tick_flag, user_bubbles)
+from tests.e2e.chat_support import LONG, QueuedAhead, rating, replies_to, user_message
 
 pytestmark = pytest.mark.browser
-LONG = 1024  # tokens: a reply that streams for seconds on the tiny model, long enough to act while it streams
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,29 @@ def chromium():
         browser.close()
 
 
+def test_a_new_api_tokens_copy_button_copies_the_token_alone(studio, chromium, tmp_path):
+    from playwright.sync_api import expect
+
+    _, store = studio
+    context = chromium.new_context(viewport={"width": 1400, "height": 1000},
+                                   permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    try:
+        page.goto(studio[0].url + "/", timeout=SLOW)
+        open_tab(page, "Data")
+        page.get_by_role("button", name="API tokens (admin)").click()
+        page.get_by_label("User", exact=True).fill("bob")
+        page.get_by_role("button", name="Create token").click()
+        box = page.locator("#new-token textarea, #new-token input").first
+        expect(box).to_have_value(re.compile(r"^rlhf_\S+$"), timeout=SLOW)
+        page.locator("#new-token button").first.click()  # the box's copy button
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert copied == box.input_value() and store.token_owner(copied) == "bob"
+    finally:
+        page.screenshot(path=str(tmp_path / "token.png"), full_page=True)
+        context.close()
+
+
 @pytest.fixture
 def page_of(studio, chromium, tmp_path):
     """``page_of(name)``: a fresh page on the app (own local storage); a screenshot when the test fails."""
@@ -61,31 +85,7 @@ def page_of(studio, chromium, tmp_path):
         page.context.close()
 
 
-def user_message(store: Store, text: str):
-    """The stored user message with this text (the newest one), or None."""
-    rows = store.db.query("SELECT id FROM messages WHERE role = 'user' AND content = ? ORDER BY id DESC LIMIT 1",
-                          [text])
-    row = next(iter(rows), None)
-    return store.get_message(row["id"]) if row else None
-
-
-def replies_to(store: Store, message_id: int) -> list:
-    rows = store.db.query("SELECT id FROM messages WHERE parent_id = ? AND role = 'assistant' ORDER BY id",
-                          [message_id])
-    return [store.get_message(r["id"]) for r in rows]
-
-
-def rating(store: Store, message_id: int, name: str) -> tuple:
-    r = store.effective_rating(message_id, name) or {}
-    return r.get("thumb"), r.get("score"), r.get("flags") or [], r.get("note")
-
-
-def save(page, reply_id: int) -> None:
-    page.get_by_role("button", name="Save rating").click()
-    status_text(page, rf"Saved\. Selected reply #{reply_id}\b")
-
-
-def test_the_rating_form_shows_and_saves_the_selected_replys_own_rating(studio, page_of):
+def test_the_panel_shows_and_stores_the_clicked_replys_own_labels(studio, page_of):
     from playwright.sync_api import expect
 
     _, store = studio
@@ -93,24 +93,22 @@ def test_the_rating_form_shows_and_saves_the_selected_replys_own_rating(studio, 
     score = lambda n: page.get_by_role("radio", name=str(n), exact=True)  # noqa: E731
     note = page.get_by_label("Note")
     first = send_chat(page, "first question")
-    score(2).click()
-    note.fill("note on the first reply")
-    save(page, first)
+    score_reply(page, 2)
+    save_note(page, "note on the first reply")
 
-    second = send_chat(page, "second question")  # a new reply: an empty form
+    second = send_chat(page, "second question")  # a new reply: an empty panel
     expect(score(2)).not_to_be_checked()
     expect(note).to_have_value("")
-    score(4).click()
-    save(page, second)
+    score_reply(page, 4)
 
     page.get_by_role("button", name="Regenerate").click()
-    third = int(re.search(r"#(\d+)", status_text(page, r"Alternative 2 stored")).group(1))
+    third = int(chat_status(page, r"Alternative 2 stored as reply #(\d+)").group(1))
+    panel_on(page, third)
     expect(score(4)).not_to_be_checked()
-    score(5).click()
-    save(page, third)
+    score_reply(page, 5)
 
-    bot_bubbles(page).first.click()  # back to the first reply: its own rating comes back
-    status_text(page, rf"Selected reply #{first}\b")
+    bot_bubbles(page).first.click()  # back to the first reply: its own labels come back
+    panel_on(page, first)
     expect(score(2)).to_be_checked()
     expect(note).to_have_value("note on the first reply")
 
@@ -130,7 +128,7 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
     box.press("Enter")
     status_text(page, "Generating")
     box.fill("typed while it streams")  # not sent: must still be there afterwards
-    status_text(page, r"Selected reply #\d+")
+    chat_status(page, r"Reply #\d+ stored")
     expect(box).to_have_value("typed while it streams")
 
     # Enter while a reply streams: the message goes out when the reply ends. Whether Enter really lands before the
@@ -149,7 +147,7 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
         answer = wait_until(lambda: replies_to(store, sent.id), SLOW / 1000, "the reply to it")
         (long_reply,) = replies_to(store, asked.id)
         assert sent.parent_id == long_reply.id and sent.conversation_id == asked.conversation_id
-        status_text(page, rf"Selected reply #{answer[0].id}\b")
+        chat_status(page, rf"Reply #{answer[0].id} stored")
         expect(box).to_have_value("")
         expect(user_bubbles(page)).to_have_count(3 + 2 * attempt)
         if mid_stream[-1]:
@@ -172,39 +170,6 @@ def test_the_trash_icon_starts_a_new_conversation(studio, page_of):
     expect(user_bubbles(page)).to_have_count(1)
 
 
-class QueuedAhead:
-    """Long REST replies streaming (and queued) ahead of whatever the browser sends next: with one reply decoding
-    at a time, the browser's turn waits behind them, however fast the engine is. Leaving closes their connections,
-    which cancels them (nothing stored)."""
-
-    def __init__(self, app, n: int = 12):
-        self.app, self.n, self.stop, self.threads, self.started = app, n, threading.Event(), [], threading.Semaphore(0)
-
-    def _one(self, i: int) -> None:
-        import httpx
-
-        body = {"messages": [{"role": "user", "content": f"hold the line {i}"}], "max_new_tokens": LONG,
-                "annotator": "queue-filler"}
-        with httpx.Client(timeout=120) as client, client.stream("POST", self.app.api + "/chat/stream", json=body) as r:
-            self.started.release()
-            for _ in r.iter_lines():
-                if self.stop.is_set():
-                    return
-
-    def __enter__(self):
-        for i in range(self.n):
-            self.threads.append(threading.Thread(target=self._one, args=(i,), daemon=True))
-            self.threads[-1].start()
-        for _ in range(self.n):
-            assert self.started.acquire(timeout=60), "a queued-ahead reply never started"
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=60)
-
-
 def test_a_reload_mid_reply_keeps_the_conversation_and_marks_the_unanswered_turn(studio, page_of):
     from playwright.sync_api import expect
 
@@ -220,14 +185,18 @@ def test_a_reload_mid_reply_keeps_the_conversation_and_marks_the_unanswered_turn
         expect(page.get_by_placeholder(NAME_BOX)).to_have_value("rhea")  # the name is remembered
     turn = user_message(store, "a turn interrupted by a reload")
     assert turn is not None
-    time.sleep(1)  # a reply the reload failed to cancel would be stored within this second (none must be)
+    # One reply decodes at a time, first come first served: once a turn sent after the reload is answered, a reply
+    # the reload failed to cancel would have been answered before it. None must be.
+    with app.client() as http:
+        http.post("/chat", json={"messages": [{"role": "user", "content": "after the reload"}], "max_new_tokens": 4,
+                                 "annotator": "queue-filler"}).raise_for_status()
     assert not replies_to(store, turn.id)
     page.get_by_role("combobox", name="Your conversations").click()
     page.get_by_role("option", name=re.compile("a turn that gets its reply.*unanswered")).click()
     expect(user_bubbles(page)).to_have_count(2)
     status_text(page, "no reply yet")
     page.get_by_role("button", name="Regenerate").click()  # answers the unanswered turn
-    reply = int(re.search(r"#(\d+)", status_text(page, r"Selected reply #\d+")).group(1))
+    reply = int(chat_status(page, r"Answered: reply #(\d+) stored").group(1))
     assert [m.id for m in replies_to(store, turn.id)] == [reply]
 
 
@@ -245,38 +214,39 @@ def test_labels_need_a_name_in_local_mode(studio, page_of):
 
     page.get_by_placeholder(NAME_BOX).fill("nina")
     box.press("Enter")
-    reply = int(re.search(r"#(\d+)", status_text(page, r"Selected reply #\d+")).group(1))
+    reply = int(chat_status(page, r"Reply #(\d+) stored").group(1))
     page.get_by_role("button", name="Like", exact=True).last.click()
-    status_text(page, rf"Selected reply #{reply} · 👍")
+    chat_status(page, rf"👍 stored on reply #{reply}\b")
     assert rating(store, reply, "nina")[0] == 1
     assert rating(store, reply, None) == (None, None, [], None)  # nothing anonymous
     page.reload()
     expect(page.get_by_placeholder(NAME_BOX)).to_have_value("nina")
 
 
-def test_flag_icon_ticks_the_checkbox_and_regenerate_answers_the_selected_reply(studio, page_of):
+def test_a_flag_ticked_in_the_panel_and_regenerate_act_on_the_panels_reply(studio, page_of):
     from playwright.sync_api import expect
 
     _, store = studio
     page = page_of("fay")
     first = send_chat(page, "one")
-    page.get_by_role("button", name="Feedback").last.click()
-    page.get_by_role("button", name="Unsafe").last.click()
-    status_text(page, rf"Selected reply #{first} · flags: Unsafe")
+    tick_flag(page, "Unsafe")
     expect(page.get_by_role("checkbox", name="Unsafe")).to_be_checked()
     assert rating(store, first, "fay")[2] == ["Unsafe"]
 
     second = send_chat(page, "two")
+    expect(page.get_by_role("checkbox", name="Unsafe")).not_to_be_checked()  # the new reply's own (empty) flags
     bot_bubbles(page).first.click()
-    status_text(page, rf"Selected reply #{first}\b")
+    panel_on(page, first)
+    expect(page.get_by_role("checkbox", name="Unsafe")).to_be_checked()
     page.get_by_role("button", name="Regenerate").click()
-    again = int(re.search(r"#(\d+)", status_text(page, r"Alternative 2 stored")).group(1))
+    again = int(chat_status(page, r"Alternative 2 stored as reply #(\d+)").group(1))
+    panel_on(page, again)
     assert [m.id for m in store.siblings(again)] == [first, again]
     assert store.get_message(second).parent_id != store.get_message(again).parent_id
     expect(user_bubbles(page)).to_have_count(1)  # the new alternative's branch: "one" and its new reply
 
     page.get_by_role("button", name="Previous alternative").click()  # the earlier one, with its follow-up
-    status_text(page, rf"Selected reply #{first}\b")
+    panel_on(page, first)
     expect(user_bubbles(page)).to_have_count(2)
     expect(user_bubbles(page).last).to_contain_text("two")
 

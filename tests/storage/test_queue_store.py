@@ -240,3 +240,11 @@ def test_queue_replies_are_compared_only_inside_their_item(store):
         with pytest.raises(Conflict, match="vote-queue item"):
             store.record_comparison(a, b, "a", "alice")
     assert store.count("comparisons") == 0
+
+
+def test_a_queue_reply_keeps_its_token_count_so_a_cut_one_is_marked(store):
+    item = store.create_queue_item("assistant", [{"role": "user", "content": "long?"}],
+                                   [{"content": "cut short", "gen_params": {"max_new_tokens": 8}, "n_tokens": 8},
+                                    {"content": "done.", "gen_params": {"max_new_tokens": 8}, "n_tokens": 3}])
+    a, b = store.get_message(item.message_a_id), store.get_message(item.message_b_id)
+    assert (a.n_tokens, b.n_tokens) == (8, 3)  # the Vote tab marks a reply with n_tokens >= max_new_tokens ✂️

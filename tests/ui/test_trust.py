@@ -337,12 +337,14 @@ def test_tokens_are_listed_revoked_and_expire(team):
 def test_the_data_tab_lists_and_revokes_tokens(team):
     services, _ = team
     alice, bob = gr.Request(username="alice"), gr.Request(username="bob")
-    made = data_tab.make_token(services, "bob", "laptop", 7, alice)
-    assert "expires in 7 day" in made and "rlhf_" in made
+    made, box = data_tab.make_token(services, "bob", "laptop", 7, alice)
+    assert "expires in 7 day" in made and box.value.startswith("rlhf_")
     table = data_tab.token_table(services, alice)
     assert list(table["user"]) == ["bob"] and list(table["state"]) == ["active"] and table["expires"][0]
     assert data_tab.token_table(services, bob).empty  # annotators see no tokens here
     assert "admin" in data_tab.revoke_token(services, int(table["id"][0]), bob)
+    box, question, _ = data_tab.ask_revoke(services, int(table["id"][0]), alice)  # asked first in the tab
+    assert box.visible and "Revoke token" in question and "of bob?" in question
     assert "revoked" in data_tab.revoke_token(services, int(table["id"][0]), alice)
     assert list(data_tab.token_table(services, alice)["state"]) == ["revoked"]
 

@@ -128,6 +128,19 @@ def test_chart_svgs_by_hand():
     assert "nothing logged" in charts.line_panel("kl", [], "#000")
 
 
+def test_tied_versions_get_whole_number_ticks_in_one_format():
+    import re
+
+    from ui import charts
+
+    tied = charts.interval_chart([{"label": "v0", "value": 999.8, "low": None, "high": None, "note": ""},
+                                  {"label": "v1", "value": 1000.3, "low": None, "high": None, "note": ""}])
+    ticks = re.findall(r'text-anchor="end" fill="currentColor" >([^<]*)<', tied)
+    assert ticks == ["980", "990", "1000", "1010", "1020", "1030"]  # not 999, 1e+03, 1000, 1,000, 1001
+    assert [charts.tick_text(t, 0.2) for t in (999.8, 1000.0, 1000.2)] == ["999.8", "1000.0", "1000.2"]
+    assert [charts.tick_text(t, 0.25) for t in (0, 0.25)] == ["0.00", "0.25"]
+
+
 def test_curves_keys_and_frame():
     rows = [{"step": s, "key": k, "value": v} for s, k, v in
             [(0, "reward/mean", 0.1), (1, "reward/mean", 0.3), (0, "ppo/kl", 0.0), (1, "ppo/kl", float("nan")),
@@ -213,7 +226,17 @@ def test_frames_are_pandas():
 def test_gate_verdict_is_shown_not_dashed():
     m = {"gate/verdict": "promote", "eval/win_rate": 0.8, "gate/low": 0.7, "gate/high": 0.9}
     assert views.gate_text(m) == "promote 0.80 [0.70–0.90]"
-    assert views.gate_text({**m, "gate/verdict": "inconclusive"}).endswith(": needs arena votes")
+    assert views.gate_text({**m, "gate/verdict": "inconclusive"}).endswith(" · needs arena votes")
+    assert views.gate_text({**m, "gate/evidence": "none"}) == "promote: no judge (too few held-out votes)"
     assert views.gate_text({}) == views.DASH
     row = views.versions_table([pol(2, 1, metrics=m)], {}, views.board([], [pol(2, 1)], n_boot=0)).iloc[0]
     assert row["Gate"] == "promote 0.80 [0.70–0.90]"
+
+
+def test_a_style_controlled_rating_without_spread_shows_no_interval():
+    from types import SimpleNamespace
+
+    one_vote = SimpleNamespace(bt_style=1012.0, style_low=1012.0, style_high=1012.0)
+    assert views._style(one_vote) == "1012 (no interval yet)"
+    assert views._style(SimpleNamespace(bt_style=1012.0, style_low=980.0, style_high=1040.0)) == "1012 [980 – 1040]"
+    assert views._style(SimpleNamespace(bt_style=float("nan"), style_low=None, style_high=None)) == views.DASH

@@ -78,5 +78,5 @@ def retrain_without(services: Services, policy_id: int, annotators: Optional[lis
         raise Conflict("not enough feedback without them to retrain: " + estimate["missing"])
     start = lin["retrain_from"]
     job = services.scheduler.enqueue("retrain", agent.name, overrides, reason="retrain-without",
-                                     from_policy_id=start)
+                                     from_policy_id=start, estimated_minutes=estimate["estimated_minutes"])
     return {"status": "queued", "job_id": job.id, "without": leave_out, "from_policy_id": start}

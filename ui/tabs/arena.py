@@ -18,7 +18,7 @@ from ui.flows.leaderboard import counted_votes
 from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
-from ui.tabs.common import PAINT_SECONDS, check_message, guidelines_markdown, labeller
+from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
 HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
@@ -159,14 +159,16 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     for trigger in (text.submit, send.click):
         trigger(play, [text, state, agent, annotator], chats + [state, text, status] + buttons,
                 api_name="arena" if trigger == send.click else False, concurrency_limit=None,
-                concurrency_id="generate")
+                concurrency_id="generate", js=BLUR_ON_SEND)
     for (winner, _), button in zip(VOTES, buttons):
         button.click(bind(submit_vote, services, winner), [state, annotator], chats + [status] + buttons,
                      api_name=f"arena_vote_{winner}").then(tables, [agent], [board, matrix], api_name=False)
     again.click(start_over, None, chats + [state, status] + buttons, api_name=False)
     agent.change(start_over, None, chats + [state, status] + buttons, api_name=False)
     gr.on(None, tables, [agent], [board, matrix], api_name=False)  # on load and on agent change
-    gr.on(None, bind(guidelines_markdown, services), [agent], [guide], api_name=False)
+    guidelines = bind(guidelines_markdown, services)
+    gr.on(None, guidelines, [agent], [guide], api_name=False)
     gr.Timer(10).tick(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
-    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown
-        tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden")
+    if tab is not None:  # a hidden tab's timer does not repaint it: refresh when it is shown (guidelines too)
+        tab.select(tables, [agent], [board, matrix], api_name=False, show_progress="hidden") \
+            .then(guidelines, [agent], [guide], api_name=False, show_progress="hidden")

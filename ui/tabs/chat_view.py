@@ -5,15 +5,22 @@ the path from the first message down to one message; regenerated replies are sib
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
-from storage import Message, Store
+from storage import InvalidInput, Message, Store
 from ui.flows.chat import is_cut
 from ui.views import literal_html, short_time
 
 UNANSWERED = ("⏳ *No reply yet: the page was left (or the reply failed) while it was being written. "
               "Press **Regenerate** to answer it.*")
 TITLE_CHARS = 48
+
+
+def cut_hint(reply: Message) -> str:
+    """What the status line adds under a reply that stopped at its token limit."""
+    return " · ✂️ cut at its token limit: raise *Max new tokens* under Generation settings for longer replies" \
+        if is_cut(reply) else ""
 
 
 def cut_badge(message: Message) -> str:
@@ -108,43 +115,88 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, int]]:
     return [(conversation_label(r), r["id"]) for r in rows]
 
 
-# ---- the rating form ---------------------------------------------------------------------------------
-def form_values(rating: Optional[dict]) -> tuple:
-    """(score, flags, note) for the form from an annotator's current rating of a reply (empty when none)."""
-    rating = rating or {}
+# ---- the label panel ----------------------------------------------------------------------------------
+KEYS_HINT = "keys **1–5** score it when you are not typing"
+
+
+def thumbs_shown(store: Store, ids: list, annotator: Optional[str]) -> list[Optional[str]]:
+    """The chatbot's thumb icons for a branch (one entry per assistant bubble): what the Store holds for this
+    annotator, so a reload, another conversation or another name never shows a thumb that is not stored."""
+    out = []
+    for message_id in ids:
+        if message_id is None:  # the streaming bubble, or the placeholder of an unanswered turn
+            out.append(None)
+            continue
+        if store.get_message(message_id).role != "assistant":
+            continue
+        thumb = (store.effective_rating(message_id, annotator) or {}).get("thumb") if annotator else None
+        out.append({1: "Like", -1: "Dislike"}.get(thumb))
+    return out
+
+
+def panel_values(store: Store, reply_id: Optional[int], annotator: Optional[str]) -> tuple:
+    """(score, flags, note) the label panel shows for a reply: the annotator's labels as stored, empty when none."""
+    rating = (store.effective_rating(reply_id, annotator) if reply_id is not None and annotator else None) or {}
     return rating.get("score"), list(rating.get("flags") or []), rating.get("note") or ""
 
 
-def form_changes(rating: Optional[dict], score, flags, note) -> dict:
-    """What the form says that the stored rating does not: the fields of the rating event to store."""
-    stored_score, stored_flags, stored_note = form_values(rating)
-    changes = {}
-    if score not in (None, "") and score != stored_score:
-        changes["score"] = score
-    flags = sorted(set(flags or []))
-    if flags != sorted(stored_flags):
-        changes["flags"] = flags
-    note = note or ""
-    if note.strip() != stored_note.strip():
-        changes["note"] = note
-    return changes
-
-
-def form_header(store: Store, reply_id: Optional[int]) -> str:
-    """The line over the form: which reply it rates."""
+def panel_header(store: Store, reply_id: Optional[int], annotator: Optional[str]) -> str:
+    """The line over the label panel: which reply it labels, and under whose name."""
     if reply_id is None:
-        return "Select a reply to rate it (click it in the conversation)."
+        return "**Labels** · click a reply in the conversation to label it."
     extra = alternative_text(store, reply_id)
-    return f"Rating reply **#{reply_id}**" + (f" ({extra})" if extra else "") + \
-        " · keys: **1–5** score, **S** save (when not typing)"
+    who = f" as **{annotator}**" if annotator else " (type your name at the top first)"
+    return f"**Labels of reply #{reply_id}**" + (f" ({extra})" if extra else "") + who + f" · {KEYS_HINT}"
 
 
-def rating_summary(store: Store, message_id: Optional[int], annotator: Optional[str]) -> str:
-    """One line describing the selected reply and this annotator's current rating of it."""
+def unsaved_note(store: Store, reply_id: Optional[int], annotator: Optional[str], note: Optional[str]) -> bool:
+    """True when the note box holds text that is not the stored note of the reply the panel shows."""
+    if reply_id is None or not (note or "").strip():
+        return False
+    return (note or "").strip() != panel_values(store, reply_id, annotator)[2].strip()
+
+
+def toggled_flags(stored: Optional[list], flag: str, ticked: bool) -> list[str]:
+    """The flags after one checkbox click: the stored set with that one flag added or taken out."""
+    flags = set(stored or [])
+    (flags.add if ticked else flags.discard)(flag)
+    return sorted(flags)
+
+
+def parse_seed(text) -> Optional[int]:
+    """The seed box: empty means a random seed (None); anything else must be a whole number."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    if isinstance(text, bool):
+        raise InvalidInput(f"Seed must be a whole number or empty (random), got {text!r}")
+    if isinstance(text, (int, float)):
+        if isinstance(text, float) and not text.is_integer():
+            raise InvalidInput(f"Seed must be a whole number or empty (random), got {text!r}")
+        return int(text)
+    if not re.fullmatch(r"\s*-?\d{1,18}\s*", str(text)):
+        raise InvalidInput(f"Seed must be a whole number or empty (random), got {str(text)[:40]!r}")
+    return int(text)
+
+
+def same_text_note(store: Store, reply_id: int) -> str:
+    """A status addition when a reply says word for word what an alternative of it says (no preference pair)."""
+    reply = store.get_message(reply_id)
+    twins = [i + 1 for i, m in enumerate(store.siblings(reply_id))
+             if m.id != reply_id and m.content.split() == reply.content.split()]
+    if not twins:
+        return ""
+    which = ", ".join(str(n) for n in twins)
+    return (f" · ⚠️ word for word the same text as alternative {which}: thumbs on these never make a preference "
+            "pair (a fixed seed repeats a reply; leave Seed empty for a new one)")
+
+
+def rating_summary(store: Store, message_id: Optional[int], annotator: Optional[str],
+                   lead: Optional[str] = None) -> str:
+    """One line describing a reply and this annotator's current labels on it (``lead`` replaces "Reply #N")."""
     if message_id is None:
-        return "No reply selected yet: send a message, then click a reply to rate it."
-    state = store.effective_rating(message_id, annotator) or {}
-    parts = [f"Selected reply **#{message_id}**"]
+        return "No reply selected yet: send a message, then click a reply to label it."
+    state = (store.effective_rating(message_id, annotator) if annotator else None) or {}
+    parts = [lead or f"Reply **#{message_id}**"]
     extra = alternative_text(store, message_id)
     if extra:
         parts.append(extra)

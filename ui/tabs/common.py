@@ -1,7 +1,10 @@
 """What the annotation tabs share: who a label is stored under, and the agent's annotation guidelines."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
+
+import gradio as gr
 
 from storage import InvalidInput, StoreError
 from ui.auth import signed_in_annotator
@@ -12,6 +15,9 @@ NAME_FIRST = ("Type your name in the box at the top first: every label is stored
               "remembered in this browser).")
 PAINT_SECONDS = 0.05  # while a reply streams, at most ~20 repaints a second (the browser re-renders the bubble)
 NO_GUIDELINES = "*No guidelines for this agent yet. Admins write them in Data → Agents.*"
+# Run in the browser when a message or prompt is sent: the box lets go of the focus, so the keyboard shortcuts
+# (1-5 score in Chat, A/B/T/X vote in the Arena) work at once instead of typing into the box. Inputs pass through.
+BLUR_ON_SEND = "(...args) => { document.activeElement?.blur(); return args; }"
 
 
 def labeller(services: Services, request, typed: Optional[str]) -> str:
@@ -42,3 +48,29 @@ def check_message(services: Services, text: Optional[str]) -> str:
         raise InvalidInput(f"Your message is {len(text):,} characters; the limit is {limit:,}. Nothing was sent "
                            "and nothing was cut: shorten it (it is still in the box) and send again.")
     return text
+
+
+# ---- "are you sure?" ---------------------------------------------------------------------------------
+def build_question(yes_label: str, variant: str = "stop") -> SimpleNamespace:
+    """A hidden question box with a "Yes" and a Cancel button, for an action that costs a lot or cannot be undone:
+    the action's button shows the question (``ask``), "Yes" runs it, Cancel (or a changed pick) hides it again."""
+    with gr.Group(visible=False) as box:
+        text = gr.Markdown()
+        with gr.Row():
+            yes = gr.Button(yes_label, variant=variant)
+            no = gr.Button("Cancel")
+    no.click(hide_question, None, [box, text], api_name=False)
+    return SimpleNamespace(box=box, text=text, yes=yes, no=no)
+
+
+def ask(question: Optional[str], refusal: str = "") -> tuple:
+    """Outputs (box, text, status) showing ``question``; or, when there is nothing to ask (None), the box hidden
+    and ``refusal`` in the status line."""
+    if question is None:
+        return gr.Group(visible=False), "", refusal
+    return gr.Group(visible=True), question, ""
+
+
+def hide_question() -> tuple:
+    """The question box hidden (answered, cancelled, or the pick changed under it)."""
+    return gr.Group(visible=False), ""

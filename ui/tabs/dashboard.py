@@ -34,7 +34,9 @@ def refresh_overview(services: Services, agent_name: str, pick_a, pick_b, pick_a
     policies = store.list_policies(agent_name)
     table = services.leaderboards.table(agent_name, with_text=False)
     reward_models = {rm.id: rm for rm in store.list_reward_models(agent_name)}
-    versions = views.versions_table(policies, reward_models, table)
+    scored = {p.id: views.mean_eval_reward(store.eval_samples(p.id)) for p in policies
+              if views.missing((p.metrics or {}).get("eval/reward"))}  # the base: its stored eval replies' scores
+    versions = views.versions_table(policies, reward_models, table, scored)
     ratings = charts.interval_chart(views.rating_rows(table))
     labels, stacks, caption = views.volume_bins(store.feedback_volume(agent_name, per="minute"),
                                                 datetime.now(timezone.utc))
@@ -43,9 +45,13 @@ def refresh_overview(services: Services, agent_name: str, pick_a, pick_b, pick_a
     active = store.active_policy(agent_name).id
     newest_other = next((c[1] for c in choices if c[1] != active), None)
     jobs = views.job_choices(store.list_jobs(agent_name))
+    a = _keep(pick_a, choices, active)
+    b = _keep(pick_b, choices, newest_other)
+    if b == a:  # one version against itself says nothing: the other side moves to the newest other version
+        b = next((c[1] for c in choices if c[1] != a), b)
     return (versions, ratings, volume,
-            gr.Dropdown(choices=choices, value=_keep(pick_a, choices, active)),
-            gr.Dropdown(choices=choices, value=_keep(pick_b, choices, newest_other)),
+            gr.Dropdown(choices=choices, value=a),
+            gr.Dropdown(choices=choices, value=b),
             gr.Dropdown(choices=choices, value=_keep(pick_admin, choices, newest_other)),
             gr.Dropdown(choices=jobs, value=_keep(pick_job, jobs)))
 
@@ -139,6 +145,8 @@ def confirm_text(services: Services, action: str, agent_name: str, policy_id) ->
     if policy_id is None:
         return None
     p = store.get_policy(int(policy_id))
+    if action == "archive" and p.id == active.id:
+        return None
     if action == "promote":
         if p.id == active.id:
             return None
@@ -160,6 +168,9 @@ def ask(services: Services, action: str, agent_name: str, policy_id, request: gr
     if text is None:
         why = {"rollback": "Nothing to roll back to: the active version has no usable older version.",
                "promote": "Pick a version that is not the active one."}.get(action, "Pick a version first.")
+        if action == "archive" and policy_id is not None:
+            why = ("That is the active version: everyone chats with it, so it cannot be archived. Promote (or roll "
+                   "back to) another version first, then archive this one.")
         return (*hidden, why)
     return (gr.Group(visible=True), text, *[gr.Button(visible=a == action) for a in ACTIONS], gr.skip())
 

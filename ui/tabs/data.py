@@ -19,6 +19,7 @@ from ui import charts
 from ui.flows import decisions as decisions_flow
 from ui.permissions import Forbidden, current_user, is_admin, require_admin, sees_all_feedback
 from ui.services import Services, bind
+from ui.tabs.common import ask, build_question, hide_question
 from ui.views import literal_html
 
 ALL = "all"
@@ -184,13 +185,15 @@ def run_export(services: Services, agent: str, fmt: str, request: gr.Request = N
             f"Exported {counts}. The file is kept for {minutes} min or until downloaded.")
 
 
-def make_token(services: Services, name: str, label: str, expires_in_days=None, request: gr.Request = None) -> str:
-    """Create an API token for a user (optionally expiring after some days); it is shown once."""
+def make_token(services: Services, name: str, label: str, expires_in_days=None, request: gr.Request = None):
+    """Create an API token for a user (optionally expiring after some days); it is shown once: (message, the token
+    in a read-only box whose copy button copies exactly the token, no line around it)."""
+    hidden = gr.Textbox(value="", visible=False)
     try:
         require_admin(services, request)
         name = (name or "").strip()
         if not name:
-            return "Type the user's name first."
+            return "Type the user's name first.", hidden
         auth = services.auth
         if auth is not None and auth.mode == "users" and auth.role_for(name) is None:
             raise NotFound(f"{name!r} is not a configured user")
@@ -198,10 +201,10 @@ def make_token(services: Services, name: str, label: str, expires_in_days=None, 
         token = services.store.create_api_token(name, label or "", days)
     except (Forbidden, StoreError, ValueError) as exc:
         gr.Warning(str(exc))
-        return f"⚠️ {exc}"
+        return f"⚠️ {exc}", hidden
     until = f" It expires in {days:g} day(s)." if days else ""
-    return (f"Token for **{literal_html(name)}** (shown only now; send it as `Authorization: Bearer <token>`):\n\n"
-            f"```\n{token}\n```{until}")
+    return (f"Token for **{literal_html(name)}** below, shown only now: copy it with the box's copy button and send "
+            f"it as `Authorization: Bearer <token>`.{until}", gr.Textbox(value=token, visible=True))
 
 
 def token_table(services: Services, request: gr.Request = None) -> pd.DataFrame:
@@ -212,6 +215,20 @@ def token_table(services: Services, request: gr.Request = None) -> pd.DataFrame:
     rows = [{**t, "state": "revoked" if t["revoked"] else "expired" if t["expired"] else "active"}
             for t in services.store.list_api_tokens()]
     return pd.DataFrame(rows, columns=[*columns, "revoked", "expired"])[columns]
+
+
+def ask_revoke(services: Services, token_id, request: gr.Request = None) -> tuple:
+    """The question before revoking a token: whose it is and that it cannot be undone."""
+    try:
+        require_admin(services, request)
+        if token_id in (None, ""):
+            return ask(None, "Type the id of the token to revoke (see the table).")
+        token_id = int(token_id)
+        user = services.store.api_token_user(token_id)
+    except (Forbidden, StoreError, ValueError) as exc:
+        return ask(None, f"⚠️ {exc}")
+    return ask(f"**Revoke token #{token_id} of {literal_html(user)}?** Every program that uses it is refused from "
+               "the next request on, and a revoked token cannot be brought back (create a new one instead).")
 
 
 def revoke_token(services: Services, token_id, request: gr.Request = None) -> str:
@@ -227,6 +244,23 @@ def revoke_token(services: Services, token_id, request: gr.Request = None) -> st
         gr.Warning(str(exc))
         return f"⚠️ {exc}"
     return f"Token #{token_id} of **{literal_html(user)}** is revoked."
+
+
+def ask_exclude(services: Services, agent: str, name: Optional[str], request: gr.Request = None) -> tuple:
+    """The question before excluding an annotator: how much of their feedback the next retrain leaves out."""
+    try:
+        require_admin(services, request)
+        if not name:
+            return ask(None, "Pick an annotator first.")
+        rows = services.store.feedback_rows(services.store.get_agent(agent).id)
+    except (Forbidden, StoreError) as exc:
+        return ask(None, f"⚠️ {exc}")
+    ratings = sum(1 for r in rows["ratings"] if r["annotator"] == name)
+    votes = sum(1 for c in rows["comparisons"] if c["annotator"] == name)
+    return ask(f"**Exclude {literal_html(name)} from training?** Their {ratings} rating event(s) and {votes} vote(s) "
+               f"on {literal_html(agent)} stay stored, but the next retrain and the training exports leave them out, "
+               "for every agent; versions already trained on them are marked on the Dashboard. *Include again* "
+               "undoes it.")
 
 
 def admin_gate(services: Services, n_controls: int, request: gr.Request = None):
@@ -265,6 +299,7 @@ def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
             pick = gr.Dropdown([], label="Annotator", scale=2)
             exclude = gr.Button("Exclude", variant="stop", scale=1)
             include = gr.Button("Include again", scale=1)
+        exclude_question = build_question("Yes, exclude")
         exclude_status = gr.Markdown()
         admin_only += [exclude, include]
     with gr.Accordion("Flagged replies (admin)", open=False):
@@ -287,10 +322,13 @@ def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
             token_days = gr.Number(label="Expires in days (blank = never)", minimum=0)
             token_button = gr.Button("Create token")
         token_out = gr.Markdown()
+        token_box = gr.Textbox(label="New token (shown once)", visible=False, interactive=False, buttons=["copy"],
+                               elem_id="new-token")
         tokens = gr.Dataframe(label="Tokens (no secrets)", interactive=False)
         with gr.Row():
             revoke_id = gr.Number(label="Token id", precision=0, scale=1)
             revoke_button = gr.Button("Revoke", variant="stop", scale=1)
+        revoke_question = build_question("Yes, revoke")
         admin_only += [token_button, revoke_button]
 
     inputs = [agent, who, kind, flag, text]
@@ -304,14 +342,22 @@ def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
     agent.focus(lambda current: gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current),
                 [agent], [agent], api_name=False)
     gr.on(None, bind(admin_gate, services, len(admin_only)), None, [access, *admin_only], api_name=False)
-    exclude.click(bind(set_excluded, services), [pick, gr.State(True)], [exclude_status], api_name="exclude_annotator") \
-        .then(refresh, inputs, outputs, api_name=False)
+    # Excluding and revoking ask first ("Yes" runs them; the API names stay on the "Yes" events).
+    ask_out = [exclude_question.box, exclude_question.text, exclude_status]
+    exclude.click(bind(ask_exclude, services), [agent, pick], ask_out, api_name=False)
+    gr.on([pick.input, agent.change], hide_question, None, ask_out[:2], api_name=False)
+    exclude_question.yes.click(bind(set_excluded, services), [pick, gr.State(True)], [exclude_status],
+                               api_name="exclude_annotator") \
+        .then(hide_question, None, ask_out[:2], api_name=False).then(refresh, inputs, outputs, api_name=False)
     include.click(bind(set_excluded, services), [pick, gr.State(False)], [exclude_status], api_name="include_annotator") \
         .then(refresh, inputs, outputs, api_name=False)
     run.click(bind(run_export, services), [agent, fmt], [download, export_status], api_name="export")
     list_tokens = bind(token_table, services)
-    token_button.click(bind(make_token, services), [token_user, token_label, token_days], [token_out],
+    token_button.click(bind(make_token, services), [token_user, token_label, token_days], [token_out, token_box],
                        api_name=False).then(list_tokens, None, [tokens], api_name=False)
-    revoke_button.click(bind(revoke_token, services), [revoke_id], [token_out], api_name=False).then(
-        list_tokens, None, [tokens], api_name=False)
+    revoke_out = [revoke_question.box, revoke_question.text, token_out]
+    revoke_button.click(bind(ask_revoke, services), [revoke_id], revoke_out, api_name=False)
+    revoke_id.input(hide_question, None, revoke_out[:2], api_name=False)
+    revoke_question.yes.click(bind(revoke_token, services), [revoke_id], [token_out], api_name=False) \
+        .then(hide_question, None, revoke_out[:2], api_name=False).then(list_tokens, None, [tokens], api_name=False)
     gr.on(None, list_tokens, None, [tokens], api_name=False)  # on load

@@ -15,6 +15,7 @@ from storage import StoreError
 from ui.flows import decisions as flow
 from ui.permissions import Forbidden, require_admin
 from ui.services import Services, bind
+from ui.tabs.common import ask, build_question, hide_question
 
 REFRESH_SECONDS = 10
 EMPTY = "No open decisions: every candidate was promoted, rejected or decided by people's votes."
@@ -37,9 +38,12 @@ def guard_html(gate: Optional[dict]) -> str:
 
 def decision_line(d: dict) -> str:
     """One open decision in words: votes, win rate with its always-valid interval, and what happens next."""
-    head = (f"**v{d['version']}** vs active v{d['opponent_version']}: {d['votes']} votes from {d.get('people', 0)} "
-            f"people ({d['wins']} won, {d['ties']} tied, {d['losses']} lost, {d['both_bad']} both bad) · win rate "
-            f"{_pct(d['win_rate'])} [{_pct(d['low'])}–{_pct(d['high'])}]")
+    total = d["wins"] + d["ties"] + d["losses"] + d["both_bad"]
+    counted = "" if not d["both_bad"] else f" ({d['votes']} count: both-bad votes say neither is better)"
+    people = d.get("people", 0)
+    head = (f"**v{d['version']}** vs active v{d['opponent_version']}: {total} vote{'' if total == 1 else 's'} from "
+            f"{people} {'person' if people == 1 else 'people'} — {d['wins']} won, {d['ties']} tied, {d['losses']} lost, "
+            f"{d['both_bad']} both bad · win rate {_pct(d['win_rate'])} [{_pct(d['low'])}–{_pct(d['high'])}]{counted}")
     if d.get("uncounted_votes"):
         head += f" · {d['uncounted_votes']} votes not counted (the voter chose or saw the versions)"
     reopened = d.get("reopened") or {}
@@ -67,15 +71,38 @@ def tainted_markdown(rows: list[dict]) -> str:
         f"- v{r['version']} ({r['status']}) learned from {', '.join(r['tainted_by'])}" for r in rows)
 
 
-def refresh_panel(services: Services, agent_name: str):
-    """Open decisions, marked versions and the retrain picker's choices."""
+def refresh_panel(services: Services, agent_name: str, current=None):
+    """Open decisions, marked versions and the retrain picker's choices (keeping the pick while it is marked: a
+    question asked about it must not change its subject under the admin's hand)."""
     try:
         rows, marked = flow.open_decisions(services, agent_name), flow.tainted(services, agent_name)
     except StoreError as exc:
         return f"⚠️ {exc}", "", gr.update(choices=[], value=None)
     choices = [(f"v{r['version']}", r["policy_id"]) for r in marked]
-    return decisions_markdown(rows), tainted_markdown(marked), gr.update(choices=choices,
-                                                                          value=choices[0][1] if choices else None)
+    ids = [c[1] for c in choices]
+    value = current if current in ids else (ids[0] if ids else None)
+    return decisions_markdown(rows), tainted_markdown(marked), gr.update(choices=choices, value=value)
+
+
+def ask_retrain_without(services: Services, agent_name: str, policy_id, request: gr.Request = None) -> tuple:
+    """The question before "Retrain without them": who is left out, what starts, how long it takes."""
+    try:
+        require_admin(services, request)
+    except Forbidden as exc:
+        return ask(None, f"⚠️ {exc}")
+    if policy_id is None:
+        return ask(None, "Pick a marked version first.")
+    try:
+        row = next((r for r in flow.tainted(services, agent_name) if r["policy_id"] == int(policy_id)), None)
+    except StoreError as exc:
+        return ask(None, f"⚠️ {exc}")
+    if row is None:
+        return ask(None, "That version is no longer marked: pick another one.")
+    who = ", ".join(row["tainted_by"])
+    return ask(f"**Retrain without {html.escape(who)}?** A new retrain of {html.escape(agent_name)} starts now and "
+               f"leaves their feedback out; it takes as long as any retrain (minutes to tens of minutes, longer while "
+               f"people chat), and chat slows down meanwhile. v{row['version']} stays as it is: the new version "
+               "replaces it only if it passes the gate.")
 
 
 def retrain_without(services: Services, policy_id, request: gr.Request) -> str:
@@ -99,9 +126,15 @@ def build_decisions_panel(services: Services, agent: gr.Dropdown) -> None:
         with gr.Row():
             pick = gr.Dropdown([], label="Marked version", scale=2)
             again = gr.Button("Retrain without them", scale=1)
+        question = build_question("Yes, retrain without them", variant="primary")
         status = gr.Markdown()
     refresh = bind(refresh_panel, services)
-    gr.Timer(REFRESH_SECONDS).tick(refresh, [agent], [open_md, marked_md, pick], api_name=False,
+    gr.Timer(REFRESH_SECONDS).tick(refresh, [agent, pick], [open_md, marked_md, pick], api_name=False,
                                    show_progress="hidden")
     gr.on(None, refresh, [agent], [open_md, marked_md, pick], api_name=False)  # on load and on another agent
-    again.click(bind(retrain_without, services), [pick], [status], api_name="retrain_without")
+    # It asks first: one click would start a job of many minutes that slows chat down for everyone.
+    again.click(bind(ask_retrain_without, services), [agent, pick], [question.box, question.text, status],
+                api_name=False)
+    gr.on([pick.input, agent.change], hide_question, None, [question.box, question.text], api_name=False)
+    question.yes.click(bind(retrain_without, services), [pick], [status], api_name="retrain_without") \
+        .then(hide_question, None, [question.box, question.text], api_name=False)

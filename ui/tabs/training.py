@@ -39,20 +39,28 @@ def _duration(job: Job) -> str:
     return "" if seconds is None else _clock(seconds)
 
 
+RELIABLE_PROGRESS = 0.3  # below this the phases move unevenly: the pace so far says little about what is left
+
+
 def time_left(job: Job, now: Optional[datetime] = None) -> str:
-    """Elapsed time and a plain estimate of what is left for a running job: from the dry run's estimate early on
-    (progress moves unevenly in the first phases), from the pace so far later."""
+    """Elapsed time and an honest word on what is left for a running job: from its pace once it is
+    ``RELIABLE_PROGRESS`` done; before that from the estimate made before it started, which holds only on a machine
+    as quiet as then (past it, the estimate is said to be exceeded: never a countdown stuck at "1 min left")."""
     elapsed = _seconds(job, now)
     if job.status != "running" or elapsed is None:
         return ""
-    estimate = (job.config or {}).get("estimated_minutes")
-    if estimate and job.progress < 0.3:
-        left = max(estimate * 60 - elapsed, 30.0)
-    elif job.progress >= 0.05:
+    clock = f"{_clock(elapsed)} elapsed"
+    if job.progress >= RELIABLE_PROGRESS:
         left = elapsed * (1 - job.progress) / job.progress
-    else:
-        return f"{_clock(elapsed)} elapsed · estimating the time left…"
-    return f"{_clock(elapsed)} elapsed · about {max(1, round(left / 60))} min left"
+        return f"{clock} · about {max(1, round(left / 60))} min left at its pace so far"
+    estimate = (job.config or {}).get("estimated_minutes")
+    if estimate and elapsed < estimate * 60:
+        return (f"{clock} · about {max(1, round(estimate - elapsed / 60))} min left if the machine stays as quiet "
+                f"as when it was estimated (~{estimate:g} min in all)")
+    if estimate:
+        return (f"{clock} · past the ~{estimate:g} min estimate (the machine is busier than estimated); "
+                f"time left known from {RELIABLE_PROGRESS:.0%} done")
+    return f"{clock} · estimating the time left (known from {RELIABLE_PROGRESS:.0%} done)…"
 
 
 def jobs_frame(jobs: list[Job]) -> pd.DataFrame:
@@ -103,7 +111,8 @@ def curves_html(rows: list[dict]) -> str:
 def estimate_markdown(estimate: dict) -> str:
     """The dry-run estimate shown before "Retrain now"."""
     text = (f"**Feedback:** {estimate['feedback_count']} ratings/comparisons · **pairs:** {estimate['pairs']} · "
-            f"**rated replies:** {estimate['pointwise']} · **estimated time:** ~{estimate['estimated_minutes']} min")
+            f"**rated replies:** {estimate['pointwise']} · **estimated time:** ~{estimate['estimated_minutes']} min "
+            "on a quiet machine (longer while people chat or other jobs run)")
     if not estimate["ready"]:
         text += f"\n\n⚠️ Not enough data yet: need {estimate['missing']}."
     return text
@@ -111,7 +120,9 @@ def estimate_markdown(estimate: dict) -> str:
 
 # ---- handlers ---------------------------------------------------------------------------------
 def refresh(services: Services, agent: str, job_id):
-    """Everything the tab shows, re-read from the Store (Cancel only for a job that has not ended)."""
+    """Everything the tab shows, re-read from the Store (Cancel only for a job that has not ended): the job picked
+    by hand (``job_id``; the tab's ``pinned``), else the newest, so a job started anywhere (the Dashboard's *Retrain
+    without them*, the scheduler) shows here as soon as it is queued."""
     store = services.store
     jobs = store.list_jobs(limit=30)
     try:
@@ -146,8 +157,8 @@ def ask_retrain(services: Services, agent: str, request: gr.Request = None):
     if not estimate["ready"]:
         return (*hidden, f"⚠️ Not enough data yet: need {estimate['missing']}.")
     text = (f"**Retrain {agent} now?** A new version is trained on {estimate['feedback_count']} ratings and votes "
-            f"(about {estimate['estimated_minutes']} min on this machine; chat slows down meanwhile). If it passes "
-            "the gate it becomes the version everyone chats with.")
+            f"(about {estimate['estimated_minutes']} min if the machine is otherwise quiet, longer while people chat; "
+            "chat slows down meanwhile). If it passes the gate it becomes the version everyone chats with.")
     return gr.Group(visible=True), text, ""
 
 
@@ -165,6 +176,14 @@ def retrain_now(services: Services, agent: str, request: gr.Request = None):
         return f"⚠️ {exc}", gr.skip()
     picker = gr.Dropdown(choices=job_choices(services.store.list_jobs(limit=30)), value=job.id)
     return f"Retrain job #{job.id} is in the queue: its progress shows below.", picker
+
+
+def pin(services: Services, job_id):
+    """A job picked by hand stays shown; picking the newest job goes back to following whatever starts next."""
+    jobs = services.store.list_jobs(limit=1)
+    if job_id in (None, "") or (jobs and int(job_id) == jobs[0].id):
+        return None
+    return int(job_id)
 
 
 def cancel(services: Services, job_id, request: gr.Request = None):
@@ -230,19 +249,21 @@ def build_training(services: Services) -> None:
 
     outputs = [estimate, jobs, job_pick, progress, curves, log, sched, cancel_btn]
     refresh_fn = bind(refresh, services)
-    gr.Timer(2).tick(refresh_fn, [agent, job_pick], outputs, show_progress="hidden", api_name=False)
-    agent.change(refresh_fn, [agent, job_pick], outputs, api_name=False)
+    pinned = gr.State(None)  # a job picked by hand; None: follow the newest job, wherever it was started
+    gr.Timer(2).tick(refresh_fn, [agent, pinned], outputs, show_progress="hidden", api_name=False)
+    agent.change(refresh_fn, [agent, pinned], outputs, api_name=False)
     agent.change(bind(load_rule, services), [agent], [enabled, threshold, interval, cron], api_name=False)
     retrain.click(bind(ask_retrain, services), [agent], [confirm_box, confirm, status], api_name=False)
     gr.on([no.click, agent.change], lambda: (gr.Group(visible=False), ""), None, [confirm_box, confirm],
           api_name=False)
     yes.click(bind(retrain_now, services), [agent], [status, job_pick], api_name="retrain") \
-        .then(lambda: (gr.Group(visible=False), ""), None, [confirm_box, confirm], api_name=False) \
-        .then(refresh_fn, [agent, job_pick], outputs, api_name=False)
+        .then(lambda: (gr.Group(visible=False), "", None), None, [confirm_box, confirm, pinned], api_name=False) \
+        .then(refresh_fn, [agent, pinned], outputs, api_name=False)
     cancel_btn.click(bind(cancel, services), [job_pick], [status], api_name=False) \
-        .then(refresh_fn, [agent, job_pick], outputs, api_name=False)
+        .then(refresh_fn, [agent, pinned], outputs, api_name=False)
     save.click(bind(save_rule, services), [agent, enabled, threshold, interval, cron], [rule_status],
                api_name=False)
-    job_pick.input(refresh_fn, [agent, job_pick], outputs, api_name=False)
+    job_pick.input(bind(pin, services), [job_pick], [pinned], api_name=False) \
+        .then(refresh_fn, [agent, pinned], outputs, api_name=False)
     rule_defaults = load_rule(services, agents[0])
     enabled.value, threshold.value, interval.value, cron.value = rule_defaults

@@ -102,15 +102,18 @@ def build_vote(services: Services, annotator: Optional[gr.Textbox] = None, tab: 
     if annotator is None:
         annotator = gr.Textbox(label="Your name", max_length=64)
     state = gr.State(empty_state())
-    agent = gr.Dropdown(agents, value=agents[0], label="Agent")
-    with gr.Accordion("Annotation guidelines", open=False):
-        guide = gr.Markdown(guidelines_markdown(services, agents[0]))
+    with gr.Row(equal_height=False):  # one row, so the vote buttons stay on a 1000-pixel-high screen
+        agent = gr.Dropdown(agents, value=agents[0], label="Agent", scale=1, min_width=160)
+        with gr.Column(scale=3), gr.Accordion("Annotation guidelines", open=False):
+            guide = gr.Markdown(guidelines_markdown(services, agents[0]))
     # autoscroll off: a long context or reply opens at its first line, not scrolled to its end
-    context = gr.Chatbot(label="Context", height=240, allow_tags=False, autoscroll=False, latex_delimiters=[],
+    context = gr.Chatbot(label="Context", height=190, allow_tags=False, autoscroll=False, latex_delimiters=[],
                          placeholder="The conversation so far")
     with gr.Row(equal_height=True):
-        reply_a = gr.Chatbot(label="Reply A", height=320, allow_tags=False, autoscroll=False, latex_delimiters=[], placeholder="Reply A")
-        reply_b = gr.Chatbot(label="Reply B", height=320, allow_tags=False, autoscroll=False, latex_delimiters=[], placeholder="Reply B")
+        reply_a = gr.Chatbot(label="Reply A", height=270, allow_tags=False, autoscroll=False, latex_delimiters=[],
+                             placeholder="Reply A", min_width=240)
+        reply_b = gr.Chatbot(label="Reply B", height=270, allow_tags=False, autoscroll=False, latex_delimiters=[],
+                             placeholder="Reply B", min_width=240)
     with gr.Row():
         buttons = [gr.Button(label, interactive=False, elem_id=f"vote-{winner}") for winner, label in VOTES]
         skip_button = gr.Button("Skip", interactive=False, elem_id="vote-skip", variant="secondary")
@@ -128,6 +131,8 @@ def build_vote(services: Services, annotator: Optional[gr.Textbox] = None, tab: 
     refresh.click(load, [state, agent, annotator], outputs, api_name="queue_next", concurrency_limit=None,
                   concurrency_id="queue")
     agent.change(load, [state, agent, annotator], outputs, api_name=False)
-    gr.on(None, bind(guidelines_markdown, services), [agent], [guide], api_name=False)
-    if tab is not None:
-        tab.select(load, [state, agent, annotator], outputs, api_name=False)
+    guidelines = bind(guidelines_markdown, services)
+    gr.on(None, guidelines, [agent], [guide], api_name=False)
+    if tab is not None:  # the next item, and the guidelines as an admin last saved them
+        tab.select(load, [state, agent, annotator], outputs, api_name=False) \
+            .then(guidelines, [agent], [guide], api_name=False, show_progress="hidden")

@@ -173,3 +173,13 @@ def test_empty_store_exports_empty_files(store, config, tmp_path):
     assert export(store, config, "parquet", tmp_path / "e.parquet").counts == {"events": 0}
     assert len(pd.read_parquet(tmp_path / "e.parquet")) == 0
     assert export(store, config, "kto", tmp_path / "e.jsonl").counts == {"rows": 0}
+
+
+def test_a_withdrawn_thumb_is_an_event_in_raw_exports_and_gone_from_training_rows(filled, config, tmp_path):
+    good = next(r for r in filled.feedback_rows("assistant")["ratings"] if r["thumb"] == 1 and r["score"] == 5)
+    filled.withdraw_rating(good["message_id"], "alice")
+    rows = read_jsonl(export(filled, config, "jsonl", tmp_path / "out.jsonl", agent="assistant").path)
+    (withdrawal,) = [r for r in rows if r["event"] == "withdrawal"]
+    assert (withdrawal["withdraws_id"], withdrawal["field"], withdrawal["annotator"]) == (good["id"], "thumb", "alice")
+    kto = read_jsonl(export(filled, config, "kto", tmp_path / "kto.jsonl", agent="assistant").path)
+    assert len(kto) == 2 * N_CONVERSATIONS - 1  # that reply's thumb no longer labels it

@@ -249,3 +249,26 @@ def test_corrupted_rows_give_clear_errors(store):
         with pytest.raises(DataError, match=message):
             build_pairs(broken(edit))
     assert build_pairs(good)  # the untouched rows are fine
+
+
+def test_a_withdrawn_thumb_gives_no_pair(store):
+    _, (up, down) = exchange(store, "w", ["up", "down"])
+    store.record_rating(up.id, "ann", thumb=1)
+    store.record_rating(down.id, "ann", thumb=-1)
+    assert as_texts(build_pairs(rows(store))) == [("up", "down", "siblings", 0.0)]
+    store.withdraw_rating(down.id, "ann")  # the thumb down clicked again: taken back
+    assert build_pairs(rows(store)) == []
+    assert [r["completion"] for r in build_kto(rows(store))] == ["up"]
+
+
+def test_identical_texts_never_form_a_pair_and_say_why(store):
+    _, (a, b) = exchange(store, "same", ["The same reply.", "The  same reply.\n"])
+    _, (c, d) = exchange(store, "voted", ["Word for word.", "Word for word."])
+    store.record_rating(a.id, "ann", thumb=1)
+    store.record_rating(b.id, "ann", thumb=-1)
+    store.record_comparison(c.id, d.id, "a", annotator="ann")
+    skipped = []
+    assert build_pairs(rows(store), skipped=skipped) == []
+    assert sorted((s["chosen_id"], s["rejected_id"], s["source"]) for s in skipped) == \
+        [(a.id, b.id, "siblings"), (c.id, d.id, "comparison")]
+    assert all("identical texts" in s["reason"] for s in skipped)

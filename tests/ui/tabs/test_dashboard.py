@@ -46,6 +46,7 @@ def test_overview_table_plots_and_default_picks(services, published):
     assert (row["Status"], row["Parent"], row["Feedback used"], row["RM accuracy"]) == ("active", "v0", "32", "80%")
     assert (row["Eval reward"], row["KL to base"], row["Elo"], row["Votes"]) == ("0.250", "1.50", "1016", 1)
     assert table.set_index("Version").loc["v2", "Eval reward"] == views.DASH
+    assert table.set_index("Version").loc["v0 · base", "Eval reward"] == "-0.500"  # its scored eval replies
     # the rating chart: one column per version on a categorical axis, an interval bar only with an interval
     assert [ratings.count(f">{v}</text>") for v in ("v0", "v1", "v2")] == [1, 1, 1]
     assert "no votes" in ratings and "1 vote, no interval" in ratings and ratings.count("<circle") == 3
@@ -62,6 +63,17 @@ def test_overview_keeps_the_picks_that_still_exist(services, published):
                                                                           job.id)
     assert (pick_a.constructor_args["value"], pick_b.constructor_args["value"]) == (v0.id, v2.id)
     assert pick_admin.constructor_args["value"] == v2.id
+
+
+def test_side_by_side_never_stays_on_one_version_against_itself(services, tmp_path):
+    store = services.store
+    v0 = store.active_policy("assistant")
+    *_, pick_a, pick_b, _, _ = dashboard.first_paint(services, "assistant")
+    assert pick_a.constructor_args["value"] == pick_b.constructor_args["value"] == v0.id  # nothing else yet
+    (tmp_path / "v1").mkdir()
+    v1 = store.register_policy_version("assistant", str(tmp_path / "v1"), v0.id, promote=False)
+    *_, pick_a, pick_b, _, _ = dashboard.refresh_overview(services, "assistant", v0.id, v0.id, None, None)
+    assert (pick_a.constructor_args["value"], pick_b.constructor_args["value"]) == (v0.id, v1.id)
 
 
 def test_curves_default_to_reward_and_kl_one_panel_each_and_follow_the_pick(services, published):
@@ -97,6 +109,8 @@ def test_admin_actions_ask_first(services, published):
     assert "Archive v2?" in text and [b.visible for b in yes] == [False, False, True]
     box, text, *yes, status = dashboard.ask(services, "promote", "assistant", v1.id)  # already active
     assert not box.visible and "not the active one" in status
+    box, text, *yes, status = dashboard.ask(services, "archive", "assistant", v1.id)  # the active one: refused now
+    assert not box.visible and "active version" in status and "cannot be archived" in status
     assert [p.status for p in store.list_policies("assistant")] == ["candidate", "active", "candidate"]
 
 

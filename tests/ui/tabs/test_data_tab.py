@@ -73,17 +73,21 @@ def test_flagged_replies_and_admin_tools_need_admin(rated):
     assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "", ANNOTATOR)[7]) == 0
     assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "", ADMIN)[7]) == 2
     assert "admin" in data_tab.set_excluded(rated, "carol", True, ANNOTATOR)
+    box, question, status = data_tab.ask_exclude(rated, "assistant", "carol", ADMIN)
+    assert box.visible and "Exclude carol from training?" in question and "rating event(s)" in question
+    assert "admin" in data_tab.ask_exclude(rated, "assistant", "carol", ANNOTATOR)[2]
+    assert not any(a.excluded for a in rated.store.list_annotators())  # asking changes nothing
     assert not any(a.excluded for a in rated.store.list_annotators())
     assert "excluded" in data_tab.set_excluded(rated, "carol", True, ADMIN)
     assert rated.store.feedback_rows("assistant")["excluded_annotators"] == ["carol"]
     assert "included again" in data_tab.set_excluded(rated, "carol", False, ADMIN)
     button, status = data_tab.run_export(rated, "assistant", "jsonl", ANNOTATOR)
     assert "admin" in status and button.visible is False
-    assert "admin" in data_tab.make_token(rated, "bob", "", request=ANNOTATOR)
-    assert "not a configured user" in data_tab.make_token(rated, "zed", "", request=ADMIN)
-    made = data_tab.make_token(rated, "bob", "laptop", request=ADMIN)
-    token = made.split("```\n")[1].split("\n")[0]
-    assert rated.store.token_owner(token) == "bob"
+    assert "admin" in data_tab.make_token(rated, "bob", "", request=ANNOTATOR)[0]
+    assert "not a configured user" in data_tab.make_token(rated, "zed", "", request=ADMIN)[0]
+    made, box = data_tab.make_token(rated, "bob", "laptop", request=ADMIN)
+    assert box.visible and box.value not in made  # the token is in its own box: its copy button copies it alone
+    assert rated.store.token_owner(box.value) == "bob" and box.value == box.value.strip()
     note, *buttons = data_tab.admin_gate(rated, 3, ANNOTATOR)
     assert note == data_tab.VIEW_ONLY and all(b.interactive is False for b in buttons)
 

@@ -48,10 +48,27 @@ def test_time_left_from_the_estimate_then_from_the_pace():
                    "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00", None, None)
 
     now = datetime(2026, 1, 1, 0, 1, 0, tzinfo=timezone.utc)  # one minute in
-    assert training.time_left(job(0.03, config={"estimated_minutes": 5}), now) == "1m00s elapsed · about 4 min left"
-    assert training.time_left(job(0.5), now) == "1m00s elapsed · about 1 min left"
+    assert training.time_left(job(0.03, config={"estimated_minutes": 5}), now).startswith(
+        "1m00s elapsed · about 4 min left if the machine stays as quiet as when it was estimated (~5 min in all)")
+    assert training.time_left(job(0.5), now) == "1m00s elapsed · about 1 min left at its pace so far"
     assert "estimating" in training.time_left(job(0.01), now)
     assert training.time_left(job(1.0, "succeeded"), now) == ""
+    # a busy machine: twenty minutes into a job estimated at seven, it says so (no "1 min left" forever)
+    late = datetime(2026, 1, 1, 0, 20, 0, tzinfo=timezone.utc)
+    text = training.time_left(job(0.1, config={"estimated_minutes": 7.4}), late)
+    assert text.startswith("20m00s elapsed · past the ~7.4 min estimate") and "min left" not in text
+    assert training.time_left(job(0.4, config={"estimated_minutes": 7.4}), late).endswith("about 30 min left at its "
+                                                                                           "pace so far")
+
+
+def test_the_panel_follows_a_job_started_elsewhere_unless_one_is_picked(services):
+    first = services.scheduler.enqueue("selftest", "assistant")
+    assert training.refresh(services, "assistant", None)[2].value == first.id
+    second = services.store.enqueue_job("retrain", "assistant", {})  # e.g. the Dashboard's Retrain without them
+    assert second.id != first.id
+    assert training.refresh(services, "assistant", None)[2].value == second.id
+    assert training.pin(services, first.id) == first.id and training.pin(services, second.id) is None
+    assert training.refresh(services, "assistant", first.id)[2].value == first.id  # a hand-picked job stays
 
 
 def test_refresh_shows_estimate_jobs_progress_and_curves(services):
