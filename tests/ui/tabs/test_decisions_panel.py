@@ -20,9 +20,9 @@ def test_guard_html_names_the_checks_and_shows_the_examples_escaped():
 
 def test_a_decision_line_adds_up():
     d = {"version": 2, "opponent_version": 1, "votes": 3, "wins": 0, "ties": 1, "losses": 2, "both_bad": 1,
-         "win_rate": 1 / 6, "low": 0.0, "high": 0.9, "votes_needed": 12, "guard_tripped": []}
+         "win_rate": 1 / 6, "low": 0.0, "high": 0.9, "votes_needed": 12, "guard_tripped": [], "people": 2}
     line = panel.decision_line(d)
-    assert "4 votes — 0 won, 1 tied, 2 lost, 1 both bad" in line and "(3 count: both-bad votes" in line
+    assert "4 votes from 2 people — 0 won, 1 tied, 2 lost, 1 both bad" in line and "(3 count: both-bad votes" in line
     assert "count:" not in panel.decision_line({**d, "both_bad": 0})
 
 
