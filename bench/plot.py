@@ -16,6 +16,22 @@ def _scale(values: Sequence[float], lo_px: float, hi_px: float, margin: float = 
     return (lambda v: lo_px + (v - lo) / span * (hi_px - lo_px)), lo, hi
 
 
+def _series(row: dict) -> str:
+    """One line per oracle and knob (and seed, when rows carry several)."""
+    knob = str(row.get("knob", "")).partition("=")[0]
+    seed = f", seed {row['seed']}" if "seed" in row else ""
+    return f"{row['oracle']}{seed}" + (f" · {knob}" if knob else "")
+
+
+def _value(row: dict):
+    """The swept value, as a number when it is one (points along a line follow it)."""
+    text = str(row.get("knob", "")).partition("=")[2]
+    try:
+        return (0, float(text))
+    except ValueError:
+        return (1, text)
+
+
 def tradeoff_svg(rows: Sequence[dict], path: Path, x: str = "distinct_2", y: str = "oracle_win_rate") -> Path:
     """Win rate (``y``) against distinct-2 (``x``) per oracle, points labelled with the swept value; the base's
     distinct-2 and the 0.05 band below it as a dashed line each."""
@@ -37,10 +53,10 @@ def tradeoff_svg(rows: Sequence[dict], path: Path, x: str = "distinct_2", y: str
         parts.append(f'<text x="{PAD - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:.2f}</text>')
     parts.append(f'<line x1="{PAD}" y1="{sy(0.5):.1f}" x2="{W - PAD}" y2="{sy(0.5):.1f}" stroke="#bbb" '
                  'stroke-dasharray="2 3"/>')
-    oracles = list(dict.fromkeys(r["oracle"] for r in rows))
-    for k, oracle in enumerate(oracles):
+    series = list(dict.fromkeys(_series(r) for r in rows))
+    for k, name in enumerate(series):
         colour = COLOURS[k % len(COLOURS)]
-        mine = [r for r in rows if r["oracle"] == oracle]
+        mine = sorted((r for r in rows if _series(r) == name), key=_value)
         base = sum(r["base_distinct_2"] for r in mine) / len(mine)
         for xv, dash in ((base, "6 3"), (base - 0.05, "1 3")):
             parts.append(f'<line x1="{sx(xv):.1f}" y1="{PAD}" x2="{sx(xv):.1f}" y2="{H - PAD}" stroke="{colour}" '
@@ -52,10 +68,10 @@ def tradeoff_svg(rows: Sequence[dict], path: Path, x: str = "distinct_2", y: str
             parts.append(f'<circle cx="{sx(r[x]):.1f}" cy="{sy(r[y]):.1f}" r="4" fill="{colour}"/>')
             parts.append(f'<text x="{sx(r[x]) + 6:.1f}" y="{sy(r[y]) - 6:.1f}" fill="{colour}">{escape(value)}</text>')
         parts.append(f'<text x="{W - PAD - 4}" y="{PAD + 16 * k}" text-anchor="end" fill="{colour}">'
-                     f'{escape(oracle)} (dashed: base, dotted: base − 0.05)</text>')
-    knob = str(rows[0].get("knob", "")).partition("=")[0] if rows else ""
-    parts.append(f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">Trade-off of {escape(knob)}: '
-                 'win rate vs distinct-2</text></svg>')
+                     f'{escape(name)}</text>')
+    knobs = sorted({str(r.get("knob", "")).partition("=")[0] for r in rows})
+    parts.append(f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">Trade-off of {escape(", ".join(knobs))}: '
+                 'win rate vs distinct-2 (dashed: base, dotted: base − 0.05)</text></svg>')
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n")

@@ -94,7 +94,7 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
               on_step: Optional[Callable[[int, dict], None]] = None, device: str = "cpu", base=None) -> DPOResult:
     """DPO on ``pairs`` (``{prompt: messages, chosen, rejected}``) from ``init_adapter`` (None = a fresh LoRA on the
     base); writes ``run_dir/final/adapter``. ``base``: the causal LM already loaded in this process (shared)."""
-    from datasets import Dataset
+    from datasets import Dataset, disable_progress_bars
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import DPOConfig as TrlDPOConfig
@@ -115,13 +115,15 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     model = build_policy(base_source, cfg, device, init_adapter, base=base)
     policy = model.policy  # the PeftModel DPO trains; the value head stays unused
     rows = dpo_rows(tokenizer, pairs, config.ppo.max_prompt_tokens)
+    disable_progress_bars()  # datasets' bars for a few dozen rows would only clutter the job log
     history: list[dict] = []
     work = tempfile.mkdtemp(prefix="rlhf-dpo-")
     try:
         args = TrlDPOConfig(
             output_dir=work, beta=cfg.beta, learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs,
-            per_device_train_batch_size=cfg.batch_size, max_length=cfg.max_length, loss_type=[cfg.loss_type],
-            precompute_ref_log_probs=True, seed=cfg.seed, data_seed=cfg.seed, logging_steps=1,
+            per_device_train_batch_size=cfg.micro_batch_size, max_length=cfg.max_length, loss_type=[cfg.loss_type],
+            gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
+            precompute_ref_log_probs=True, precompute_ref_batch_size=cfg.micro_batch_size, seed=cfg.seed, data_seed=cfg.seed, logging_steps=1,
             save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True, use_cpu=device == "cpu",
             bf16=False, activation_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant")
         trainer = DPOTrainer(model=policy, args=args, train_dataset=Dataset.from_list(rows),
