@@ -64,7 +64,8 @@ class PPOConfig(Checked):
     prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.", "rollout")
     steps: int = opt(8, "PPO iterations (rollout + update).", "optimisation")
     mini_batch_size: int = opt(4, "Rollouts per gradient step.", "optimisation")
-    ppo_epochs: int = opt(2, "Passes over each rollout batch.", "optimisation")
+    ppo_epochs: int = opt(1, "Passes over each rollout batch (a second pass spent KL and the replies' variety for "
+                          "little preference on 64 votes: bench loop, #35).", "optimisation")
     advantage: str = opt("group", "group | gae: a reply's return minus the mean of the other replies to its prompt "
                          "(RLOO, no value head), or GAE on a value head (Schulman et al. 2016).", "optimisation")
     learning_rate: float = opt(1e-3, "Policy LoRA (+ value head with ppo.advantage=gae) learning rate.",
