@@ -414,7 +414,8 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     if getattr(args, "sweep", None) and getattr(args, "plot", None):
         from bench.plot import tradeoff_svg
 
-        tradeoff_svg(rows, Path(args.plot))
+        tradeoff_svg(rows, Path(args.plot), title=f"bench loop --sweep {parse_sweep(args.sweep)[0]}: win rate vs "
+                                                  "distinct-2")
     figures = summary(rows, n_pairs)
     return report("loop", rows, figures, notes(config, device, n_pairs, eval_prompts, samples, gate), path=path)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-W, H, PAD = 640, 420, 56
+W, H, PAD = 640, 440, 60
 
 
 def _scale(values: Sequence[float], lo_px: float, hi_px: float, margin: float = 0.02):
@@ -32,15 +32,18 @@ def _value(row: dict):
         return (1, text)
 
 
-def tradeoff_svg(rows: Sequence[dict], path: Path, x: str = "distinct_2", y: str = "oracle_win_rate") -> Path:
+def tradeoff_svg(rows: Sequence[dict], path: Path, x: str = "distinct_2", y: str = "oracle_win_rate",
+                 title: str = "Win rate vs distinct-2") -> Path:
     """Win rate (``y``) against distinct-2 (``x``) per oracle, points labelled with the swept value; the base's
     distinct-2 and the 0.05 band below it as a dashed line each."""
     xs = [r[x] for r in rows] + [r["base_distinct_2"] - 0.05 for r in rows if "base_distinct_2" in r]
     ys = [r[y] for r in rows] + [0.5]
     sx, x_lo, x_hi = _scale(xs, PAD, W - PAD)
     sy, y_lo, y_hi = _scale(ys, H - PAD, PAD)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
-             f'font-size="12"><rect width="{W}" height="{H}" fill="white"/>',
+    n_series = len({_series(r) for r in rows})
+    height = H + 16 * n_series + 8  # the legend goes below the axis title
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" font-family="sans-serif" '
+             f'font-size="12"><rect width="{W}" height="{height}" fill="white"/>',
              f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="black"/>',
              f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="black"/>',
              f'<text x="{W / 2}" y="{H - 14}" text-anchor="middle">distinct-2 of sampled replies (higher = more '
@@ -67,11 +70,10 @@ def tradeoff_svg(rows: Sequence[dict], path: Path, x: str = "distinct_2", y: str
             value = str(r.get("knob", "")).partition("=")[2]
             parts.append(f'<circle cx="{sx(r[x]):.1f}" cy="{sy(r[y]):.1f}" r="4" fill="{colour}"/>')
             parts.append(f'<text x="{sx(r[x]) + 6:.1f}" y="{sy(r[y]) - 6:.1f}" fill="{colour}">{escape(value)}</text>')
-        parts.append(f'<text x="{W - PAD - 4}" y="{PAD + 16 * k}" text-anchor="end" fill="{colour}">'
-                     f'{escape(name)}</text>')
-    knobs = sorted({str(r.get("knob", "")).partition("=")[0] for r in rows})
-    parts.append(f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">Trade-off of {escape(", ".join(knobs))}: '
-                 'win rate vs distinct-2 (dashed: base, dotted: base − 0.05)</text></svg>')
+        parts.append(f'<text x="{PAD}" y="{H + 4 + 16 * k}" fill="{colour}">● {escape(name)}</text>')
+    parts.append(f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>')
+    parts.append(f'<text x="{W / 2}" y="36" text-anchor="middle" fill="#555">points: the knob\'s values · dashed: '
+                 'the base · dotted: base − 0.05 (the voice goal)</text></svg>')
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n")
