@@ -20,6 +20,7 @@ is the fast, repeatable bench for the learning path.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -89,7 +90,8 @@ def chat(system: str, prompt: str) -> list[dict]:
 
 def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     """The retrain's reward models on ``pairs``, split as the job splits them (``rlhf.training.judge``): PPO's
-    head on its share with grouped CV figures, and the gate's judge on the rest -> (scorer, cv, judge, evidence)."""
+    head on its share with grouped CV figures, and the gate's judge on the rest -> (scorer, cv, judge, evidence,
+    the policy's pairs: what DPO learns from)."""
     from rlhf.jobs.gate import Evidence
     from rlhf.training.judge import fit_judge, judge_split
     from rlhf.training.reward import HeadScorer
@@ -106,7 +108,7 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     judge_head, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, r.seed)
     evidence = Evidence.from_metrics({**cv, **judged}, prefix="")
     judge = HeadScorer(featurize, judge_head, {}) if judge_head is not None else None
-    return HeadScorer(featurize, head, {}), cv, judge, evidence
+    return HeadScorer(featurize, head, {}), cv, judge, evidence, [pairs[i] for i in mine]
 
 
 def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, prompts: list[str],
@@ -135,20 +137,41 @@ def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, p
             **{f"guard_{k}": f"{v['candidate']:.2f}/{v['active']:.2f}" for k, v in guard["checks"].items()}}
 
 
+_BASE_REPLIES: dict = {}  # (prompts, seed, tokens) -> the base's sampled replies: the same for every run of a process
+
+
+def base_replies(model, tokenizer, chats: list, seed: int):
+    """The base's sampled replies to ``chats`` (cached: they do not depend on what was trained)."""
+    from rlhf.jobs.evaluation import generate_replies
+
+    key = (tuple(json.dumps(c) for c in chats), seed, REPLY_TOKENS)
+    if key not in _BASE_REPLIES:
+        (_BASE_REPLIES[key],) = generate_replies(model, tokenizer, chats, [None], REPLY_TOKENS, 1.0, seed)
+    return _BASE_REPLIES[key]
+
+
 def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samples: int = SAMPLES) -> dict:
     """The oracle's win rate of adapter ``new`` of ``model`` over the base on ``prompts`` (ties half), with
-    fluency figures."""
-    from rlhf.simulate.oracles import ORACLES, distinct_2
-    from rlhf.jobs.evaluation import generate_replies
+    the voice figures of the same sampled replies: mean words, distinct-2 and repeated 3-grams (the guard's
+    measures, ``rlhf.jobs.guard``), and KL(new || base) in nats per reply on them."""
+    from rlhf.jobs.evaluation import generate_replies, sequence_logprobs
+    from rlhf.jobs.guard import distinct_n, repetition
+    from rlhf.simulate.oracles import ORACLES
 
     judge = ORACLES[oracle]
     chats = [chat(system, p) for p in prompts]
-    verdicts, new_texts, base_texts = [], [], []
+    verdicts, new_texts, base_texts, kls = [], [], [], []
     for s in range(samples):
-        base, new = generate_replies(model, tokenizer, chats, [None, "new"], REPLY_TOKENS, 1.0, 10_000 + 1000 * s)
+        seed = 10_000 + 1000 * s
+        base = base_replies(model, tokenizer, chats, seed)
+        (new,) = generate_replies(model, tokenizer, chats, ["new"], REPLY_TOKENS, 1.0, seed)
         verdicts += [judge(prompt, a, b) for prompt, a, b in zip(prompts, new.texts, base.texts)]
         new_texts += new.texts
         base_texts += base.texts
+        # KL on the judged replies: E_y~new[log new(y) - log base(y)] (the gate's estimator, evaluation.py)
+        lp_new = sequence_logprobs(model, new.prompt_ids, new.token_ids, "new")
+        lp_base = sequence_logprobs(model, new.prompt_ids, new.token_ids, None)
+        kls += [a - b for a, b in zip(lp_new, lp_base)]
 
     for prompt, reply in list(zip(prompts, new_texts))[:3]:  # a few replies for a human to read (stderr)
         print(f"[{oracle}] {prompt[:60]!r} -> {reply[:300]!r}", file=sys.stderr)
@@ -156,9 +179,14 @@ def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samp
     def words(texts):
         return round(statistics.mean(len(t.split()) for t in texts), 1) if texts else 0.0
 
-    return {**win_rates(verdicts), "mean_words": words(new_texts),
-            "base_mean_words": words(base_texts), "distinct_2": round(distinct_2(new_texts), 3),
-            "base_distinct_2": round(distinct_2(base_texts), 3), "empty": sum(1 for t in new_texts if not t.split())}
+    def rep(texts):
+        return round(statistics.mean(repetition(t) for t in texts), 3) if texts else 0.0
+
+    return {**win_rates(verdicts), "mean_words": words(new_texts), "base_mean_words": words(base_texts),
+            "distinct_2": round(distinct_n(new_texts), 3), "base_distinct_2": round(distinct_n(base_texts), 3),
+            "repetition": rep(new_texts), "base_repetition": rep(base_texts),
+            "kl": round(statistics.mean(kls), 2) if kls else float("nan"),
+            "empty": sum(1 for t in new_texts if not t.split())}
 
 
 def win_rates(verdicts: list[str]) -> dict:
@@ -185,44 +213,91 @@ def best_of_pool(pool: list[dict], oracle: str, prompt_ids, seed: int = 0) -> fl
     return win_rates(verdicts)["oracle_win_rate"]
 
 
+class PeakMemory:
+    """Peak resident memory of this process while the block runs (sampled every 50 ms), and what it added."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self._proc, self._stop = psutil.Process(), threading.Event()
+        self.before = self.peak = self._proc.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def figures(self) -> dict:
+        return {"peak_rss_mb": round(self.peak / 2**20), "train_mb": round((self.peak - self.before) / 2**20)}
+
+
+def train_policy(config: AppConfig, source: str, device: str, scorer, policy_pairs: list[dict], prompts: list,
+                 run_dir: Path):
+    """The retrain's policy step (``retrain.method``: PPO on the reward model, or DPO on the votes) from the base."""
+    from rlhf.training.policy import train_policy as train
+
+    def progress(step: int, metrics: dict) -> None:  # one line per step on stderr, for whoever watches
+        shown = {k: round(v, 3) for k, v in metrics.items() if k in ("reward/mean", "ppo/kl", "ppo/entropy",
+                                                                     "loss/policy", "dpo/reward_accuracy")}
+        print(f"[{config.retrain.method} step {step}] {shown}", file=sys.stderr, flush=True)
+
+    return train(config, source, scorer, policy_pairs, prompts, [], run_dir, device=device, on_step=progress)
+
+
 def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, oracle: str, n_pairs: int,
-               eval_prompts: int, samples: int, votes_from: str = "pool") -> dict:
-    """Votes -> reward model -> PPO -> the oracle's verdict, for one oracle. ``votes_from``: ``pool`` (one
-    decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the vote
-    queue's way or at random)."""
+               eval_prompts: int, samples: int, votes_from: str = "pool", gate: bool = True) -> dict:
+    """Votes -> reward model -> policy (``retrain.method``) -> the oracle's verdict, for one oracle. ``votes_from``:
+    ``pool`` (one decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the
+    vote queue's way or at random). ``gate``: also the retrain job's verdict on the same adapter."""
     from rlhf.simulate.pool import split_prompts
     from rlhf.jobs.pipeline import adapters_on_base
-    from rlhf.training.ppo.trainer import train_ppo
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
     train_ids, held_ids = split_prompts(pool)
     text = {r["prompt_id"]: r["prompt"] for r in pool}
+    seed = config.ppo.seed
     if votes_from == "pool":
-        pairs = oracle_pairs(pool, oracle, train_ids, n_pairs, seed=config.ppo.seed)
+        pairs = oracle_pairs(pool, oracle, train_ids, n_pairs, seed=seed)
     else:
-        pairs = queue_pairs(config, featurize, pool, oracle, train_ids, n_pairs, votes_from, system, config.ppo.seed)
+        pairs = queue_pairs(config, featurize, pool, oracle, train_ids, n_pairs, votes_from, system, seed)
     t0 = time.perf_counter()
-    scorer, cv, judge, evidence = fit_reward(config, featurize, pairs, system)
+    scorer, cv, judge, evidence, policy_pairs = fit_reward(config, featurize, pairs, system)
     reward_s = time.perf_counter() - t0
+    policy_pairs = [{**p, "prompt": chat(system, p["prompt"])} for p in policy_pairs]
     with tempfile.TemporaryDirectory(prefix=f"bench-loop-{oracle}-") as tmp:
         t0 = time.perf_counter()
-        result = train_ppo(config, source, scorer, [chat(system, text[i]) for i in train_ids], [], Path(tmp) / "run",
-                           device=device)
-        ppo_s = time.perf_counter() - t0
+        with PeakMemory() as memory:
+            result = train_policy(config, source, device, scorer, policy_pairs,
+                                  [chat(system, text[i]) for i in train_ids], Path(tmp) / "run")
+        train_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         model, tokenizer = adapters_on_base(source, device, {"new": str(result.final_dir)})
         judged = verdict(model, tokenizer, oracle, [text[i] for i in held_ids[:eval_prompts]], system, samples)
         judged["best_of_pool"] = best_of_pool(pool, oracle, held_ids)
         # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on.
-        judged.update(gate_verdict(config, model, tokenizer, scorer, judge, evidence,
-                                   [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
+        if gate:
+            judged.update(gate_verdict(config, model, tokenizer, scorer, judge, evidence,
+                                       [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
         eval_s = time.perf_counter() - t0
     history = result.history
-    return {"oracle": oracle, "votes_from": votes_from, "votes": n_pairs if votes_from != "pool" else len(pairs),
+    entropy = [m["ppo/entropy"] for m in history if "ppo/entropy" in m]
+    return {"oracle": oracle, "method": config.retrain.method, "seed": seed, "votes_from": votes_from,
+            "votes": n_pairs if votes_from != "pool" else len(pairs),
             "pairs": len(pairs), "rm_cv_accuracy": round(cv["cv_accuracy"] or 0.0, 3),
             "rm_cv_low": round(cv["cv_low"] or 0.0, 3), "rm_cv_high": round(cv["cv_high"] or 0.0, 3),
-            **judged, "kl_last": round(history[-1]["ppo/kl"], 2),
-            "reward_s": round(reward_s, 1), "ppo_s": round(ppo_s, 1), "eval_s": round(eval_s, 1)}
+            **judged, "entropy_first": round(entropy[0], 3) if entropy else None,
+            "entropy_last": round(entropy[-1], 3) if entropy else None,
+            "reward_s": round(reward_s, 1), "train_s": round(train_s, 1), **memory.figures(),
+            "eval_s": round(eval_s, 1)}
 
 
 def agrees(gate: str, oracle_win_rate: float) -> bool:
@@ -233,18 +308,64 @@ def agrees(gate: str, oracle_win_rate: float) -> bool:
     return gate != "promote" if oracle_win_rate <= 0.5 else True
 
 
+DISTINCT_SLACK, REPETITION_SLACK = 0.05, 0.02  # the voice goals (#35): distinct-2 and repeated 3-grams vs the base
+
+
+def keeps_voice(row: dict) -> bool:
+    """The voice goal of a run: distinct-2 within 0.05 of the base's and repeated 3-grams at most the base's + 0.02
+    (the same sampled replies of both)."""
+    return (row["distinct_2"] >= row["base_distinct_2"] - DISTINCT_SLACK - 1e-9
+            and row["repetition"] <= row["base_repetition"] + REPETITION_SLACK + 1e-9)
+
+
+def parse_sweep(text: Optional[str]) -> tuple[Optional[str], list]:
+    """``KEY=V1,V2,...`` -> (key, values as text); (None, [None]) without a sweep."""
+    if not text:
+        return None, [None]
+    key, sep, values = text.partition("=")
+    if not sep or not key.strip() or not values.strip():
+        raise ConfigError(f"--sweep expects KEY=V1,V2,..., got {text!r}")
+    return key.strip(), [v.strip() for v in values.split(",") if v.strip()]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """This benchmark's flags (`rlhf-studio bench loop ...`)."""
     p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
     p.add_argument("--oracle", help="one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="oracle-labelled votes per oracle (default 64)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts the oracle judges (default 32, at most 160)")
+    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo; default: "
+                                     "retrain.method)")
+    p.add_argument("--seeds", help="comma-separated seeds (votes, PPO/DPO, sampling; default: ppo.seed)")
+    p.add_argument("--sweep", metavar="KEY=V1,V2", help="one run per value of a config key: the trade-off curve of "
+                                                         "win rate vs distinct-2 for that knob")
+    p.add_argument("--plot", metavar="SVG", help="with --sweep: write the trade-off curve there")
+    p.add_argument("--no-gate", action="store_true", help="skip the gate's verdict (faster knob exploration)")
     p.add_argument("--active", action="store_true",
                    help="the loop's oracle win rate after N queue-chosen votes against N random ones")
 
 
+def _runs(config: AppConfig, args: argparse.Namespace) -> list[tuple[dict, AppConfig]]:
+    """(labels, config) per run: every method x seed x swept value, each config checked before any work."""
+    from rlhf.config import apply_overrides
+
+    methods = [m.strip() for m in (getattr(args, "methods", None) or config.retrain.method).split(",") if m.strip()]
+    seeds = [int(x) for x in (getattr(args, "seeds", None) or str(config.ppo.seed)).split(",") if x.strip()]
+    key, values = parse_sweep(getattr(args, "sweep", None))
+    out = []
+    for value in values:
+        for method in methods:
+            for seed in seeds:
+                overrides = {"retrain.method": method, "ppo.seed": seed, "dpo.seed": seed}
+                if key is not None:
+                    overrides[key] = value
+                labels = {"knob": f"{key}={value}"} if key is not None else {}
+                out.append((labels, apply_overrides(config, overrides)))
+    return out
+
+
 def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None) -> dict:
-    """Every built-in oracle (or ``--oracle``) through votes -> reward model -> PPO -> verdict; one table."""
+    """Every built-in oracle (or ``--oracle``) through votes -> reward model -> policy -> verdict; one table."""
     from tqdm import tqdm
 
     from rlhf.simulate.pool import HELDOUT_PROMPTS, load_pool
@@ -266,17 +387,20 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     if not 1 <= eval_prompts <= HELDOUT_PROMPTS:
         raise ConfigError(f"--eval-prompts must be in 1..{HELDOUT_PROMPTS} (the pool's held-out prompts), "
                           f"got {eval_prompts}")
+    runs = _runs(config, args)
     source = resolve_model(config.base_model, config.data_path)
     device = pick_device(config.device)
     featurize = feature_cache(ReplyFeatures.load(source, device, config.reward.max_length))
     pool = load_pool()
     sources = ("active", "random") if getattr(args, "active", False) else ("pool",)
+    gate = not getattr(args, "no_gate", False)
     rows = []
-    for oracle, votes_from in tqdm([(o, v) for o in oracles for v in sources], desc="loop", file=sys.stderr,
-                                   unit="run"):
-        rows.append(one_oracle(config, source, device, featurize, pool, oracle, n_pairs, eval_prompts, samples,
-                               votes_from))
-        print(f"{oracle} ({votes_from}): oracle win rate {rows[-1]['oracle_win_rate']}", file=sys.stderr)
+    todo = [(o, v, labels, cfg) for o in oracles for labels, cfg in runs for v in sources]
+    for oracle, votes_from, labels, cfg in tqdm(todo, desc="loop", file=sys.stderr, unit="run"):
+        rows.append({**labels, **one_oracle(cfg, source, device, featurize, pool, oracle, n_pairs, eval_prompts,
+                                            samples, votes_from, gate)})
+        print(f"{oracle} ({votes_from}, {labels or cfg.retrain.method}): oracle win rate "
+              f"{rows[-1]['oracle_win_rate']}, distinct-2 {rows[-1]['distinct_2']}", file=sys.stderr)
     if sources != ("pool",):
         by = {(r["oracle"], r["votes_from"]): r["oracle_win_rate"] for r in rows}
         return report("loop --active", rows, {
@@ -287,26 +411,49 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
             "queue does (random until `reward.min_pairs`, then the pairs the refit head ensemble is least sure "
             f"about, `queue.random_share` random) or at random; then the same reward model, PPO and verdict as "
             f"`bench loop` ({eval_prompts} held-out prompts x {samples} samples).", path=path)
+    if getattr(args, "sweep", None) and getattr(args, "plot", None):
+        from bench.plot import tradeoff_svg
+
+        tradeoff_svg(rows, Path(args.plot), title=f"bench loop --sweep {parse_sweep(args.sweep)[0]}: win rate vs "
+                                                  "distinct-2")
+    figures = summary(rows, n_pairs)
+    return report("loop", rows, figures, notes(config, device, n_pairs, eval_prompts, samples, gate), path=path)
+
+
+def label(row: dict) -> str:
+    """A run's key in the figures: oracle/method/seed (and the swept value)."""
+    return "/".join(str(x) for x in (row["oracle"], row["method"], row["seed"], row.get("knob")) if x is not None)
+
+
+def summary(rows: list[dict], n_pairs: int) -> dict:
+    """The JSON figures: per run (oracle/method/seed) its win rate, voice and gate, and whether the goals hold."""
     wins = [r["oracle_win_rate"] for r in rows]
-    figures = {"votes": n_pairs, "oracle_win_rate": {r["oracle"]: r["oracle_win_rate"] for r in rows},
-               "gate": {r["oracle"]: r["gate"] for r in rows},
-               "gate_agrees": all(agrees(r["gate"], r["oracle_win_rate"]) for r in rows),
-               "mean_win_rate": round(statistics.mean(wins), 3), "min_win_rate": min(wins),
-               "distinct_2": {r["oracle"]: r["distinct_2"] for r in rows},
-               "best_of_pool": {r["oracle"]: r["best_of_pool"] for r in rows}}
-    p = config.ppo
-    notes = (f"Model `{config.base_model}` on {device}; {n_pairs} oracle-labelled pool pairs per oracle -> head "
-             f"reward model -> PPO ({p.steps} steps x {p.batch_size} prompts x {p.group_size} replies, lr "
-             f"{p.learning_rate}, "
-             f"{p.ppo_epochs} epochs) from the base -> the oracle judges new vs base on {eval_prompts} held-out "
-             f"prompts x {samples} samples (ties half; `decisive_win_rate` leaves ties out). `best_of_pool`: the "
-             "oracle's favourite of the pool's 4 base replies against a random one of them on all 160 held-out "
-             "prompts, i.e. what a perfect best-of-4 reranker scores; an oracle that ties most pairs caps every "
-             "win rate near 0.5. `gate`: the retrain job's verdict on the same adapter (greedy replies to "
-             f"{config.ppo.eval_prompts} other held-out prompts judged by the head fitted on the votes PPO never "
-             "saw, bootstrap interval; the guard on the same replies). Goal: "
-             "oracle win rate >= 0.65 for every oracle at 64 votes, replies still fluent, and the gate never rejects "
-             "when the oracle says >= 0.6 (promote, or inconclusive: people decide) and never promotes when it says "
-             "<= 0.5. `gate_win_rate`: the held-out judge's; `rm_gate_win_rate`: PPO's own reward model's (what the "
-             "gate used before); `guard`: the reward-hacking checks that tripped.")
-    return report("loop", rows, figures, notes, path=path)
+    per = lambda key: {label(r): r.get(key) for r in rows}  # noqa: E731
+    return {"votes": n_pairs, "oracle_win_rate": per("oracle_win_rate"), "gate": per("gate"),
+            "gate_agrees": all(agrees(r["gate"], r["oracle_win_rate"]) for r in rows if "gate" in r),
+            "mean_win_rate": round(statistics.mean(wins), 3), "min_win_rate": min(wins),
+            "distinct_2": per("distinct_2"), "repetition": per("repetition"), "kl": per("kl"),
+            "keeps_voice": {label(r): keeps_voice(r) for r in rows}, "train_s": per("train_s"),
+            "best_of_pool": {r["oracle"]: r["best_of_pool"] for r in rows}}
+
+
+def notes(config: AppConfig, device: str, n_pairs: int, eval_prompts: int, samples: int, gate: bool) -> str:
+    """What the table measured, for BENCHMARKS.md."""
+    p, d = config.ppo, config.dpo
+    return (f"Model `{config.base_model}` on {device}; {n_pairs} oracle-labelled pool pairs per oracle -> head "
+            f"reward model -> the policy from the base: PPO ({p.steps} steps x {p.batch_size} prompts x "
+            f"{p.group_size} replies, lr {p.learning_rate}, {p.ppo_epochs} epochs, KL coef {p.kl_init}, entropy coef "
+            f"{p.ent_coef}) on that reward model, or DPO (TRL's DPOTrainer, beta {d.beta}, lr {d.learning_rate}, "
+            f"{d.epochs} epochs) on the same votes the reward model learned from -> the oracle judges new vs base "
+            f"on {eval_prompts} held-out prompts x {samples} samples (ties half; `decisive_win_rate` leaves ties "
+            "out). Voice, on the same sampled replies (64 tokens, temperature 1) of the new version and the base: "
+            "`distinct_2` (unique word bigrams over all), `repetition` (mean share of a reply's word 3-grams that "
+            "repeat an earlier one), `kl` (KL to base, nats per reply, on the judged replies); goal (#35): "
+            "distinct-2 within 0.05 of the base's, repetition at most the base's + 0.02. `train_s`: wall seconds "
+            "of the policy step; `peak_rss_mb` / `train_mb`: this process's peak resident memory during it and what "
+            "it added. `best_of_pool`: the oracle's favourite of the pool's 4 base replies against a random one of "
+            "them on all 160 held-out prompts (a perfect best-of-4 reranker's score)."
+            + (" `gate`: the retrain job's verdict on the same adapter (greedy replies to "
+               f"{config.ppo.eval_prompts} other held-out prompts judged by the head fitted on the votes the policy's "
+               "reward model never saw, bootstrap interval; `guard`: the reward-hacking checks that tripped on the "
+               "same replies, `guard_*` candidate/base)." if gate else " Gate not run (--no-gate)."))

@@ -13,10 +13,10 @@ from rlhf.config.loading import (ENV_ALIASES, ConfigDeprecationWarning, apply_ov
 from rlhf.config.server import ServerConfig
 from rlhf.config.serving import ServingConfig
 from rlhf.config.spaces import SPACES_BASE_MODEL, apply_spaces_defaults, data_is_ephemeral
-from rlhf.config.training import GAE_ONLY, PPO_GROUPS, EvalConfig, PPOConfig, RewardConfig
+from rlhf.config.training import GAE_ONLY, PPO_GROUPS, DPOConfig, EvalConfig, PPOConfig, RewardConfig
 
 __all__ = ["SECRETS", "SECTIONS", "AppConfig", "check", "describe", "markdown_table", "to_yaml", "ConfigError", "opt",
            "GateConfig", "QueueConfig", "RetrainConfig", "SchedulerConfig", "ENV_ALIASES", "ConfigDeprecationWarning",
            "apply_overrides", "env_overrides", "from_dict", "load_config", "migrate", "ServerConfig",
            "ServingConfig", "SPACES_BASE_MODEL", "apply_spaces_defaults", "data_is_ephemeral", "GAE_ONLY",
-           "PPO_GROUPS", "EvalConfig", "PPOConfig", "RewardConfig"]
+           "PPO_GROUPS", "DPOConfig", "EvalConfig", "PPOConfig", "RewardConfig"]

@@ -10,7 +10,7 @@ from rlhf.config.fields import opt
 from rlhf.config.jobs import GateConfig, QueueConfig, RetrainConfig, SchedulerConfig
 from rlhf.config.server import ServerConfig
 from rlhf.config.serving import ServingConfig
-from rlhf.config.training import EvalConfig, PPOConfig, RewardConfig
+from rlhf.config.training import DPOConfig, EvalConfig, PPOConfig, RewardConfig
 
 
 @dataclass
@@ -22,6 +22,7 @@ class AppConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -50,7 +51,7 @@ class AppConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-SECTIONS = ["serving", "reward", "ppo", "eval", "retrain", "gate", "scheduler", "queue", "server"]
+SECTIONS = ["serving", "reward", "ppo", "dpo", "eval", "retrain", "gate", "scheduler", "queue", "server"]
 SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / tokens
 
 

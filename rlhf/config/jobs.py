@@ -3,11 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhf.config.fields import Checked, ConfigError, opt
+from rlhf.config.fields import Checked, ConfigError, one_of, opt
+
+
+POLICY_METHODS = ("ppo", "dpo")  # retrain.method: the trainers of rlhf.training.policy
 
 
 @dataclass
-class RetrainConfig:
+class RetrainConfig(Checked):
+    method: str = opt("ppo", "ppo | dpo: how the policy learns the votes: PPO on the reward model, or DPO on the "
+                      "preference pairs themselves (the reward model is fitted either way: the gate and the vote "
+                      "queue read it).")
     auto_promote: bool = opt(True, "Make a candidate that passes the gate the active version.")
     min_win_rate: float = opt(0.5, "Gate: least reward-model win rate of candidate vs active.")
     max_kl: float = opt(20.0, "Gate: largest KL to base (nats per reply) a candidate may have (= ppo.kl_limit).")
@@ -17,6 +23,10 @@ class RetrainConfig:
     job_nice: int = opt(10, "Niceness of the job process (0-19): on a contended core chat goes first.")
     heartbeat_seconds: float = opt(2.0, "How often a running job writes its heartbeat.")
     stale_after_seconds: float = opt(60.0, "A running job without heartbeat this long is dead.")
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot work (called at load)."""
+        one_of("retrain.method", self.method, POLICY_METHODS)
 
 
 @dataclass
@@ -30,10 +40,12 @@ class GateConfig(Checked):
     max_length_ratio: float = opt(2.0, "Guard: trips when the candidate's mean reply length (words) is over this "
                                   "many times the active one's.")
     min_length_ratio: float = opt(0.33, "Guard: trips when it is under this many times the active one's.")
-    max_distinct_drop: float = opt(0.1, "Guard: trips when distinct-2 of the candidate's replies is this much below "
-                                   "the active one's.")
-    max_repetition_rise: float = opt(0.1, "Guard: trips when the candidate's share of repeated 3-grams within a "
-                                     "reply is this much above the active one's.")
+    max_distinct_drop: float = opt(0.05, "Guard: trips when distinct-2 of the candidate's replies is this much (or "
+                                   "more) below the active one's.")
+    max_repetition_ratio: float = opt(2.0, "Guard: trips when the candidate's share of repeated 3-grams within a reply "
+                                      "is over this many times the active one's (and max_repetition_rise above it).")
+    max_repetition_rise: float = opt(0.02, "Guard: the repetition check trips only when the candidate's share is also "
+                                     "more than this above the active one's (a floor for a base that never repeats).")
     min_relevance: float = opt(0.25, "Guard: a reply is off-prompt when the base model finds it hardly more likely "
                                "after its own prompt than after another (nats per token).")
     max_off_prompt_rise: float = opt(0.15, "Guard: trips when the candidate's share of off-prompt replies is this "
@@ -66,6 +78,9 @@ class GateConfig(Checked):
             raise ConfigError("gate.decision_min_annotators and gate.decision_votes_per_annotator must be >= 1")
         if not 0 < self.min_length_ratio <= 1 <= self.max_length_ratio:
             raise ConfigError("gate.min_length_ratio must be in (0, 1] and gate.max_length_ratio >= 1")
+        if self.max_repetition_ratio < 1 or self.max_repetition_rise < 0 or self.max_distinct_drop < 0:
+            raise ConfigError("gate.max_repetition_ratio must be >= 1, gate.max_repetition_rise and "
+                              "gate.max_distinct_drop >= 0")
 
 
 @dataclass

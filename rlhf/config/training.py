@@ -1,5 +1,5 @@
-"""The training sections: ``reward`` (the reward model), ``ppo`` (the policy update) and ``eval`` (how a
-candidate is compared with the active version before the gate)."""
+"""The training sections: ``reward`` (the reward model), ``ppo`` and ``dpo`` (the two ways the policy learns;
+``retrain.method`` picks one) and ``eval`` (how a candidate is compared with the active version before the gate)."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +64,8 @@ class PPOConfig(Checked):
     prompt_file: str = opt("", "Extra prompts (JSONL/TXT); empty = the starter set in assets/.", "rollout")
     steps: int = opt(8, "PPO iterations (rollout + update).", "optimisation")
     mini_batch_size: int = opt(4, "Rollouts per gradient step.", "optimisation")
-    ppo_epochs: int = opt(2, "Passes over each rollout batch.", "optimisation")
+    ppo_epochs: int = opt(1, "Passes over each rollout batch (a second pass spent KL and the replies' variety for "
+                          "little preference on 64 votes: bench loop, #35).", "optimisation")
     advantage: str = opt("group", "group | gae: a reply's return minus the mean of the other replies to its prompt "
                          "(RLOO, no value head), or GAE on a value head (Schulman et al. 2016).", "optimisation")
     learning_rate: float = opt(1e-3, "Policy LoRA (+ value head with ppo.advantage=gae) learning rate.",
@@ -134,6 +135,35 @@ class PPOConfig(Checked):
 
 
 PPO_GROUPS = groups(PPOConfig)  # key -> concern, from the fields themselves
+
+
+@dataclass
+class DPOConfig(Checked):
+    """DPO settings (``retrain.method: dpo``): TRL's DPOTrainer on the votes PPO's reward model learns from."""
+    beta: float = opt(0.1, "KL strength: higher keeps the policy nearer the version it starts from (Rafailov et al. "
+                      "2023, eq. 7).")
+    learning_rate: float = opt(5e-4, "LoRA learning rate.")
+    epochs: float = opt(3.0, "Passes over the preference pairs.")
+    batch_size: int = opt(8, "Pairs per optimizer step.")
+    micro_batch_size: int = opt(2, "Pairs per forward pass (gradients accumulate up to batch_size): peak memory "
+                                "grows with it, about 1 GB per pair on SmolLM2-135M on CPU.")
+    max_length: int = opt(512, "Longest prompt + reply in tokens (the prompt is fitted to ppo.max_prompt_tokens).")
+    loss_type: str = opt("sigmoid", "TRL loss: sigmoid (DPO), ipo, hinge, robust, ...")
+    lora_r: int = opt(16, "LoRA rank of the policy adapter.")
+    lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.")
+    seed: int = opt(0, "Seed for the pair order and the adapter's init.")
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot train (called at load)."""
+        if self.beta <= 0 or self.learning_rate <= 0 or self.epochs <= 0:
+            raise ConfigError("dpo.beta, dpo.learning_rate and dpo.epochs must be > 0")
+        if min(self.batch_size, self.micro_batch_size, self.lora_r) < 1 or self.max_length < 8:
+            raise ConfigError("dpo.batch_size, dpo.micro_batch_size and dpo.lora_r must be >= 1, dpo.max_length >= 8")
+        if self.batch_size % self.micro_batch_size:
+            raise ConfigError(f"dpo.batch_size ({self.batch_size}) must be a multiple of dpo.micro_batch_size "
+                              f"({self.micro_batch_size}): gradients accumulate over whole micro-batches")
+        if not self.loss_type.replace("_", "").isalnum():
+            raise ConfigError(f"dpo.loss_type must be a TRL DPO loss name such as sigmoid, got {self.loss_type!r}")
 
 
 @dataclass

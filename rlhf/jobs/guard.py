@@ -4,10 +4,12 @@ Candidate and active replies to the same held-out prompts are compared on five c
 ``gate.*``); any tripped check keeps the candidate from being promoted automatically (people decide):
 
 - ``length``: mean words of the candidate over the active one's, outside [min_length_ratio, max_length_ratio].
-- ``distinct``: distinct-2 (unique word bigrams / all bigrams over every reply; Li et al. 2016) fell by more
-  than ``max_distinct_drop``: the policy says the same things to every prompt.
-- ``repetition``: the mean share of word 3-grams that repeat an earlier 3-gram of the same reply rose by more
-  than ``max_repetition_rise``: loops.
+- ``distinct``: distinct-2 (unique word bigrams / all bigrams over every reply; Li et al. 2016) fell by
+  ``max_distinct_drop`` or more: the policy says the same things to every prompt.
+- ``repetition``: the mean share of word 3-grams that repeat an earlier 3-gram of the same reply is over
+  ``max_repetition_ratio`` times the active version's, and more than ``max_repetition_rise`` above it: loops. A
+  ratio, because repetition is rare in a fluent reply: 0.037 → 0.110 (3×) is a voice annotators hear, yet only a
+  0.07 rise.
 - ``off_prompt``: the share of replies that do not address their prompt rose by more than
   ``max_off_prompt_rise``. Relevance is the base model's own judgement: the pointwise mutual information of
   reply and prompt, [log p(reply | its prompt) − log p(reply | another prompt)] / reply tokens. An answer to
@@ -46,6 +48,16 @@ def repetition(text: str, n: int = 3) -> float:
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
+def most_repeated(text: str, n: int = 3) -> str:
+    """The word n-gram the reply repeats most often ('' when none repeats): what a reader hears looping."""
+    w = words(text)
+    counts: dict = {}
+    for i in range(len(w) - n + 1):
+        counts[tuple(w[i:i + n])] = counts.get(tuple(w[i:i + n]), 0) + 1
+    gram, times = max(counts.items(), key=lambda kv: kv[1], default=((), 0))
+    return " ".join(gram) if times > 1 else ""
+
+
 def prompt_text(prompt) -> str:
     """The last user turn of a chat prompt (or the prompt itself when it is text)."""
     if isinstance(prompt, str):
@@ -70,7 +82,17 @@ def relevance(model, tokenizer, prompts: list[list[dict]], replies: Sequence[str
     return [(a - b) / len(r) if r else 0.0 for a, b, r in zip(own, away, reply_ids)]
 
 
-def _check(value: float, active: float, limit: float, tripped: bool) -> dict:
+def distinct_dropped(candidate: float, active: float, max_drop: float) -> bool:
+    """Distinct-2 fell by ``max_drop`` or more (rounded to 6 places: a 0.82 → 0.77 drop is 0.05, not 0.0499…)."""
+    return round(active - candidate, 6) >= max_drop
+
+
+def repeats_more(candidate: float, active: float, max_ratio: float, min_rise: float) -> bool:
+    """Repeated 3-grams over ``max_ratio`` × the active version's and more than ``min_rise`` above them."""
+    return candidate > max_ratio * active and round(candidate - active, 6) > min_rise
+
+
+def _check(value: float, active: float, limit, tripped: bool) -> dict:
     return {"candidate": round(float(value), 4), "active": round(float(active), 4), "limit": limit,
             "tripped": bool(tripped)}
 
@@ -89,10 +111,11 @@ def guard_report(prompts: list, candidate: Sequence[str], active: Sequence[str],
                                [cfg.min_length_ratio, cfg.max_length_ratio],
                                not cfg.min_length_ratio <= ratio <= cfg.max_length_ratio)}
     d_c, d_a = distinct_n(candidate), distinct_n(active)
-    checks["distinct"] = _check(d_c, d_a, cfg.max_distinct_drop, d_a - d_c > cfg.max_distinct_drop)
+    checks["distinct"] = _check(d_c, d_a, cfg.max_distinct_drop, distinct_dropped(d_c, d_a, cfg.max_distinct_drop))
     rep_c, rep_a = [repetition(t) for t in candidate], [repetition(t) for t in active]
-    checks["repetition"] = _check(np.mean(rep_c or [0]), np.mean(rep_a or [0]), cfg.max_repetition_rise,
-                                  np.mean(rep_c or [0]) - np.mean(rep_a or [0]) > cfg.max_repetition_rise)
+    mean_c, mean_a = float(np.mean(rep_c or [0])), float(np.mean(rep_a or [0]))
+    checks["repetition"] = _check(mean_c, mean_a, [cfg.max_repetition_ratio, cfg.max_repetition_rise],
+                                  repeats_more(mean_c, mean_a, cfg.max_repetition_ratio, cfg.max_repetition_rise))
     rel_c = np.asarray(relevance_candidate if relevance_candidate is not None else [], float)
     rel_a = np.asarray(relevance_active if relevance_active is not None else [], float)
     if rel_c.size and rel_a.size and np.isfinite(rel_c).all() and np.isfinite(rel_a).all():
@@ -100,9 +123,10 @@ def guard_report(prompts: list, candidate: Sequence[str], active: Sequence[str],
         checks["off_prompt"] = _check(off_c, off_a, cfg.max_off_prompt_rise, off_c - off_a > cfg.max_off_prompt_rise)
     checks["kl"] = _check(kl_to_base, 0.0, cfg.guard_max_kl, kl_to_base > cfg.guard_max_kl)
     tripped = [name for name in CHECKS if checks.get(name, {}).get("tripped")]
-    shown = next((name for name in SHOWN_FIRST if name in tripped), None)
+    shown = [name for name in SHOWN_FIRST if name in tripped]  # the plainest check's examples first
     return {"tripped": tripped, "checks": checks,
-            "examples": examples(prompts, candidate, active, shown, rel_c, rep_c, cand_words)}
+            "examples": [row for check in shown
+                         for row in examples(prompts, candidate, active, check, rel_c, rep_c, cand_words)]}
 
 
 def examples(prompts: list, candidate: Sequence[str], active: Sequence[str], check: Optional[str],
@@ -132,6 +156,8 @@ def examples(prompts: list, candidate: Sequence[str], active: Sequence[str], che
         row = {"check": check, "prompt": prompt_text(prompts[i]), "candidate": candidate[i], "active": active[i]}
         if check == "off_prompt" and rel.size:
             row["relevance"] = round(float(rel[i]), 3)
+        if check == "repetition":
+            row["repeated"] = most_repeated(candidate[i])
         out.append(row)
     return out
 

@@ -14,10 +14,11 @@ from rlhf.jobs.context import JobContext
 from storage import InvalidInput, Policy, Store
 
 # Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
-RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "ppo": (0.25, 0.87), "eval": (0.87, 0.99),
-          "publish": (0.99, 1.0), "done": (1.0, 1.0)}
+RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "ppo": (0.25, 0.87), "dpo": (0.25, 0.87),
+                  "eval": (0.87, 0.99), "publish": (0.99, 1.0), "done": (1.0, 1.0)}
 # Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
-DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "eval_s": 45.0, "overhead_s": 30.0}
+DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "dpo_s_per_pair": 1.0, "eval_s": 45.0,
+                 "overhead_s": 30.0}
 
 
 def measured_rates(store: Store, agent: str) -> dict:
@@ -31,8 +32,11 @@ def measured_rates(store: Store, agent: str) -> dict:
 def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
     """Expected wall minutes of a retrain with these settings."""
     reward_s = rates["reward_s_per_pair"] * max(pairs, 1) * config.reward.epochs
-    ppo_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size * config.ppo.group_size
-    return round((reward_s + ppo_s + rates["eval_s"] + rates["overhead_s"]) / 60.0, 1)
+    if config.retrain.method == "dpo":
+        policy_s = rates["dpo_s_per_pair"] * max(pairs, 1) * config.dpo.epochs
+    else:
+        policy_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size * config.ppo.group_size
+    return round((reward_s + policy_s + rates["eval_s"] + rates["overhead_s"]) / 60.0, 1)
 
 
 def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dict] = None) -> dict:
@@ -106,22 +110,24 @@ def retrain(ctx: JobContext) -> dict:
     base, features = shared_base(cfg, base_source, device)
     rm, scorer = train_reward_phase(ctx, phases, agent.name, device, snapshot, features)
 
-    # PPO from the active version toward the new reward model, on the snapshot's prompts, with its LoRA adapter
-    # on the same base weights (the reward features switch adapters off while they read them)
-    phases.enter("ppo", "PPO on the reward model")
-    ppo, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, start.adapter_path,
-                                           device, snapshot, base)
+    # The policy from the active version (retrain.method): PPO toward the new reward model on the snapshot's
+    # prompts, or DPO on the pairs that model learned from; its LoRA adapter on the same base weights (the reward
+    # features switch adapters off while they read them)
+    method = cfg.retrain.method
+    phases.enter(method, "PPO on the reward model" if method == "ppo" else "DPO on the preference pairs")
+    trained, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, start.adapter_path,
+                                               device, snapshot, base, rm.pairs)
 
-    # Evaluation against the active version (on PPO's policy and base, already loaded), then the gate
+    # Evaluation against the active version (on the trained policy and its base, already loaded), then the gate
     phases.enter("eval", "evaluating candidate vs active version")
-    report, guard = evaluate_phase(ctx, base_source, device, ppo, parent.adapter_path, scorer, eval_prompts)
+    report, guard = evaluate_phase(ctx, base_source, device, trained, parent.adapter_path, scorer, eval_prompts)
     judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device, features)
     verdict = judged.verdict
     passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
     ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
     if judged.guarded:
         ctx.log(f"guard tripped: {', '.join(guard['tripped'])}", level="warning")
-    ctx.metrics(cfg.ppo.steps + 1, {**report.metrics(), "gate/win_rate": verdict.win_rate, "gate/low": verdict.low,
+    ctx.metrics(trained.steps + 1, {**report.metrics(), "gate/win_rate": verdict.win_rate, "gate/low": verdict.low,
                                     "gate/high": verdict.high})
 
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
@@ -131,10 +137,10 @@ def retrain(ctx: JobContext) -> dict:
                **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("judge_accuracy", "judge_low",
                                                                                "judge_high", "judge_pairs")},
                "feedback_used": snapshot.feedback_count, "gate/passed": passed,
-               "gate/reasons": reasons, **judged.metrics(), "ppo/reward_before": ppo.reward_before,
-               "ppo/reward_after": ppo.reward_after}
+               "gate/reasons": reasons, **judged.metrics(), "retrain/method": method,
+               **({"ppo/reward_after": trained.reward_after} if method == "ppo" else {"dpo/pairs": len(rm.pairs)})}
     promote = passed and cfg.retrain.auto_promote
-    policy = publish_version(store, cfg, agent.name, ppo.final_dir, parent_id=start.id, promote=promote,
+    policy = publish_version(store, cfg, agent.name, trained.final_dir, parent_id=start.id, promote=promote,
                              job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot.watermark,
                              run_config=cfg.to_dict(), metrics=metrics)
     store.record_eval_samples(policy.id, report.samples)
@@ -143,12 +149,15 @@ def retrain(ctx: JobContext) -> dict:
             + ("" if passed else ": " + "; ".join(reasons)))
     phases.enter("done", "finished")
     rates = {"reward_s_per_pair": phases.seconds["reward"] / max(1.0, rm.pairs_train * cfg.reward.epochs),
-             "ppo_s_per_sample": phases.seconds["ppo"] / max(1, ppo.steps * cfg.ppo.batch_size
-                                                             * cfg.ppo.group_size),
              "eval_s": phases.seconds["eval"]}
+    if method == "ppo":
+        rates["ppo_s_per_sample"] = phases.seconds["ppo"] / max(1, trained.steps * cfg.ppo.batch_size
+                                                                     * cfg.ppo.group_size)
+    else:
+        rates["dpo_s_per_pair"] = phases.seconds["dpo"] / max(1.0, len(rm.pairs) * cfg.dpo.epochs)
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
             "gate_reasons": reasons, "gate": judged.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
-            "run_dir": str(ppo.run_dir), "rates": rates, **phase_split(phases.seconds, ppo.phase_seconds)}
+            "run_dir": str(trained.run_dir), "rates": rates, **phase_split(phases.seconds, trained.phase_seconds)}
 
 
 def start_policy(store: Store, agent_id: int, policy_id) -> Optional[Policy]:
@@ -208,24 +217,35 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str,
 
 
 def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
-                       init_adapter: Optional[str], device: str, snapshot, base=None):
-    """PPO from the active version's adapter (or the base) on the snapshot's prompts; returns (result, held-out
-    eval prompts)."""
-    from rlhf.training.ppo.trainer import train_ppo
+                       init_adapter: Optional[str], device: str, snapshot, base=None, pairs=()):
+    """The policy (``retrain.method``: PPO on the snapshot's prompts, or DPO on ``pairs``) from the active version's
+    adapter (or the base); returns (result, held-out eval prompts)."""
+    from rlhf.training.policy import train_policy
     from rlhf.training.prompts import prompt_sets
 
     cfg = ctx.config
+    method = cfg.retrain.method
     prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent, rows=snapshot.rows)
     run_dir = cfg.data_path / "runs" / f"job{ctx.job_id}"
+    total = cfg.ppo.steps if method == "ppo" else dpo_steps(len(pairs), cfg)
 
     def on_step(step: int, metrics: dict) -> None:
         ctx.metrics(step, metrics)
-        phases.report("ppo", step / max(1, cfg.ppo.steps), f"PPO step {step}/{cfg.ppo.steps}")
+        phases.report(method, step / max(1, total), f"{method.upper()} step {step}/{total}")
 
-    resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted job
-    result = train_ppo(cfg, base_source, scorer, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
-                       resume=resume, on_step=on_step, device=device, base=base)
+    resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted PPO job
+    # The eval phase measures the active version on the same prompts: PPO need not evaluate its start (#35: ~7% of
+    # a retrain's wall time)
+    result = train_policy(cfg, base_source, scorer, pairs, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
+                          resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
     return result, eval_prompts
+
+
+def dpo_steps(n_pairs: int, cfg: AppConfig) -> int:
+    """Optimizer steps of a DPO run on ``n_pairs`` pairs (for the progress bar)."""
+    import math
+
+    return max(1, math.ceil(math.ceil(n_pairs / cfg.dpo.batch_size) * cfg.dpo.epochs))
 
 
 def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_dir: Optional[str], scorer,
@@ -254,7 +274,7 @@ def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[s
     """(peft model, tokenizer, candidate adapter name) with the active adapter (if any) loaded as ``active``."""
     from rlhf.models import load_tokenizer
 
-    policy = getattr(ppo.policy, "policy", None)  # PolicyWithValue -> the PeftModel PPO trained
+    policy = getattr(ppo.policy, "policy", None)  # PolicyWithValue -> the PeftModel PPO (or DPO) trained
     if policy is None or not hasattr(policy, "load_adapter"):
         model, tokenizer = adapters_on_base(base_source, device, {"cand": str(ppo.final_dir), "active": active_dir})
         return model, tokenizer, "cand"

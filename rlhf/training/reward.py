@@ -81,6 +81,7 @@ class RewardResult:
     metrics: dict = field(default_factory=dict)
     method: str = "head"
     scorer: Optional[Callable] = field(default=None, repr=False, compare=False)  # the fitted scorer, in memory
+    pairs: list = field(default_factory=list, repr=False, compare=False)  # the pairs it learned from (not the judge's)
 
     def summary(self) -> dict:
         """The CLI's JSON line."""
@@ -288,4 +289,4 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
     report(1.0, "reward/done", metrics)
     return RewardResult(rec.id, str(final), data.mode, len(data.pairs_train), len(data.pairs_eval),
                         metrics.get("reward/eval_accuracy"), seconds, metrics, kind.name,
-                        scorer=fitted.scorer)
+                        scorer=fitted.scorer, pairs=data.pairs_train + data.pairs_eval)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -29,15 +30,19 @@ def test_quick_loop_reports_the_verdict(app_config, tmp_path, capsys):
                                           "ppo.mini_batch_size": 2,
                                           "ppo.max_new_tokens": 8, "ppo.save_every": 0, "reward.cv_folds": 2,
                                           "ppo.eval_prompts": 4})
-    args = argparse.Namespace(quick=True, oracle="concrete", votes=12)
+    args = argparse.Namespace(quick=True, oracle="concrete", votes=12, methods="ppo,dpo")
     figures = loop.run(config, args, path=tmp_path / "BENCHMARKS.md")
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
-    assert figures["votes"] == 12 and set(figures["oracle_win_rate"]) == {"concrete"}
-    assert 0.0 <= figures["min_win_rate"] <= 1.0 and 0.0 <= figures["distinct_2"]["concrete"] <= 1.0
+    runs = {"concrete/ppo/0", "concrete/dpo/0"}  # the same votes, both methods
+    assert figures["votes"] == 12 and set(figures["oracle_win_rate"]) == runs
+    assert 0.0 <= figures["min_win_rate"] <= 1.0 and all(0.0 <= figures["distinct_2"][r] <= 1.0 for r in runs)
+    assert all(0.0 <= figures["repetition"][r] <= 1.0 and math.isfinite(figures["kl"][r]) for r in runs)
+    assert all(figures["train_s"][r] > 0 for r in runs) and set(figures["keeps_voice"]) == runs
     assert 0.5 <= figures["best_of_pool"]["concrete"] <= 1.0
-    assert figures["gate"]["concrete"] in ("promote", "inconclusive", "reject")
-    assert figures["gate_agrees"] == loop.agrees(figures["gate"]["concrete"], figures["oracle_win_rate"]["concrete"])
-    assert "## loop" in (tmp_path / "BENCHMARKS.md").read_text()
+    assert all(figures["gate"][r] in ("promote", "inconclusive", "reject") for r in runs)
+    assert figures["gate_agrees"] == all(loop.agrees(figures["gate"][r], figures["oracle_win_rate"][r]) for r in runs)
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## loop" in text and "| concrete | dpo |" in text and "base_repetition" in text
 
 
 def test_quick_active_loop_compares_queue_votes_with_random_votes(app_config, tmp_path, capsys):
@@ -69,6 +74,28 @@ def test_queue_pairs_follow_the_oracle_spend_ties_and_differ_by_strategy(app_con
         assert all(ORACLES["concrete"](p["prompt"], p["chosen"], p["rejected"]) == "a" for p in pairs)
     assert got["active"] != got["random"]
     assert got["active"] == loop.queue_pairs(config, featurize, pool, "concrete", ids, 24, "active", "sys")
+
+
+def test_the_voice_goal_allows_005_less_distinct_2_and_002_more_repetition():
+    row = {"distinct_2": 0.80, "base_distinct_2": 0.85, "repetition": 0.05, "base_repetition": 0.03}
+    assert loop.keeps_voice(row)
+    assert not loop.keeps_voice({**row, "distinct_2": 0.79}) and not loop.keeps_voice({**row, "repetition": 0.06})
+
+
+def test_a_sweep_runs_each_value_and_plots_the_trade_off(app_config, tmp_path):
+    from bench.plot import tradeoff_svg
+
+    runs = loop._runs(app_config, argparse.Namespace(sweep="ppo.kl_init=0.05,0.2", seeds="0,1", methods=None))
+    assert [(labels["knob"], cfg.ppo.kl_init, cfg.ppo.seed) for labels, cfg in runs] == [
+        ("ppo.kl_init=0.05", 0.05, 0), ("ppo.kl_init=0.05", 0.05, 1), ("ppo.kl_init=0.2", 0.2, 0),
+        ("ppo.kl_init=0.2", 0.2, 1)]
+    assert loop.parse_sweep(None) == (None, [None])
+    with pytest.raises(Exception, match="--sweep expects"):
+        loop.parse_sweep("ppo.kl_init")
+    rows = [{"oracle": "polite", "knob": f"ppo.kl_init={v}", "distinct_2": d, "base_distinct_2": 0.85,
+             "oracle_win_rate": w} for v, d, w in ((0.05, 0.7, 0.72), (0.2, 0.84, 0.66))]
+    svg = tradeoff_svg(rows, tmp_path / "curve.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<circle") == 2 and "0.2" in svg and "polite" in svg
 
 
 def test_win_rates_count_ties_half_and_leave_them_out_of_the_decisive_rate():

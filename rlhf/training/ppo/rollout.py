@@ -49,15 +49,17 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
                  ) -> PolicyWithValue:
     """Base model + trainable LoRA (fresh, or continued from ``init_adapter``) + value head, on ``device``.
 
-    ``base``: the causal LM already loaded in this process (its weights are shared, the adapter goes on them);
-    None loads it from ``base_source``."""
+    ``ppo_config``: the section with the adapter's ``lora_r``, ``lora_alpha`` (and ``load_in_4bit``): ``ppo``, or
+    ``dpo`` for DPO, which trains the same adapter. ``base``: the causal LM already loaded in this process (its
+    weights are shared, the adapter goes on them); None loads it from ``base_source``."""
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 
     from rlhf.models import load_causal_lm, lora_targets, name_local_base, quantization
 
+    load_in_4bit = getattr(ppo_config, "load_in_4bit", False)
     if base is None:
-        base = load_causal_lm(base_source, device, load_in_4bit=ppo_config.load_in_4bit)
-    if quantization(ppo_config.load_in_4bit, device) is not None:
+        base = load_causal_lm(base_source, device, load_in_4bit=load_in_4bit)
+    if quantization(load_in_4bit, device) is not None:
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
     for p in base.parameters():
         p.requires_grad_(False)

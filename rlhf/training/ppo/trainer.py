@@ -239,9 +239,11 @@ def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir
 def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuffer | Sequence[list[dict]],
               eval_prompts: Sequence[list[dict]], run_dir: Path, init_adapter: Optional[str] = None,
               resume: Optional[Path] = None, on_step: Optional[Callable[[int, dict], None]] = None,
-              device: str = "cpu", base=None) -> Optional[PPOResult]:
+              device: str = "cpu", base=None, evaluate_before: bool = True) -> Optional[PPOResult]:
     """Run PPO on a LoRA policy over ``base_source``; ``reward_fn(prompts, replies) -> scores`` (None = rules only).
     ``base``: that causal LM when this process has it loaded already (the LoRA adapter goes on its weights).
+    ``evaluate_before``: also evaluate the starting policy on ``eval_prompts`` (``reward_before``; NaN when off: the
+    retrain's own evaluation measures the active version on the same prompts).
 
     Returns the result on the main process (None on the others of a multi-process run); raises PPOFailed
     when the guards stop the run, which then has no ``final/``.
@@ -255,7 +257,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     guard = _Guard(cfg.max_guard_events, state["guard_events"])
     try:
         if state["reward_before"] is None and run.main:
-            state["reward_before"] = run.evaluate()["reward"]
+            state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
         for step in range(state["step"] + 1, cfg.steps + 1):
             metrics = ppo_step(step, run.model, run.policy, run.optimizer, run.tokenizer, buffer, run.shaper,
                                run.kl_ctl, guard, cfg, acc)

@@ -80,6 +80,31 @@ def test_retrain_publishes_a_version_the_app_serves(store, app_config, tiny_serv
     assert len(store.eval_samples(policy.id)) == 4
 
 
+def test_retrain_with_dpo_publishes_a_version_gated_like_ppo(store, app_config, tiny_server):
+    """retrain.method=dpo: the same job (reward model for the gate, evaluation, guard, gate, publish) with TRL's
+    DPOTrainer on the votes instead of PPO; KL to the base is measured by the evaluation."""
+    seed_feedback(store)
+    sched = StudioScheduler(store, app_config, JobRunner(store, app_config))
+    job = sched.enqueue("retrain", "assistant", {**FAST, "retrain.method": "dpo", "dpo.epochs": 1,
+                                                 "dpo.batch_size": 4}, reason="test")
+    done = sched.runner.wait(job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    result = done.result
+    policy = store.get_policy(result["policy_id"])
+    assert policy.config["retrain"]["method"] == "dpo" and policy.metrics["retrain/method"] == "dpo"
+    assert policy.metrics["dpo/pairs"] == 12 and policy.reward_model_id == result["reward_model_id"]
+    assert policy.metrics["eval/kl"] == policy.metrics["eval/kl"]  # measured (not NaN) by the evaluation
+    assert "ppo" not in result["phase_seconds"] and {"reward", "dpo", "eval"} <= set(result["phase_seconds"])
+    assert set(result["ppo_phase_seconds"]) == {"prepare", "update"} and "dpo_s_per_pair" in result["rates"]
+    assert result["gate"]["verdict"] == "inconclusive" and "checks" in result["gate"]["guard"]
+    keys = {r["key"] for r in store.job_metrics(job.id)}
+    assert {"loss/policy", "dpo/reward_margin", "eval/win_rate"} <= keys
+    text = tiny_server.generate("", [{"role": "user", "content": "hi"}], AdapterRef(policy.id, policy.adapter_path),
+                                GenParams(max_new_tokens=4, temperature=0))
+    assert isinstance(text, str)
+    assert dry_run(store, app_config, "assistant", {"retrain.method": "dpo"})["estimated_minutes"] > 0
+
+
 def test_retrain_without_enough_data_fails_and_publishes_nothing(store, app_config):
     sched = StudioScheduler(store, app_config, JobRunner(store, app_config))
     job = sched.enqueue("retrain", "assistant", FAST, reason="test")
