@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from rlhf.cli import config_from_args, serve_parser
+from cli import config_from_args, serve_parser
 from rlhf.config import ConfigError
 from rlhf.cpu import export_thread_env, thread_plan
 

@@ -9,7 +9,7 @@ with ``gate.decision_alpha`` and ``gate.decision_max_votes``) is asked for its v
 first decision — exactly how the app peeks. Three kinds of rows:
 
 * ``votes``: every vote counts (the rule before issue 33, and what one person's votes look like to it).
-* ``team of N``: N people, each vote cast by one of them at random; as in the app (``rlhf.jobs.decisions``) each
+* ``team of N``: N people, each vote cast by one of them at random; as in the app (``rlhf.retrain.decisions``) each
   person's first ``gate.decision_votes_per_annotator`` votes count, a verdict needs
   ``gate.decision_min_annotators`` people, and the test runs at ``person_alpha``. ``undecided``: everyone used
   their votes and the test still cannot tell (an admin decides).

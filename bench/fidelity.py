@@ -128,7 +128,7 @@ def run(config: AppConfig, args, path=None) -> dict:
     """Measure (a), (b), (c) for the base and a trained version; report and return the figures."""
     from peft import PeftModel
 
-    from rlhf.jobs.evaluation import bootstrap_interval, encode_prompt, generate_replies, win_matrix
+    from rlhf.retrain.evaluation import bootstrap_interval, encode_prompt, generate_replies, win_matrix
     from rlhf.models import load_causal_lm, load_tokenizer, resolve_model, shipped_gguf
     from rlhf.serving.llama_cpp.base import llama_base
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf

@@ -13,7 +13,7 @@ Each trial is one retrain's decision, made cheap enough to repeat a hundred time
    ``bench loop`` shows PPO at 64 votes doing about as well as a perfect best-of-4 reranker). The active
    version answers with another of the four. So the candidate is optimised against exactly the reward model
    whose judgement the gate must not take at face value.
-4. The verdict: ``rlhf.jobs.gate.decide`` — the retrain job's own rule — on the judge's scores of candidate and
+4. The verdict: ``rlhf.retrain.gate.decide`` — the retrain job's own rule — on the judge's scores of candidate and
    active replies to ``ppo.eval_prompts`` held-out prompts. The guard needs generated replies and the base model
    and is measured by ``bench loop`` (real PPO) instead; here it is off.
 5. Truth: for ``real`` trials the planted preference judges candidate vs active on all 160 held-out prompts
@@ -59,7 +59,7 @@ class Setup:
 def trial(setup: Setup, preference: str, seed: int, votes: int, null: bool) -> dict:
     """One retrain's gate decision on pool votes (coin-flip labels when ``null``) -> a result row."""
     from bench.preferences import PREFERENCES, make_pairs
-    from rlhf.jobs.gate import Evidence, decide
+    from rlhf.retrain.gate import Evidence, decide
     from rlhf.training.judge import fit_judge, judge_split
     from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
 
@@ -196,7 +196,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     notes = (f"Model `{config.base_model}`; {votes} pool votes per trial; PPO's reward model on "
              f"{1 - config.gate.judge_share:.0%} of the prompts, the judge on the rest (`gate.judge_share` "
              f"{config.gate.judge_share}); candidate = best-of-4 against PPO's reward model, active = another of the "
-             f"pool's four replies; verdict = `rlhf.jobs.gate.decide` on the judge's scores over "
+             f"pool's four replies; verdict = `rlhf.retrain.gate.decide` on the judge's scores over "
              f"{len(setup.eval_ids)} held-out prompts (`retrain.min_win_rate` {config.retrain.min_win_rate}); oracle "
              "win rate on all 160 held-out prompts. `rm_win_rate`/`rm_low`: what the old gate (PPO's own reward model) "
              "measured; `old_gate_promotes` / `null_rm_would_promote` count trials whose old lower bound was above "

@@ -92,7 +92,7 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     """The retrain's reward models on ``pairs``, split as the job splits them (``rlhf.training.judge``): PPO's
     head on its share with grouped CV figures, and the gate's judge on the rest -> (scorer, cv, judge, evidence,
     the policy's pairs: what DPO learns from)."""
-    from rlhf.jobs.gate import Evidence
+    from rlhf.retrain.gate import Evidence
     from rlhf.training.judge import fit_judge, judge_split
     from rlhf.training.reward import HeadScorer
     from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
@@ -115,10 +115,10 @@ def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, p
                  system: str) -> dict:
     """What the retrain job's gate would say about adapter ``new`` of ``model`` against the base: the same
     evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts), guard and verdict rule
-    (``rlhf.jobs.gate.decide`` on the held-out judge's scores)."""
-    from rlhf.jobs.evaluation import evaluate_versions
-    from rlhf.jobs.gate import decide, judge_scores
-    from rlhf.jobs.guard import run_guard
+    (``rlhf.retrain.gate.decide`` on the held-out judge's scores)."""
+    from rlhf.retrain.evaluation import evaluate_versions
+    from rlhf.retrain.gate import decide, judge_scores
+    from rlhf.retrain.guard import run_guard
 
     chats = [chat(system, p) for p in prompts]
     report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.ppo.max_new_tokens)
@@ -142,7 +142,7 @@ _BASE_REPLIES: dict = {}  # (prompts, seed, tokens) -> the base's sampled replie
 
 def base_replies(model, tokenizer, chats: list, seed: int):
     """The base's sampled replies to ``chats`` (cached: they do not depend on what was trained)."""
-    from rlhf.jobs.evaluation import generate_replies
+    from rlhf.retrain.evaluation import generate_replies
 
     key = (tuple(json.dumps(c) for c in chats), seed, REPLY_TOKENS)
     if key not in _BASE_REPLIES:
@@ -153,9 +153,9 @@ def base_replies(model, tokenizer, chats: list, seed: int):
 def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samples: int = SAMPLES) -> dict:
     """The oracle's win rate of adapter ``new`` of ``model`` over the base on ``prompts`` (ties half), with
     the voice figures of the same sampled replies: mean words, distinct-2 and repeated 3-grams (the guard's
-    measures, ``rlhf.jobs.guard``), and KL(new || base) in nats per reply on them."""
-    from rlhf.jobs.evaluation import generate_replies, sequence_logprobs
-    from rlhf.jobs.guard import distinct_n, repetition
+    measures, ``rlhf.retrain.guard``), and KL(new || base) in nats per reply on them."""
+    from rlhf.retrain.evaluation import generate_replies, sequence_logprobs
+    from rlhf.retrain.guard import distinct_n, repetition
     from rlhf.simulate.oracles import ORACLES
 
     judge = ORACLES[oracle]
@@ -259,7 +259,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     ``pool`` (one decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the
     vote queue's way or at random). ``gate``: also the retrain job's verdict on the same adapter."""
     from rlhf.simulate.pool import split_prompts
-    from rlhf.jobs.pipeline import adapters_on_base
+    from rlhf.retrain.pipeline import adapters_on_base
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
     train_ids, held_ids = split_prompts(pool)

@@ -1,7 +1,7 @@
 """The one rule for writing a directory other processes may read: build it under a temp name, then rename.
 
 A reader (or a restart) sees the directory complete or not at all. Temp dirs are named ``.<name>.tmp-*``
-beside the target, so the start-up cleanup (``rlhf.jobs.publish.clean_leftovers``) can find the ones a
+beside the target, so the start-up cleanup (``rlhf.retrain.publish.clean_leftovers``) can find the ones a
 killed process left behind.
 """
 from __future__ import annotations

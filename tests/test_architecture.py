@@ -14,8 +14,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+ENTRIES = ("app.py", "cli.py")  # the two front doors, beside the packages
+
+
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    found = {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {**found, **{module_name(ROOT / e): ROOT / e for e in ENTRIES}}
 
 
 def resolve(target: str, known: dict) -> str | None:
@@ -79,7 +83,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_the_packages():
     g = graph()
     assert "ui.server" in g and "rlhf.serving.server" in g["ui.server"]
-    assert "storage" in g["rlhf.jobs.pipeline"]
+    assert "storage" in g["rlhf.retrain.pipeline"]
 
 
 def test_no_import_cycles():
@@ -105,16 +109,28 @@ def test_rest_and_gradio_meet_only_in_flows():
 
 
 def test_layers_point_one_way():
-    """storage imports none of ours; rlhf never imports ui except the CLI entry, and never imports bench (the
-    CLI loads the checkout's bench/ by name); ui never imports bench."""
+    """storage imports none of ours; rlhf never imports ui, bench or the entries (app.py, cli.py), no exception;
+    ui never imports bench or the entries. Only the entries sit on top of everything."""
     g = graph()
+    entries = ("app", "cli")
     for name, deps in g.items():
         if name.startswith("storage"):
-            assert not [d for d in deps if d.startswith(("rlhf", "ui", "bench"))], name
-        if name.startswith("rlhf") and name != "rlhf.cli":
-            assert not [d for d in deps if d.startswith("ui")], f"{name} imports the UI"
-        if name.startswith(("rlhf", "ui")):
-            assert not [d for d in deps if d.startswith("bench")], f"{name} imports the benchmarks"
+            assert not [d for d in deps if d.startswith(("rlhf", "ui", "bench")) or d in entries], name
+        if name.startswith("rlhf"):
+            assert not [d for d in deps if d.startswith(("ui", "bench")) or d in entries], f"{name} reaches up: {deps}"
+        if name.startswith("ui"):
+            assert not [d for d in deps if d.startswith("bench") or d in entries], f"{name} imports {deps}"
+
+
+def test_the_retrain_is_its_own_package():
+    """rlhf/jobs/ is the machinery (scheduler, runner, worker, context, kinds); the retrain's steps live in
+    rlhf/retrain/ and use the machinery only through the job context."""
+    g = graph()
+    domain = ("pipeline", "evaluation", "gate", "guard", "publish", "lineage", "decisions")
+    assert not [m for m in g if m.startswith("rlhf.jobs.") and m.rpartition(".")[2] in domain]
+    for name, deps in g.items():
+        if name.startswith("rlhf.retrain"):
+            assert not [d for d in deps if d.startswith("rlhf.jobs") and d != "rlhf.jobs.context"], name
 
 
 def test_benchmarks_are_not_in_the_runtime_package():

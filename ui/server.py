@@ -12,7 +12,7 @@ from starlette.routing import Mount
 
 from rlhf.config import AppConfig
 from rlhf.cpu import apply_torch_threads
-from rlhf.jobs.publish import check_adapters, clean_leftovers
+from rlhf.retrain.publish import check_adapters, clean_leftovers
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.queue.refill import QueueRefill
 from rlhf.serving.server import PolicyServer, load_server

@@ -14,7 +14,7 @@ Verdicts: ``promote`` (the interval lies above 0.5), ``reject`` (below 0.5), ``n
 rated votes without either: the active version stays), else ``collecting``.
 
 People, not votes: one person's votes are not independent draws, so the app counts at most ``per_person`` votes of
-each person (``rlhf.jobs.decisions``) and runs the test at ``person_alpha``: the level divided by ``head_start``, the
+each person (``rlhf.retrain.decisions``) and runs the test at ``person_alpha``: the level divided by ``head_start``, the
 most one person's ``per_person`` one-sided votes multiply the bets' mixed capital at m = 0.5. The capital of the
 other people's votes then has to reach 1/alpha on its own, which by Ville's inequality it does with probability at
 most alpha under the null: one person voting first and all one way cannot raise the error rate above alpha.

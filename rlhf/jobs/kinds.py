@@ -17,7 +17,7 @@ def register_job_kind(name: str, fn: Callable) -> None:
 
 def register_builtin_kinds() -> None:
     """Register every job kind the app ships (what a job process can run)."""
-    from rlhf.jobs.pipeline import eval_samples, retrain
+    from rlhf.retrain.pipeline import eval_samples, retrain
     from rlhf.jobs.selftest import selftest
 
     register_job_kind("retrain", retrain)

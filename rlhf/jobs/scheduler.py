@@ -154,7 +154,7 @@ class StudioScheduler:
 
     def settle_decisions(self) -> list[dict]:
         """Record (and under the auto rule apply) every open decision people's votes have decided."""
-        from rlhf.jobs.decisions import settle
+        from rlhf.retrain.decisions import settle
 
         try:
             return settle(self.store, self.config)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf.config import AppConfig
-from rlhf.jobs.decisions import is_open
+from rlhf.retrain.decisions import is_open
 from rlhf.serving.server import GenParams
 from rlhf.training.prompts import STARTER_PROMPTS, PromptState, load_prompt_file, state_key, store_states
 from storage import Agent, Policy, Store

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import bench
-from rlhf import cli
+import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +34,10 @@ def test_bench_command_runs_the_named_benchmark_with_config_flags_on_either_side
 
 
 def test_bench_from_an_installed_package_says_where_the_benchmarks_are(tmp_path):
-    site = tmp_path / "site-packages"  # rlhf installed on its own: no bench/ and no pyproject beside it
+    site = tmp_path / "site-packages"  # installed from a wheel: no bench/ and no pyproject beside cli.py
     shutil.copytree(ROOT / "rlhf", site / "rlhf", ignore=shutil.ignore_patterns("__pycache__"))
-    done = subprocess.run([sys.executable, "-c", "import sys; from rlhf.cli import main; sys.exit(main(sys.argv[1:]))",
+    shutil.copy(ROOT / "cli.py", site / "cli.py")
+    done = subprocess.run([sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
                            "bench", "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from rlhf.config import load_config
-from rlhf.jobs.publish import publish_version
+from rlhf.retrain.publish import publish_version
 from storage import Store
 from storage.backup import BACKUP_INTERRUPTED
 from tests.conftest import ROOT, make_adapter
@@ -26,9 +26,9 @@ FEEDBACK = ("conversations", "messages", "ratings", "comparisons", "annotators",
 
 
 def cli(*args: str, data: Path) -> dict:
-    """Run `python -m rlhf ...` as its own process on ``data``; its JSON line."""
+    """Run `python -m cli ...` as its own process on ``data``; its JSON line."""
     env = {**os.environ, "RLHF_DATA_DIR": str(data)}
-    done = subprocess.run([sys.executable, "-m", "rlhf", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from rlhf.config import load_config
-from rlhf.jobs.publish import policies_root, publish_version
+from rlhf.retrain.publish import policies_root, publish_version
 from storage import Store
 from tests.conftest import make_adapter
 from tests.e2e.app_process import (FAST_RETRAIN, TEST_APP, AppProcess, pid_alive, seed_preferences, wait_until,

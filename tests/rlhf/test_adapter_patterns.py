@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlhf.adapter_patterns import check_adapter, module_keys, module_matches, scaling
-from rlhf.jobs.publish import check_adapters
+from rlhf.retrain.publish import check_adapters
 from rlhf.serving.interface import AdapterError
 from tests.conftest import make_adapter
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from rlhf.backup import MANIFEST, BackupError, backup, restore
-from rlhf.cli import main
+from cli import main
 from rlhf.config import apply_overrides
-from rlhf.jobs.publish import check_adapters, clean_leftovers, publish_version
+from rlhf.retrain.publish import check_adapters, clean_leftovers, publish_version
 from storage import Store
 from storage.backup import BACKUP_INTERRUPTED, check_database
 from tests.conftest import make_adapter

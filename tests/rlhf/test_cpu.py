@@ -99,7 +99,7 @@ def test_config_show_prints_the_budget_and_stays_a_config_file(tmp_path, capsys)
 
     import yaml
 
-    from rlhf.cli import main
+    from cli import main
 
     assert main(["config", "show", "--set", "retrain.job_threads=1", "--set", "serving.threads=1"]) == 0
     out = capsys.readouterr().out

@@ -25,7 +25,7 @@ def test_the_rule_keeps_the_system_message_and_the_newest_turn_and_drops_whole_o
 
 
 def test_serving_ppo_reward_model_and_gate_see_the_same_prompt(tokenizer, tiny_server):
-    from rlhf.jobs.evaluation import generate_replies
+    from rlhf.retrain.evaluation import generate_replies
     from rlhf.training.ppo.rollout import encode_prompts
     from rlhf.training.tokens import encode_with_reply
 

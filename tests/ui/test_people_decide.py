@@ -7,8 +7,8 @@ import gradio as gr
 import pytest
 from fastapi.testclient import TestClient
 
-from rlhf.jobs import decisions
-from tests.rlhf.jobs.test_decisions import INCONCLUSIVE
+from rlhf.retrain import decisions
+from tests.rlhf.retrain.test_decisions import INCONCLUSIVE
 from tests.ui.test_trust import ALICE, BOB, LOCAL, USERS, build, counts
 from ui.tabs import chat as chat_tab
 

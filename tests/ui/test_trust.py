@@ -360,7 +360,7 @@ def test_no_chat_box_renders_latex(services):
 
 
 def test_the_cli_makes_expiring_tokens_and_lists_them(tmp_path, capsys):
-    from rlhf.cli import main
+    from cli import main
 
     where = ["--set", f"data_dir={tmp_path / 'data'}", "--set", "base_model=tiny"]
     assert main(["token", "bob", "--expires-in-days", "2", *where]) == 0

@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from rlhf.analysis.arena import choose_pair, pair_candidates
-from rlhf.jobs.decisions import is_open
+from rlhf.retrain.decisions import is_open
 from storage import Agent, ArenaPair, Comparison, Conflict, Message, Policy, Store
 from ui.flows.leaderboard import Leaderboards
 from ui.flows import chat as chatflow

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlhf.jobs import decisions, lineage
-from rlhf.jobs.pipeline import dry_run
+from rlhf.retrain import decisions, lineage
+from rlhf.retrain.pipeline import dry_run
 from storage import Conflict, InvalidInput
 from ui.services import Services
 

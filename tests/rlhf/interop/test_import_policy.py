@@ -122,7 +122,7 @@ def test_other_architecture_is_refused_with_advice(setup, tmp_path, tokenizer):
 
 
 def test_cli_import_policy(setup, tmp_path, tiny_model_dir, capsys):
-    from rlhf.cli import main
+    from cli import main
 
     store, config = setup
     full = perturbed_copy(tiny_model_dir, tmp_path / "full", rank_of_change=1)

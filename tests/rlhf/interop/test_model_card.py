@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.cli import main
+from cli import main
 from rlhf.config import load_config
 from rlhf.interop.hub import HubError, export_version, push_policy, zip_version
-from rlhf.jobs.publish import publish_version
+from rlhf.retrain.publish import publish_version
 from storage import Store
 from tests.conftest import make_adapter
 

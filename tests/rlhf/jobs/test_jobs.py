@@ -219,7 +219,7 @@ def test_job_kinds_are_registered_in_one_place_not_by_imports():
     import subprocess
     import sys
 
-    code = ("import rlhf.jobs.pipeline, rlhf.jobs.selftest, rlhf.jobs.worker as w; before = sorted(w.JOB_KINDS); "
+    code = ("import rlhf.retrain.pipeline, rlhf.jobs.selftest, rlhf.jobs.worker as w; before = sorted(w.JOB_KINDS); "
             "from rlhf.jobs.kinds import register_builtin_kinds; register_builtin_kinds(); "
             "print(before, sorted(w.JOB_KINDS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -16,7 +16,7 @@ def test_llama_cpp_agrees_with_torch_on_the_base_and_on_a_version(smol_dir, tmp_
     from peft import LoraConfig, get_peft_model
 
     from bench.fidelity import agreement, held_out_chats
-    from rlhf.jobs.evaluation import encode_prompt, generate_replies
+    from rlhf.retrain.evaluation import encode_prompt, generate_replies
     from rlhf.models import load_causal_lm, load_tokenizer, shipped_gguf
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
 

@@ -210,7 +210,7 @@ def test_prepare_data_splits_pairs_and_points_together(store):
 
 
 def run_cli(capsys, *argv):
-    from rlhf.cli import main
+    from cli import main
 
     code = main(list(argv))
     out, err = capsys.readouterr()

@@ -4,8 +4,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.rlhf.jobs.test_decisions import INCONCLUSIVE, version, vote
-from tests.rlhf.jobs.test_lineage import feedback, trained
+from tests.rlhf.retrain.test_decisions import INCONCLUSIVE, version, vote
+from tests.rlhf.retrain.test_lineage import feedback, trained
 
 
 @pytest.fixture

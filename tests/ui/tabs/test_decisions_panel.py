@@ -1,8 +1,8 @@
 """The dashboard's promotion panel and the Training tab's guard box: view functions and handlers on a real Store."""
 from __future__ import annotations
 
-from tests.rlhf.jobs.test_decisions import INCONCLUSIVE, version, vote
-from tests.rlhf.jobs.test_lineage import feedback, trained
+from tests.rlhf.retrain.test_decisions import INCONCLUSIVE, version, vote
+from tests.rlhf.retrain.test_lineage import feedback, trained
 from ui import views
 from ui.tabs import decisions as panel
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from rlhf.jobs.publish import publish_version
+from rlhf.retrain.publish import publish_version
 from tests.conftest import make_adapter
 from ui.auth import Auth
 from ui.tabs import dashboard

@@ -287,7 +287,7 @@ def cli_args(tmp_path, model_dir, *extra):
 
 
 def test_cli_trains_prints_one_json_line_last_and_resumes(tmp_path, tiny_model_dir, capsys):
-    from rlhf.cli import main
+    from cli import main
     from storage import Store
 
     (tmp_path / "data").mkdir()
@@ -310,7 +310,7 @@ def test_cli_trains_prints_one_json_line_last_and_resumes(tmp_path, tiny_model_d
 
 
 def test_cli_without_a_reward_model_says_what_to_do(tmp_path, tiny_model_dir, capsys):
-    from rlhf.cli import main
+    from cli import main
 
     args = [a for a in cli_args(tmp_path, tiny_model_dir) if a not in ("--reward-model", "none")]
     assert main(args) == 2
@@ -325,7 +325,7 @@ def test_two_process_accelerate_run(tmp_path, tiny_model_dir):
     if not accelerate.exists():
         accelerate = "accelerate"
     cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "assets" / "accelerate_cpu2.yaml"),
-           "--main_process_port", str(free_port()), "-m", "rlhf", *cli_args(tmp_path, tiny_model_dir)]
+           "--main_process_port", str(free_port()), "-m", "cli", *cli_args(tmp_path, tiny_model_dir)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1",
                                "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
@@ -341,7 +341,7 @@ def test_two_process_accelerate_run(tmp_path, tiny_model_dir):
 
 
 def test_python_dash_m_entry_point_lists_train_ppo():
-    out = subprocess.run([sys.executable, "-m", "rlhf", "--help"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "cli", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert "train-ppo" in out.stdout
 
 

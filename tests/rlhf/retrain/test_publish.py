@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhf.jobs.evaluation import bootstrap_interval, gate, win_matrix, win_rate
-from rlhf.jobs.publish import check_adapters, clean_leftovers, policies_root, publish_version
+from rlhf.retrain.evaluation import bootstrap_interval, gate, win_matrix, win_rate
+from rlhf.retrain.publish import check_adapters, clean_leftovers, policies_root, publish_version
 
 
 def job(store, n):

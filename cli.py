@@ -1,4 +1,6 @@
-"""`rlhf-studio` command line (also `python -m rlhf`): a thin layer over the config, Store and rlhf jobs."""
+"""`rlhf-studio` command line (also `python -m cli` from a checkout): a thin entry over the app's own functions —
+the config, the Store, the rlhf jobs and the server. It sits beside app.py, outside the packages: `rlhf` never imports
+it, `ui` or `bench`."""
 from __future__ import annotations
 
 import argparse
@@ -392,14 +394,14 @@ class BenchUnavailable(RuntimeError):
 
 
 def checkout_bench():
-    """The `bench` package of the source checkout this `rlhf` package runs from (benchmarks are not installed)."""
+    """The `bench` package of the source checkout this command runs from (benchmarks are not installed)."""
     import importlib
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parent
     if not ((root / "bench" / "__init__.py").is_file() and (root / "pyproject.toml").is_file()):
-        raise BenchUnavailable(f"the benchmarks live in the source checkout (bench/ beside rlhf/), and this rlhf "
-                               f"package is installed without one ({root}); clone the repository and run "
+        raise BenchUnavailable(f"the benchmarks live in the source checkout (bench/ beside cli.py), and this "
+                               f"command is installed without one ({root}); clone the repository and run "
                                f"`rlhf-studio bench` from it (make setup installs it editable)")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))

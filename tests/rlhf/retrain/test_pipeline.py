@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.jobs.pipeline import dry_run, estimate_minutes
+from rlhf.retrain.pipeline import dry_run, estimate_minutes
 from rlhf.jobs.runner import JobRunner
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.serving.server import AdapterRef, GenParams

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlhf.jobs.evaluation import gate as old_gate
-from rlhf.jobs.gate import Evidence, decide
+from rlhf.retrain.evaluation import gate as old_gate
+from rlhf.retrain.gate import Evidence, decide
 from rlhf.training.judge import fit_judge, judge_split
 from rlhf.training.reward_head import cross_validate_pairs, fit_pairs
 

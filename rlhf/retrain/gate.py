@@ -10,7 +10,7 @@ Order of the rules (``decide``), each a reason a team lead can read in the job r
    and judge members): promote when the lower bound is above ``retrain.min_win_rate``, reject when the upper
    bound is below 0.5, otherwise inconclusive.
 5. A promote stands only when the reward model PPO followed can itself be told from chance (its cross-validated
-   interval excludes 0.5) and the guard (``rlhf.jobs.guard``) did not trip; otherwise inconclusive.
+   interval excludes 0.5) and the guard (``rlhf.retrain.guard``) did not trip; otherwise inconclusive.
 
 An inconclusive candidate is published as a candidate and paired with the active version in the arena and the
 vote queue until people's votes decide (``rlhf.analysis.decision``).
@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from rlhf.jobs.evaluation import GateVerdict, gate as win_rate_rule
+from rlhf.retrain.evaluation import GateVerdict, gate as win_rate_rule
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from rlhf.jobs.lineage import lineage, tainted_versions
+from rlhf.retrain.lineage import lineage, tainted_versions
 
 
 def feedback(store, annotator, i):

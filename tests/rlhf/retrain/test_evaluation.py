@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf.jobs.evaluation import _adapter_ctx, encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
+from rlhf.retrain.evaluation import _adapter_ctx, encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
 from tests.conftest import make_adapter
 from tests.rlhf.serving.transformers.test_engine import make_lively_model
 

@@ -69,7 +69,7 @@ def prompt_text(prompt) -> str:
 def relevance(model, tokenizer, prompts: list[list[dict]], replies: Sequence[str], batch_size: int = 4,
               max_prompt_tokens: Optional[int] = None) -> list[float]:
     """Per reply: [log p_base(reply | its prompt) − log p_base(reply | the next prompt)] / reply tokens."""
-    from rlhf.jobs.evaluation import sequence_logprobs
+    from rlhf.retrain.evaluation import sequence_logprobs
     from rlhf.prompting import encode_prompt
 
     if len(prompts) < 2:

@@ -90,7 +90,7 @@ class Phases:
 def retrain(ctx: JobContext) -> dict:
     """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
     from rlhf.models import pick_device, resolve_model
-    from rlhf.jobs.publish import publish_version
+    from rlhf.retrain.publish import publish_version
     from rlhf.training.data import FeedbackSnapshot
 
     store, cfg = ctx.store, ctx.config
@@ -256,8 +256,8 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
 
     The base is PPO's own (its trained adapter is the candidate; the active one is loaded beside it), so the job
     holds one copy of the base weights; without PPO's model in memory, the base is loaded with both adapters."""
-    from rlhf.jobs.evaluation import evaluate_versions
-    from rlhf.jobs.guard import run_guard
+    from rlhf.retrain.evaluation import evaluate_versions
+    from rlhf.retrain.guard import run_guard
 
     cfg = ctx.config
     model, tokenizer, candidate = candidate_on_base(base_source, device, ppo, active_dir)
@@ -289,9 +289,9 @@ def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[s
 
 
 def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str, features=None):
-    """The gate's verdict (``rlhf.jobs.gate.decide``): the held-out judge scores the same replies (on ``features``,
+    """The gate's verdict (``rlhf.retrain.gate.decide``): the held-out judge scores the same replies (on ``features``,
     the job's shared reward features, when the scorer has none of its own)."""
-    from rlhf.jobs.gate import Evidence, decide, judge_scores
+    from rlhf.retrain.gate import Evidence, decide, judge_scores
 
     cfg = ctx.config
     judge = load_gate_judge(rm.path, scorer, device, cfg, features)
@@ -344,7 +344,7 @@ def adapters_on_base(base_source: str, device: str, adapters: dict):
 
 def eval_samples(ctx: JobContext) -> dict:
     """Regenerate one version's replies to the held-out eval prompts, scored by its reward model."""
-    from rlhf.jobs.evaluation import generate_replies
+    from rlhf.retrain.evaluation import generate_replies
     from rlhf.models import pick_device, resolve_model
     from rlhf.training.prompts import prompt_sets
     from rlhf.training.reward import load_reward_model

@@ -7,7 +7,7 @@ import pytest
 
 from rlhf.analysis.arena import pair_candidates
 from rlhf.config import AppConfig, apply_overrides
-from rlhf.jobs import decisions
+from rlhf.retrain import decisions
 from rlhf.queue.pool import queue_versions
 from tests.conftest import vote_on_item
 from ui import views

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from rlhf.config import GateConfig
-from rlhf.jobs.guard import SHOWN_FIRST, distinct_n, guard_report, relevance, repetition, run_guard
+from rlhf.retrain.guard import SHOWN_FIRST, distinct_n, guard_report, relevance, repetition, run_guard
 
 CFG = GateConfig()
 PROMPTS = [[{"role": "user", "content": f"question {i}"}] for i in range(6)]
@@ -80,7 +80,7 @@ def test_the_base_model_tells_answers_from_deflections(smol_dir):
 def test_default_limits_trip_on_the_drop_issue_35_measured():
     """The retrain of #35: distinct-2 0.82 → 0.77 and repeated 3-grams 0.037 → 0.110 (3×) went through a guard that
     tripped only on a 0.1 drop or a 0.1 rise. The defaults trip on a 0.05 drop and on twice the active repetition."""
-    from rlhf.jobs.guard import distinct_dropped, repeats_more
+    from rlhf.retrain.guard import distinct_dropped, repeats_more
 
     assert CFG.max_distinct_drop == 0.05 and CFG.max_repetition_ratio == 2.0
     assert distinct_dropped(0.77, 0.82, CFG.max_distinct_drop) and not distinct_dropped(0.78, 0.82, CFG.max_distinct_drop)
@@ -102,7 +102,7 @@ def test_a_planted_repetitive_candidate_trips_the_guard_and_is_never_promoted(sm
     and the gate does not promote it however much its judge likes it."""
     import numpy as np
 
-    from rlhf.jobs.gate import Evidence, decide
+    from rlhf.retrain.gate import Evidence, decide
     from rlhf.models import load_causal_lm, load_tokenizer
     from rlhf.simulate.pool import load_pool
 

@@ -1,0 +1,1 @@
+"""The retrain: from feedback to a published, evaluated, gated version (its steps, one module each)."""
