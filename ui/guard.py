@@ -104,11 +104,6 @@ def foreign_origin(headers: Headers, allowed_origins: list[str]) -> bool:
     return urlsplit(origin).netloc.lower() not in hosts
 
 
-def cross_origin(request: Request) -> bool:
-    """True when a browser sends this request from another site (its Origin is not this host)."""
-    return foreign_origin(request.headers, [])
-
-
 def check_origins(origins: list[str]) -> list[str]:
     """``server.allowed_origins`` as exact origins; a wildcard is refused (with cookies it would let any
     site act as the signed-in user)."""

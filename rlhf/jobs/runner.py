@@ -62,10 +62,6 @@ class JobRunner:
         self._cancel_seen: Optional[float] = None
         self._lock = threading.Lock()
 
-    @property
-    def current_job_id(self) -> Optional[int]:
-        return self._job_id
-
     def sweep(self) -> list[Job]:
         """At start: jobs left 'running' by a dead process are failed (or re-queued to resume)."""
         swept = self.store.sweep_stale_jobs(pid_alive, self.config.retrain.stale_after_seconds,

@@ -9,22 +9,14 @@ the new version over the old on held-out prompts that were never voted on.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import httpx
 
 from rlhf.simulate.oracles import ORACLES, distinct_2
-from rlhf.simulate.pool import ROOT, load_pool, split_prompts
-
-
-def starter_prompts(path: Optional[Path] = None) -> list[str]:
-    """The shipped starter prompts (assets/prompts.jsonl)."""
-    path = path or ROOT / "assets" / "prompts.jsonl"
-    return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+from rlhf.simulate.pool import load_pool, split_prompts
 
 
 def vote_and_eval_prompts() -> tuple[list[str], list[str]]:

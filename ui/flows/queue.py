@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from rlhf.queue.choice import REASONS, choose_item
+from rlhf.queue.choice import choose_item
 from rlhf.queue.pool import prompt_pool
 from storage import Comparison, QueueItem, Store
 from ui.services import Services
@@ -80,8 +80,3 @@ def stats(services: Services, agent_name: Optional[str]) -> dict:
     agent = store.get_agent(agent_name)
     figures = store.queue_stats(agent.id, _lease(services), _excluded(services))
     return {"agent": agent.name, "pool_size": len(prompt_pool(store, services.config, agent)), **figures}
-
-
-def reason_text(reason: str) -> str:
-    """What the Vote tab says about why an item was picked."""
-    return REASONS.get(reason, reason)

@@ -57,11 +57,6 @@ class ReplySlots:
             self._streams.setdefault(who, []).append(stream)
         return stream
 
-    def generating(self, who: Optional[str]) -> int:
-        """How many of ``who``'s replies are generating now."""
-        with self._lock:
-            return sum(_open(s) for s in self._streams.get(who, []))
-
     def cancel_all(self) -> int:
         """Cancel every reply still generating (at shutdown); how many were."""
         with self._lock:

@@ -85,9 +85,6 @@ class Lane:
         self.adapter, self.lora = adapter, lora
 
     # ---- shared prefixes ------------------------------------------------------------------------
-    def prefix_cells(self) -> int:
-        return sum(len(k) for k in self.prefixes)
-
     def drop_prefix(self) -> bool:
         """Evict the least recently used prefix; False when there is none."""
         if not self.prefixes:
