@@ -212,7 +212,8 @@ def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str,
     s = rm.summary()
     ctx.log(f"reward model {rm.reward_model_id} ({rm.method}, {rm.mode}): {rm.pairs_train + rm.pairs_eval} pairs, "
             f"cross-validated accuracy {s['verdict']}")
-    scorer = rm.scorer or load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit)
+    scorer = rm.scorer or load_reward_model(rm.path, device=device, load_in_4bit=ctx.config.reward.load_in_4bit,
+                                            data_dir=ctx.config.paths)
     return rm, scorer
 
 
@@ -220,20 +221,21 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
                        init_adapter: Optional[str], device: str, snapshot, base=None, pairs=()):
     """The policy (``retrain.method``: PPO on the snapshot's prompts, or DPO on ``pairs``) from the active version's
     adapter (or the base); returns (result, held-out eval prompts)."""
+    from rlhf.training.checkpoint import checkpoints_dir
     from rlhf.training.policy import train_policy
     from rlhf.training.prompts import prompt_sets
 
     cfg = ctx.config
     method = cfg.retrain.method
     prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent, rows=snapshot.rows)
-    run_dir = cfg.data_path / "runs" / f"job{ctx.job_id}"
+    run_dir = cfg.paths.job_run(ctx.job_id)
     total = cfg.ppo.steps if method == "ppo" else dpo_steps(len(pairs), cfg)
 
     def on_step(step: int, metrics: dict) -> None:
         ctx.metrics(step, metrics)
         phases.report(method, step / max(1, total), f"{method.upper()} step {step}/{total}")
 
-    resume = run_dir if (run_dir / "checkpoints").is_dir() else None  # a re-queued interrupted PPO job
+    resume = run_dir if checkpoints_dir(run_dir).is_dir() else None  # a re-queued interrupted PPO job
     # The eval phase measures the active version on the same prompts: PPO need not evaluate its start (#35: ~7% of
     # a retrain's wall time)
     result = train_policy(cfg, base_source, scorer, pairs, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
@@ -364,7 +366,8 @@ def eval_samples(ctx: JobContext) -> dict:
                                   max_prompt_tokens=cfg.eval.max_prompt_tokens)
     texts = replies.texts
     ctx.progress(0.7, "score", "reward-model scores" if rm_path else "no reward model yet: unscored")
-    rewards = load_reward_model(rm_path, device=device)(prompts, texts) if rm_path else [None] * len(texts)
+    rewards = load_reward_model(rm_path, device=device, data_dir=cfg.paths)(prompts, texts) if rm_path else \
+        [None] * len(texts)
     store.record_eval_samples(policy.id, [{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
                                           for i, (p, t, r) in enumerate(zip(prompts, texts, rewards))])
     return {"policy_id": policy.id, "samples": len(texts), "reward_model": rm_path}
