@@ -187,14 +187,12 @@ def shared_base(cfg: AppConfig, base_source: str, device: str):
     """(causal LM, reward features on its decoder) for a job that shares one base between the reward model, PPO's
     policy and reference, and the evaluation; (None, None) when the two would load it differently (4-bit)."""
     from rlhf.models import load_causal_lm, load_tokenizer
-    from rlhf.training.reward_kinds import reply_features
+    from rlhf.training.features import reward_features
 
     if cfg.reward.load_in_4bit or cfg.ppo.load_in_4bit:  # k-bit training prepares (casts) the base it gets
         return None, None
     base = load_causal_lm(base_source, device)
-    features = reply_features(base_source, device, cfg.reward.max_length, max_prompt_tokens=cfg.ppo.max_prompt_tokens,
-                              model=base.base_model, tokenizer=load_tokenizer(base_source))
-    return base, features
+    return base, reward_features(cfg, device, base_source, model=base.base_model, tokenizer=load_tokenizer(base_source))
 
 
 def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str, snapshot, features=None):
@@ -312,18 +310,11 @@ def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig, features=
     if not (Path(rm_path) / JUDGE_FILE).is_file():
         return None
     features = getattr(scorer, "features", None) or features
-    if features is None:
-        from rlhf.training.features import ReplyFeatures, feature_cache
+    if features is None:  # the features the judge was fitted on (``train_reward_model``): the config's
+        from rlhf.training.features import reward_features
 
-        features = feature_cache(ReplyFeatures.load(resolve_source(cfg), device, cfg.reward.max_length,
-                                                    max_prompt_tokens=cfg.ppo.max_prompt_tokens))
+        features = reward_features(cfg, device)
     return load_judge(rm_path, features)
-
-
-def resolve_source(cfg: AppConfig) -> str:
-    from rlhf.models import resolve_model
-
-    return resolve_model(cfg.base_model, cfg.data_path)
 
 
 def adapters_on_base(base_source: str, device: str, adapters: dict):

@@ -34,8 +34,8 @@ from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_poi
 from rlhf.models import pick_device, resolve_model
 from rlhf.training import reward_head
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
-from rlhf.training.reward_kinds import (REWARD_KINDS, FitContext, HeadScorer, kind_for_format,
-                                        reply_features, reward_kind)
+from rlhf.training.features import reply_features
+from rlhf.training.reward_kinds import REWARD_KINDS, FitContext, HeadScorer, kind_for_format, reward_kind
 from rlhf.training.reward_lora import RewardModelError, train_lora_on_pairs  # noqa: F401  (re-exported)
 from rlhf.training.reward_metrics import heldout_metrics, pair_metrics, point_metrics  # noqa: F401  (re-exported)
 from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
