@@ -83,7 +83,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_the_packages():
     g = graph()
     assert "ui.server" in g and "rlhf.serving.server" in g["ui.server"]
-    assert "storage" in g["rlhf.retrain.pipeline"]
+    assert "storage" in g["rlhf.retrain.data"]
 
 
 def test_no_import_cycles():

@@ -6,7 +6,7 @@ import numpy as np
 
 from rlhf.config import apply_overrides
 from rlhf.queue.refill import QueueRefill
-from rlhf.retrain.pipeline import shared_base
+from rlhf.retrain.reward import shared_base
 from rlhf.training.features import reply_features, reward_features
 from rlhf.training.tokens import encode_with_reply
 from storage import Store
