@@ -18,7 +18,7 @@ from typing import Optional
 from rlhf.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir, is_temp_dir
-from rlhf.interop.model_card import write_card
+from rlhf.retrain.model_card import write_card
 from rlhf.serving.interface import AdapterError
 from storage import Policy, Store
 
