@@ -46,9 +46,10 @@ def load_reward(store, agent, reward_model: Optional[str], device: str):
         except ValueError:
             raise ConfigError(f"--reward-model expects an id or 'none', got {reward_model!r}") from None
     from rlhf.training.reward import RewardModelError, load_reward_model  # imported only when a reward model is used
+    from storage import DataDir
 
     try:
-        return load_reward_model(record.path, device=device, data_dir=config.paths), record.id
+        return load_reward_model(record.path, device=device, data_dir=DataDir(store.root)), record.id
     except RewardModelError as exc:
         raise ConfigError(f"reward model {record.id} cannot be used: {exc}") from None
 
