@@ -259,7 +259,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     ``pool`` (one decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the
     vote queue's way or at random). ``gate``: also the retrain job's verdict on the same adapter."""
     from rlhf.simulate.pool import split_prompts
-    from rlhf.retrain.pipeline import adapters_on_base
+    from rlhf.retrain.assess import adapters_on_base
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
     train_ids, held_ids = split_prompts(pool)

@@ -26,13 +26,14 @@ from rlhf.config import AppConfig
 from rlhf.files import atomic_file, is_temp_dir
 from storage.backup import backup_database, check_database, revoked_tokens, strip_credentials
 from storage.errors import StorageUnavailable
+from storage.paths import DataDir
 from storage.util import utcnow
 
 FORMAT = "rlhf-studio-backup"
 FORMAT_VERSION = 1
 MANIFEST = "MANIFEST.json"
-DATABASE = "studio.db"
-FILE_TREES = ("policies", "reward_models")  # data-dir sub-directories that travel in a backup
+DATABASE = DataDir.DATABASE
+FILE_TREES = DataDir.BACKED_UP  # data-dir sub-directories that travel in a backup
 CHUNK = 1 << 20
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists names and digests: megabytes at most
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -85,27 +86,27 @@ def _write_mode(out: Path) -> str:
 
 def backup(config: AppConfig, out: str | Path) -> dict:
     """Write the data dir of ``config`` (the app may be running) to the archive ``out``; returns a summary."""
-    data, out = config.data_path, Path(out).expanduser()
+    data, out = config.paths, Path(out).expanduser()
     if out.exists():
         raise BackupError(f"{out} already exists; choose a new file name")
-    if not config.db_path.is_file():
-        raise BackupError(f"no database at {config.db_path}: is {data} the app's data dir (RLHF_DATA_DIR)?")
+    if not data.db.is_file():
+        raise BackupError(f"no database at {data.db}: is {data.root} the app's data dir (RLHF_DATA_DIR)?")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rlhf-backup-", dir=out.parent) as work:
         db_copy = Path(work) / DATABASE
         try:
-            db_info = backup_database(config.db_path, db_copy)
+            db_info = backup_database(data.db, db_copy)
         except StorageUnavailable as exc:
             raise BackupError(str(exc)) from exc
         files, vanished = {}, []
         with atomic_file(out) as tmp, tarfile.open(tmp, _write_mode(out)) as tar:
             files[DATABASE] = _add(tar, db_copy, DATABASE)
-            for path, name in _files(data):
+            for path, name in _files(data.root):
                 try:
                     files[name] = _add(tar, path, name)
                 except FileNotFoundError:  # an unregistered leftover removed while we read (never a version)
                     vanished.append(name)
-            manifest = {"format": FORMAT, "version": FORMAT_VERSION, "created": utcnow(), "source": str(data),
+            manifest = {"format": FORMAT, "version": FORMAT_VERSION, "created": utcnow(), "source": str(data.root),
                         **db_info, "files": files}
             blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
             info = tarfile.TarInfo(MANIFEST)
@@ -188,9 +189,9 @@ def _extract(tar: tarfile.TarFile, manifest: dict, staging: Path) -> list[str]:
 def _clear_target(target: Path) -> None:
     """Remove what a restore replaces in ``target``: the database (and its WAL), adapters, reward models and runs
     (a PPO run dir of another database's job would be taken for this one's checkpoint)."""
-    for name in (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", f"{DATABASE}-journal"):
-        (target / name).unlink(missing_ok=True)
-    for tree in (*FILE_TREES, "runs"):
+    for path in DataDir(target).db_files:
+        path.unlink(missing_ok=True)
+    for tree in (*FILE_TREES, DataDir.RUNS):
         if (target / tree).exists():
             aside = target / f".{tree}.tmp-restore-old"
             shutil.rmtree(aside, ignore_errors=True)
@@ -229,7 +230,7 @@ def restore(archive: str | Path, target: str | Path, force: bool = False, keep_t
                               + ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
         try:
             check_database(staging / DATABASE)
-            revoked = revoked_tokens(target / DATABASE) if force else set()
+            revoked = revoked_tokens(DataDir(target).db) if force else set()
             credentials = strip_credentials(staging / DATABASE, keep_tokens, revoked)
             db_info = check_database(staging / DATABASE)
         except StorageUnavailable as exc:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.files import atomic_dir
+from storage.paths import DataDir
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def _is_model_dir(path: Path) -> bool:
 
 def cached_model_dir(name: str, data_dir: str | Path) -> Path:
     """Where a shipped model's converted safetensors live under the data dir."""
-    return Path(data_dir) / "models" / name
+    return DataDir(data_dir).model(name)
 
 
 def shipped_gguf(name: str) -> Optional[Path]:
@@ -101,7 +102,7 @@ def gguf_model_dir(gguf_file: str | Path, data_dir: str | Path) -> Path:
 
     gguf_file = Path(gguf_file).expanduser().resolve()
     key = hashlib.sha256(f"{gguf_file}:{gguf_file.stat().st_size}".encode()).hexdigest()[:10]
-    return Path(data_dir) / "models" / f"{gguf_file.stem}-{key}"
+    return DataDir(data_dir).model(f"{gguf_file.stem}-{key}")
 
 
 def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> str:
@@ -160,7 +161,7 @@ def shipped_tokenizer(name: str, data_dir: str | Path) -> Path:
     """
     if _is_model_dir(cached_model_dir(name, data_dir)):
         return cached_model_dir(name, data_dir)
-    target = Path(data_dir) / "tokenizers" / name
+    target = DataDir(data_dir).tokenizer(name)
     if (target / "tokenizer_config.json").is_file():
         return target
     from transformers import AutoTokenizer

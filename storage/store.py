@@ -18,7 +18,7 @@ from storage.feedback import FeedbackMixin
 from storage.feedback_rows import FeedbackExportMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
-from storage.paths import to_absolute, to_stored
+from storage.paths import DataDir, to_absolute, to_stored
 from storage.queue import QueueMixin
 from storage.records import Agent, Annotator, Policy
 from storage.util import check_slug, check_text, dumps, utcnow
@@ -50,7 +50,7 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
 
     def __init__(self, path: str | Path, max_text_chars: int = 8000, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
-        self.root = Path(os.path.abspath(self.path.parent))  # the data dir: stored paths are relative to it
+        self.root = DataDir.of_database(self.path).root  # the data dir: stored paths are relative to it
         self.busy_timeout_s = busy_timeout_s
         self.max_text_chars = max_text_chars
         self._local = threading.local()

@@ -83,7 +83,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_the_packages():
     g = graph()
     assert "ui.server" in g and "rlhf.serving.server" in g["ui.server"]
-    assert "storage" in g["rlhf.retrain.pipeline"]
+    assert "storage" in g["rlhf.retrain.data"]
 
 
 def test_no_import_cycles():
@@ -131,6 +131,16 @@ def test_the_retrain_is_its_own_package():
     for name, deps in g.items():
         if name.startswith("rlhf.retrain"):
             assert not [d for d in deps if d.startswith("rlhf.jobs") and d != "rlhf.jobs.context"], name
+
+
+def test_interop_builds_on_the_retrain_not_the_reverse():
+    """Importing a policy publishes it through the retrain's publish step; publishing writes the model card the
+    Hub push also writes: rlhf.interop imports rlhf.retrain, never the reverse (no back-and-forth)."""
+    g = graph()
+    assert "rlhf.retrain.publish" in g["rlhf.interop.import_policy"]
+    for name, deps in g.items():
+        if name.startswith("rlhf.retrain"):
+            assert not [d for d in deps if d.startswith("rlhf.interop")], f"{name} imports {deps}"
 
 
 def test_benchmarks_are_not_in_the_runtime_package():

@@ -11,6 +11,7 @@ from rlhf.config.jobs import GateConfig, QueueConfig, RetrainConfig, SchedulerCo
 from rlhf.config.server import ServerConfig
 from rlhf.config.serving import ServingConfig
 from rlhf.config.training import DPOConfig, EvalConfig, PPOConfig, RewardConfig
+from storage.paths import DataDir
 
 
 @dataclass
@@ -35,8 +36,13 @@ class AppConfig:
         return Path(self.data_dir).expanduser()
 
     @property
+    def paths(self) -> DataDir:
+        """Every path in the data dir (``storage.paths.DataDir``)."""
+        return DataDir(self.data_path)
+
+    @property
     def db_path(self) -> Path:
-        return self.data_path / "studio.db"
+        return self.paths.db
 
     def to_dict(self) -> dict:
         """Every field as plain data, secrets blanked: job configs, run dirs and trackers never see them."""

@@ -1,7 +1,7 @@
 """A version as a Hugging Face model: a folder (or zip) other tools load, and a push to a Hub repo.
 
 The folder holds the PEFT adapter (``adapter_config.json`` naming its base by hub id when it has one, the
-weights) and a fresh model card (``rlhf.interop.model_card``: the arena rating as it is now). The app's own
+weights) and a fresh model card (``rlhf.retrain.model_card``: the arena rating as it is now). The app's own
 ``version.json`` (job, reward model, the local base path) stays home.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir
-from rlhf.interop.model_card import base_of, read_adapter_meta, write_card
+from rlhf.retrain.model_card import base_of, read_adapter_meta, write_card
 from storage import Policy, Store
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")

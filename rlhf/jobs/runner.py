@@ -81,9 +81,9 @@ class JobRunner:
             return self._job_id
 
     def _start(self, job: Job) -> None:
-        log_dir = self.config.data_path / "jobs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        out = open(log_dir / f"{job.id}.log", "ab")
+        log_file = self.config.paths.job_log(job.id)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log_file, "ab")
         root = str(Path(__file__).resolve().parents[2])
         try:
             job_config = config_of(job, self.config)

@@ -287,10 +287,12 @@ class QueueRefill:
 
     def _featurize(self, prompts: list, replies: list, agent: Agent) -> Optional[np.ndarray]:
         """Reply features (memoised), computed in small chunks, each after the server went idle; None: stopping."""
-        keys = [(tuple((m["role"], m["content"]) for m in p), r) for p, r in zip(prompts, replies)]
+        from rlhf.training.features import feature_key
+
+        keys = [feature_key(p, r) for p, r in zip(prompts, replies)]
         todo = [i for i, k in enumerate(keys) if k not in self._memo]
         if todo:
-            features = self._load_features()
+            features = self.features()
             if len(self._memo) + len(todo) > MAX_MEMO:
                 self._memo.clear()
                 todo = list(range(len(keys)))
@@ -303,14 +305,16 @@ class QueueRefill:
                     self._memo[keys[i]] = row
         return np.stack([self._memo[k] for k in keys])
 
-    def _load_features(self):
+    def features(self):
+        """The reward features the queue scores with (loaded on first use): the retrain's own
+        (``rlhf.training.features.reward_features``, same prompt budget), memoised here in chunks."""
         if self._features is None:
             from rlhf.models import pick_device, resolve_model
-            from rlhf.training.features import ReplyFeatures
+            from rlhf.training.features import reward_features
 
             source = resolve_model(self.config.base_model, self.config.data_path)
-            self._features = ReplyFeatures.load(source, pick_device(self.config.device), self.config.reward.max_length,
-                                                batch_size=FEATURE_CHUNK)
+            self._features = reward_features(self.config, pick_device(self.config.device), source,
+                                             batch_size=FEATURE_CHUNK, memo=False)
             log.info("vote queue: reply features of %s loaded for scoring", Path(source).name)
         return self._features
 

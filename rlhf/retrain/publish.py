@@ -18,7 +18,7 @@ from typing import Optional
 from rlhf.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir, is_temp_dir
-from rlhf.interop.model_card import write_card
+from rlhf.retrain.model_card import write_card
 from rlhf.serving.interface import AdapterError
 from storage import Policy, Store
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def policies_root(config: AppConfig) -> Path:
-    return config.data_path / "policies"
+    return config.paths.policies
 
 
 def name_base(adapter_dir: Path, base_model: str, data_dir: Path) -> dict:
@@ -57,7 +57,7 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
     src = Path(adapter_dir)
     if not (src / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{src} is not a PEFT adapter directory (no adapter_config.json)")
-    root = policies_root(config) / agent
+    root = config.paths.agent_policies(agent)
     root.mkdir(parents=True, exist_ok=True)
     name = name or (f"job{job_id}" if job_id is not None else uuid.uuid4().hex[:12])
     final = root / name
@@ -117,7 +117,7 @@ def clean_leftovers(store: Store, config: AppConfig) -> list[Path]:
 
 def leftover_parents(config: AppConfig) -> list[Path]:
     """The directories whose children a publish or a reward-model training writes (temp dir + rename)."""
-    roots = [config.data_path / "reward_models"]
+    roots = [config.paths.reward_models]
     policies = policies_root(config)
     if policies.is_dir():
         roots += [d for d in policies.iterdir() if d.is_dir() and not is_temp_dir(d)]

@@ -249,7 +249,7 @@ def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",)) -> P
     device = pick_device(config.device)
     specs, tokenizer_source = engine_specs(config, device)
     engine = start_engine(specs, s.isolation, loop_settings(config), threads=thread_plan(config).serving_idle,
-                          verdicts=Verdicts(config.data_path / "serving" / "verdicts.json"))
+                          verdicts=Verdicts(config.paths.serving_verdicts))
     server = PolicyServer(engine, load_tokenizer(tokenizer_source), config.base_model, s.max_context_tokens, device)
     log.info("model %s served by %s, ready in %.1f s", config.base_model, server.engine_status,
              time.perf_counter() - t0)

@@ -22,6 +22,12 @@ import torch
 from rlhf.files import atomic_dir  # noqa: F401  (re-exported: checkpoints use the one rule)
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
+CHECKPOINTS = "checkpoints"  # a run dir's sub-directory of step-N checkpoints
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    """Where a run dir keeps its step checkpoints (present once a run saved one: the run can be resumed)."""
+    return Path(run_dir) / CHECKPOINTS
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -68,7 +74,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, trainer_state: dict) -> Path:
     """``run_dir/checkpoints/step-NNNNNN``: adapter, value head, optimizer, RNG and trainer state."""
-    target = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+    target = checkpoints_dir(run_dir) / f"step-{step:06d}"
     with atomic_dir(target) as tmp:
         model.policy.save_pretrained(tmp / "adapter")
         torch.save(model.value_head.state_dict(), tmp / "value_head.pt")
@@ -93,7 +99,7 @@ def find_checkpoint(path: Path) -> Optional[Path]:
     path = Path(path)
     if (path / "trainer_state.json").is_file():
         return path
-    steps = [(int(m.group(1)), p) for p in (path / "checkpoints").glob("step-*")
+    steps = [(int(m.group(1)), p) for p in checkpoints_dir(path).glob("step-*")
              if (m := STEP_DIR.match(p.name)) and (p / "trainer_state.json").is_file()]
     return max(steps)[1] if steps else None
 
@@ -101,4 +107,4 @@ def find_checkpoint(path: Path) -> Optional[Path]:
 def run_dir_of(checkpoint: Path) -> Path:
     """The run directory a checkpoint belongs to."""
     checkpoint = Path(checkpoint)
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint

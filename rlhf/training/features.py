@@ -6,16 +6,24 @@ already computes. Each reply is read in its context (chat template of the prompt
 hidden states are averaged at a few depths, plus the last token's state at the top and the reply's log length.
 The same features are computed for every version's replies by the same frozen base, so a score never drifts
 with the policy being trained.
+
+``reply_features`` is the one way to build them: the retrain's reward model, the gate's judge and the vote queue's
+scoring all read a reply through it, and ``reward_features`` gives each the app config's settings (the prompt fitted
+to ``ppo.max_prompt_tokens``, ``reward.max_length`` in all), so the queue's "least sure" is about the very inputs
+the reward model it feeds will read.
 """
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
 from rlhf.training.tokens import encode_with_reply
+
+if TYPE_CHECKING:
+    from rlhf.config import AppConfig
 
 DEFAULT_DEPTHS = (0.5, 0.75, 1.0)  # fractions of the layer stack whose reply-mean hidden states are kept
 
@@ -104,12 +112,42 @@ def base_only(model):
             layer.enable_adapters(True)
 
 
+def reply_features(source: str, device: str, max_length: int, load_in_4bit: bool = False,
+                   max_prompt_tokens: Optional[int] = None, depths: Sequence[float] = DEFAULT_DEPTHS,
+                   batch_size: int = 8, model=None, tokenizer=None, memo: bool = True):
+    """Frozen reply features of the base: on ``model``/``tokenizer`` when given (a base body already loaded in
+    this process), else loaded from ``source``; memoised (``feature_cache``) unless ``memo`` is False (a caller
+    that keeps its own, bounded memo)."""
+    if model is not None:
+        features = ReplyFeatures(model, tokenizer, device, max_length, depths, batch_size, max_prompt_tokens)
+    else:
+        features = ReplyFeatures.load(source, device, max_length, depths, batch_size, load_in_4bit, max_prompt_tokens)
+    return feature_cache(features) if memo else features
+
+
+def reward_features(config: "AppConfig", device: str, source: Optional[str] = None, **kwargs):
+    """``reply_features`` under the app config: the base ``source`` (default: the configured base, resolved),
+    ``reward.max_length``, ``reward.load_in_4bit`` and the prompt budget ``ppo.max_prompt_tokens`` every reward model
+    is trained and scored under. ``kwargs`` as ``reply_features`` (``model``, ``batch_size``, ``memo``...)."""
+    if source is None:
+        from rlhf.models import resolve_model
+
+        source = resolve_model(config.base_model, config.data_path)
+    return reply_features(source, device, config.reward.max_length, config.reward.load_in_4bit,
+                          config.ppo.max_prompt_tokens, **kwargs)
+
+
+def feature_key(prompt: list[dict], reply: str) -> tuple:
+    """The memo key of one (prompt, reply)."""
+    return tuple((m["role"], m["content"]) for m in prompt), reply
+
+
 def feature_cache(features: ReplyFeatures):
     """A memoising wrapper: each distinct (prompt, reply) is encoded once per process."""
     memo: dict[tuple, np.ndarray] = {}
 
     def cached(prompts: Sequence[list[dict]], replies: Sequence[str]) -> np.ndarray:
-        keys = [(_key(p), r) for p, r in zip(prompts, replies)]
+        keys = [feature_key(p, r) for p, r in zip(prompts, replies)]
         todo = [i for i, k in enumerate(keys) if k not in memo]
         if todo:
             fresh = features([prompts[i] for i in todo], [replies[i] for i in todo])
@@ -119,7 +157,3 @@ def feature_cache(features: ReplyFeatures):
 
     cached.dim = features.dim  # type: ignore[attr-defined]
     return cached
-
-
-def _key(prompt: list[dict]) -> tuple:
-    return tuple((m["role"], m["content"]) for m in prompt)

@@ -34,11 +34,12 @@ from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_poi
 from rlhf.models import pick_device, resolve_model
 from rlhf.training import reward_head
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
-from rlhf.training.reward_kinds import (REWARD_KINDS, FitContext, HeadScorer, kind_for_format,
-                                        reply_features, reward_kind)
+from rlhf.training.features import reply_features
+from rlhf.training.reward_kinds import REWARD_KINDS, FitContext, HeadScorer, kind_for_format, reward_kind
 from rlhf.training.reward_lora import RewardModelError, train_lora_on_pairs  # noqa: F401  (re-exported)
 from rlhf.training.reward_metrics import heldout_metrics, pair_metrics, point_metrics  # noqa: F401  (re-exported)
 from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
+from storage.paths import DataDir
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +153,16 @@ def prepare_data(rows: dict, cfg: RewardConfig, judge_share: float = 0.0, min_ju
 
 
 # ---- model --------------------------------------------------------------------------------------
-def _base_source(meta: dict, path: Path) -> str:
+def _base_source(meta: dict, path: Path, data_dir: Optional[DataDir] = None) -> str:
+    """The base a reward model reads: its recorded source, else its base model's name resolved under ``data_dir``
+    (by default the data dir the reward model lies in: a data dir that moved or was restored elsewhere)."""
     source = meta.get("base_source") or ""
     if source and Path(source).exists():
         return source
     name = meta.get("base_model") or ""
+    data_dir = data_dir or DataDir.of_reward_model(path)
     with contextlib.suppress(Exception):  # the data dir moved: resolve the name under this dir's data dir
-        return resolve_model(name, path.parent.parent, allow_hub=False)
+        return resolve_model(name, data_dir.root, allow_hub=False)
     if source and not Path(source).is_absolute() and "/" in source and not source.startswith("."):
         return source  # a hub id
     raise RewardModelError(f"the base model of {path} ({name or source!r}) cannot be found")
@@ -181,15 +185,16 @@ def _read_meta(path: Path) -> dict:
 
 
 def load_reward_model(path: str | os.PathLike, device: str = "auto", load_in_4bit: bool = False,
-                      batch_size: int = 8):
-    """Load a trained reward model directory (only its path is needed): ``scorer(prompts, replies)``."""
+                      batch_size: int = 8, data_dir: Optional[DataDir] = None):
+    """Load a trained reward model directory (only its path is needed): ``scorer(prompts, replies)``. A base
+    recorded by name is looked up in ``data_dir`` (default: the data dir the directory lies in)."""
     path = Path(path)
     meta = _read_meta(path)
     kind = kind_for_format(meta.get("format"))
     if meta.get("mode") not in ("pairwise", "pointwise") or kind is None:
         known = ", ".join(str(k.format) for k in REWARD_KINDS.values())
         raise RewardModelError(f"{path / META_FILE} is not a reward model description (format {known})")
-    return kind.load(path, meta, _base_source(meta, path), pick_device(device), load_in_4bit, batch_size)
+    return kind.load(path, meta, _base_source(meta, path, data_dir), pick_device(device), load_in_4bit, batch_size)
 
 
 # ---- the whole run ------------------------------------------------------------------------------
@@ -250,7 +255,7 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
     if agent_rec.base_model != config.base_model:
         log.warning("agent %s was created on %s; the reward backbone is the served base %s",
                     agent_rec.name, agent_rec.base_model, config.base_model)
-    final = config.data_path / "reward_models" / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    final = config.paths.reward_models / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     meta = {"mode": data.mode, "method": kind.name, "base_model": config.base_model, "base_source": source,
             "max_length": cfg.max_length, "max_prompt_tokens": config.ppo.max_prompt_tokens, "agent": agent_rec.name,
             "trained_on": device, "data_snapshot": snapshot,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Protocol
 from rlhf.config import RewardConfig
 from rlhf.training import reward_head
 from rlhf.training.data import group_labels
-from rlhf.training.features import DEFAULT_DEPTHS
+from rlhf.training.features import DEFAULT_DEPTHS, reply_features
 from rlhf.training.reward_lora import RewardModelError
 from rlhf.training.reward_metrics import heldout_metrics, split_interval
 
@@ -81,20 +81,6 @@ def reward_kind(name: str) -> RewardKind:
 def kind_for_format(fmt: Any) -> Optional[RewardKind]:
     """The kind that wrote a reward directory of format ``fmt`` (None when no kind did)."""
     return next((k for k in REWARD_KINDS.values() if k.format == fmt), None)
-
-
-def reply_features(source: str, device: str, max_length: int, load_in_4bit: bool = False,
-                   max_prompt_tokens: Optional[int] = None, depths=DEFAULT_DEPTHS, batch_size: int = 8,
-                   model=None, tokenizer=None):
-    """Memoised frozen reply features of the base (``rlhf.training.features``); on ``model``/``tokenizer`` when
-    given (a base body already loaded in this process), else loaded from ``source``."""
-    from rlhf.training.features import ReplyFeatures, feature_cache
-
-    if model is not None:
-        features = ReplyFeatures(model, tokenizer, device, max_length, depths, batch_size, max_prompt_tokens)
-    else:
-        features = ReplyFeatures.load(source, device, max_length, depths, batch_size, load_in_4bit, max_prompt_tokens)
-    return feature_cache(features)
 
 
 class HeadScorer:

@@ -5,7 +5,7 @@ from typing import Optional
 
 from fastapi import APIRouter, Request
 
-from rlhf.retrain.pipeline import dry_run
+from rlhf.retrain.data import dry_run
 from storage import Conflict, InvalidInput
 from ui.permissions import require_admin
 from ui.api.core import Strict

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rlhf.retrain import decisions, lineage
-from rlhf.retrain.pipeline import dry_run
+from rlhf.retrain.data import dry_run
 from storage import Conflict, InvalidInput
 from ui.services import Services
 

@@ -9,7 +9,7 @@ from typing import Optional
 import gradio as gr
 import pandas as pd
 
-from rlhf.retrain.pipeline import dry_run
+from rlhf.retrain.data import dry_run
 from rlhf.jobs.scheduler import Rule
 from storage import Job, StoreError
 from ui import charts, views

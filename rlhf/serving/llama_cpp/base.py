@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.serving.interface import EngineUnavailable
+from storage.paths import DataDir
 
 log = logging.getLogger(__name__)
 
 
 def gguf_dir(data_dir: Optional[str | Path]) -> Path:
     """Where converted GGUF files are cached (a fresh temp dir when there is no data dir)."""
-    return Path(data_dir) / "gguf" if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-gguf-"))
+    return DataDir(data_dir).gguf if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-gguf-"))
 
 
 def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
@@ -31,7 +32,7 @@ def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
     from rlhf.models import gguf_model_dir
 
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-tok-"))
-    target = root / "tokenizers" / gguf_model_dir(gguf_file, root).name
+    target = DataDir(root).tokenizer(gguf_model_dir(gguf_file, root).name)
     if (target / "tokenizer_config.json").is_file():
         return target
     try:

@@ -46,9 +46,10 @@ def load_reward(store, agent, reward_model: Optional[str], device: str):
         except ValueError:
             raise ConfigError(f"--reward-model expects an id or 'none', got {reward_model!r}") from None
     from rlhf.training.reward import RewardModelError, load_reward_model  # imported only when a reward model is used
+    from storage import DataDir
 
     try:
-        return load_reward_model(record.path, device=device), record.id
+        return load_reward_model(record.path, device=device, data_dir=DataDir(store.root)), record.id
     except RewardModelError as exc:
         raise ConfigError(f"reward model {record.id} cannot be used: {exc}") from None
 
@@ -124,7 +125,7 @@ def run_train_ppo(config: AppConfig, args: argparse.Namespace) -> int:
             print(f"train-ppo: {exc}", file=sys.stderr)
             return 2
         if run_dir is None:
-            run_dir = config.data_path / "runs" / shared_stamp(device)
+            run_dir = config.paths.run(shared_stamp(device))
         from accelerate import PartialState
 
         main = PartialState(cpu=device == "cpu").is_main_process

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.retrain.pipeline import dry_run, estimate_minutes
+from rlhf.retrain.data import dry_run
+from rlhf.retrain.progress import estimate_minutes
 from rlhf.jobs.runner import JobRunner
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.serving.server import AdapterRef, GenParams

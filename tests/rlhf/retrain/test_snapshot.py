@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf.config import apply_overrides
-from rlhf.retrain.pipeline import dry_run
+from rlhf.retrain.data import dry_run
 from rlhf.training.data import FeedbackSnapshot
 from rlhf.training.prompts import prompt_sets
 

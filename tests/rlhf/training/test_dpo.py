@@ -32,7 +32,7 @@ PAIRS = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user"
 def margin(model_dir, adapter, tokenizer) -> float:
     """Mean log π(chosen) − log π(rejected) over PAIRS under the base (adapter None) or an adapter."""
     from rlhf.retrain.evaluation import sequence_logprobs
-    from rlhf.retrain.pipeline import adapters_on_base
+    from rlhf.retrain.assess import adapters_on_base
     from rlhf.prompting import encode_prompt
 
     model, tok = adapters_on_base(str(model_dir), "cpu", {"new": adapter})

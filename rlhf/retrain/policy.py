@@ -1,0 +1,53 @@
+"""The retrain's policy step: PPO toward the new reward model on the snapshot's prompts, or DPO on the pairs it
+learned from (``retrain.method``, through ``rlhf.training.policy``), from the version the job starts from."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from rlhf.config import AppConfig
+from rlhf.jobs.context import JobContext
+from rlhf.retrain.progress import Phases
+from storage import InvalidInput, Policy, Store
+
+
+def start_policy(store: Store, agent_id: int, policy_id) -> Optional[Policy]:
+    """The version PPO starts from when the job names one (a retrain without excluded annotators starts from the
+    newest clean ancestor); None = the active version."""
+    if policy_id is None:
+        return None
+    policy = store.get_policy(int(policy_id))
+    if policy.agent_id != agent_id or policy.status == "broken":
+        raise InvalidInput(f"version {policy_id} cannot start this retrain (other agent, or broken)")
+    return policy
+
+
+def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
+                       init_adapter: Optional[str], device: str, snapshot, base=None, pairs=()):
+    """The policy (``retrain.method``: PPO on the snapshot's prompts, or DPO on ``pairs``) from the active version's
+    adapter (or the base); returns (result, held-out eval prompts)."""
+    from rlhf.training.checkpoint import checkpoints_dir
+    from rlhf.training.policy import train_policy
+    from rlhf.training.prompts import prompt_sets
+
+    cfg = ctx.config
+    method = cfg.retrain.method
+    prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent, rows=snapshot.rows)
+    run_dir = cfg.paths.job_run(ctx.job_id)
+    total = cfg.ppo.steps if method == "ppo" else dpo_steps(len(pairs), cfg)
+
+    def on_step(step: int, metrics: dict) -> None:
+        ctx.metrics(step, metrics)
+        phases.report(method, step / max(1, total), f"{method.upper()} step {step}/{total}")
+
+    resume = run_dir if checkpoints_dir(run_dir).is_dir() else None  # a re-queued interrupted PPO job
+    # The eval phase measures the active version on the same prompts: PPO need not evaluate its start (#35: ~7% of
+    # a retrain's wall time)
+    result = train_policy(cfg, base_source, scorer, pairs, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
+                          resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
+    return result, eval_prompts
+
+
+def dpo_steps(n_pairs: int, cfg: AppConfig) -> int:
+    """Optimizer steps of a DPO run on ``n_pairs`` pairs (for the progress bar)."""
+    return max(1, math.ceil(math.ceil(n_pairs / cfg.dpo.batch_size) * cfg.dpo.epochs))
