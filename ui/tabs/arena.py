@@ -12,7 +12,8 @@ import gradio as gr
 
 from rlhf.serving.server import Busy
 from storage import Conflict, StoreError
-from ui import views
+from ui.views.arena import BT_VS_ELO, leaderboard_view, reveal_text, win_rate_view
+from ui.views.text import literal_chat, literal_html, status_label
 from ui.flows.arena import cast_vote, close_round, open_round, stream_round
 from ui.flows.leaderboard import counted_votes
 from ui.permissions import Forbidden
@@ -36,9 +37,9 @@ def _vote_buttons(enabled: bool) -> list:
 
 def _sides(shared: list[dict], text_a: str, text_b: str, mark_a: str = "", mark_b: str = "") -> tuple[list, list]:
     """Both chat views: the shared context, then each side's reply (HTML shown as typed, a cut reply marked)."""
-    shared = views.literal_chat(shared)
-    return (shared + [{"role": "assistant", "content": views.literal_html(text_a) + mark_a}],
-            shared + [{"role": "assistant", "content": views.literal_html(text_b) + mark_b}])
+    shared = literal_chat(shared)
+    return (shared + [{"role": "assistant", "content": literal_html(text_a) + mark_a}],
+            shared + [{"role": "assistant", "content": literal_html(text_b) + mark_b}])
 
 
 def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,
@@ -98,8 +99,8 @@ def submit_vote(services: Services, winner: str, state: dict, annotator: str, re
         return (gr.Chatbot(), gr.Chatbot(), f"⚠️ {exc} Start over for a new round.", *_vote_buttons(False))
     pol_a = store.get_policy(vote.policy_a_id) if vote.policy_a_id is not None else None
     pol_b = store.get_policy(vote.policy_b_id) if vote.policy_b_id is not None else None
-    label = lambda side, p: f"Model {side} · {views.status_label(p)}" if p else f"Model {side}"  # noqa: E731
-    text = views.reveal_text(vote.winner, pol_a, pol_b, vote.id)
+    label = lambda side, p: f"Model {side} · {status_label(p)}" if p else f"Model {side}"  # noqa: E731
+    text = reveal_text(vote.winner, pol_a, pol_b, vote.id)
     if vote.winner != winner:
         text = "This round was already voted on; the first vote counts. " + text
     return (gr.Chatbot(label=label("A", pol_a)), gr.Chatbot(label=label("B", pol_b)), text, *_vote_buttons(False))
@@ -117,8 +118,8 @@ def leaderboard_tables(services: Services, agent_name: str):
     store = services.store
     agent = store.get_agent(agent_name)
     table = services.leaderboards.table(agent.id)  # cached per vote, fitted off this thread
-    matrix = views.win_rate_view(counted_votes(store, agent.id), store.list_policies(agent.id))
-    return views.leaderboard_view(table), matrix
+    matrix = win_rate_view(counted_votes(store, agent.id), store.list_policies(agent.id))
+    return leaderboard_view(table), matrix
 
 
 # ---- layout ----------------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
                              interactive=False, wrap=True)
         matrix = gr.Dataframe(label="Win rate of the row version against the column version (ties count half)",
                               interactive=False)
-        gr.Markdown(views.BT_VS_ELO)
+        gr.Markdown(BT_VS_ELO)
 
     chats = [chat_a, chat_b]
     play = bind(play_round, services)

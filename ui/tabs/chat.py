@@ -22,7 +22,7 @@ from ui.services import Services, bind
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
-from ui.views import literal_html
+from ui.views.text import literal_html
 
 THUMBS = ("Like", "Dislike")  # flags are ticked in the label panel: one icon state per bubble can show one thumb
 ACTIVE = "active"  # the version choice that follows promotions

@@ -20,7 +20,7 @@ from ui.flows import decisions as decisions_flow
 from ui.permissions import Forbidden, current_user, is_admin, require_admin, sees_all_feedback
 from ui.services import Services, bind
 from ui.tabs.common import ask, build_question, hide_question
-from ui.views import literal_html
+from ui.views.text import literal_html
 
 ALL = "all"
 ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."

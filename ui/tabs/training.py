@@ -12,7 +12,8 @@ import pandas as pd
 from rlhf.retrain.pipeline import dry_run
 from rlhf.jobs.scheduler import Rule
 from storage import Job, StoreError
-from ui import charts, views
+from ui import charts
+from ui.views.dashboard import curve_series, rm_accuracy_text
 from ui.permissions import Forbidden, require_admin
 from ui.services import Services, bind
 from ui.tabs.decisions import guard_html
@@ -85,7 +86,7 @@ def progress_html(job: Optional[Job]) -> str:
         detail += (f"<br><b>Gate: {html.escape(str(gate.get('verdict')))}</b> — "
                    f"{html.escape(str(gate.get('reason', '')))}" + guard_html(gate))
     rm = ((job.result or {}).get("metrics") or {})
-    cv = views.rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
+    cv = rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
     if cv:
         detail += f"<br>Reward model, cross-validated accuracy: {html.escape(cv)}"
     clock = time_left(job)
@@ -104,7 +105,7 @@ def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
 def curves_html(rows: list[dict]) -> str:
     """The job's curves, one panel per logged metric of ``CURVE_KEYS``."""
     present = {r["key"] for r in rows}
-    return charts.small_multiples(views.curve_series(rows, [k for k in CURVE_KEYS if k in present]),
+    return charts.small_multiples(curve_series(rows, [k for k in CURVE_KEYS if k in present]),
                                   empty="No curves yet: they appear as the job logs its steps.")
 
 

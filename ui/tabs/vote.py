@@ -10,7 +10,7 @@ from typing import Optional
 import gradio as gr
 
 from storage import StoreError
-from ui import views
+from ui.views.text import literal_chat, literal_html
 from ui.flows.queue import cast_vote, left_for, next_item, skip_item
 from ui.permissions import Forbidden
 from ui.services import Services, bind
@@ -45,11 +45,11 @@ def show(item: Optional[dict], note: str = "", left: Optional[int] = None, store
     def reply(side):
         message = store.get_message(item[side]["message_id"]) if store is not None else None
         mark = cut_badge(message) if message is not None else ""
-        return [{"role": "assistant", "content": views.literal_html(item[side]["content"]) + mark}]
+        return [{"role": "assistant", "content": literal_html(item[side]["content"]) + mark}]
 
     count = f" · {left} left for you" if left is not None else ""
     status = f"{note}Item #{item['item_id']}{count} · {WHY.get(item['reason'], item['reason'])}. Which reply is better?"
-    return (views.literal_chat(item["messages"]), reply("a"), reply("b"), {"item_id": item["item_id"]}, status,
+    return (literal_chat(item["messages"]), reply("a"), reply("b"), {"item_id": item["item_id"]}, status,
             *_buttons(True))
 
 
