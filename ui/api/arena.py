@@ -9,9 +9,9 @@ from starlette.concurrency import run_in_threadpool
 from ui.views.arena import leaderboard_json
 from ui.flows import access, arena
 from ui.permissions import require_admin
-from ui.api.core import ChatMessage, Strict, finish, rest_annotator
+from ui.api.chat import ChatMessage, finish, rest_annotator
 from ui.api.errors import PREFIX, errors
-from ui.api.models import ArenaRound, ArenaVote, PolicyOut, ok
+from ui.api.models import ArenaRound, ArenaVote, PolicyOut, Strict, ok
 from ui.services import Services
 
 
@@ -70,7 +70,7 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.post("/policies/{policy_id}/archive", responses=ok(PolicyOut) | errors(404, 409))
     def archive(policy_id: int, request: Request):
-        require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.api.core's handlers)
+        require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.api.errors handlers)
         return policy_json(store.archive_policy(policy_id))
 
     return r
