@@ -11,16 +11,17 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import StoreError
+from rlhf.interop.hub import HubError, zip_version
 from ui import charts
 from ui.views.dashboard import (curve_series, default_curve_keys, job_choices, mean_eval_reward, metric_keys,
                                 rating_rows, rollback_target, side_by_side, version_choices, versions_table,
                                 volume_bins)
 from ui.views.arena import BT_VS_ELO
 from ui.views.text import missing, version_label
-from ui.permissions import Forbidden, is_admin, require_admin
+from ui.permissions import is_admin, require_admin
 from ui.services import Services, bind
 from ui.tabs.decisions import build_decisions_panel
+from ui.tabs.errors import handles_errors
 
 REFRESH_SECONDS = 10
 ADMIN_NOTE = "Admin actions change which version the agent serves and what the arena offers; each asks first."
@@ -94,13 +95,10 @@ def admin_access(services: Services, request: gr.Request):
 
 
 # ---- admin handlers --------------------------------------------------------------------------------
+@handles_errors()
 def _admin_action(services: Services, request, action) -> str:
-    try:
-        require_admin(services, request)
-        return action()
-    except (Forbidden, StoreError) as exc:
-        gr.Warning(str(exc))
-        return f"⚠️ {exc}"
+    require_admin(services, request)
+    return action()
 
 
 def promote_version(services: Services, policy_id, request: gr.Request) -> str:
@@ -161,15 +159,13 @@ def confirm_text(services: Services, action: str, agent_name: str, policy_id) ->
             "the vote queue; its data stays (promote it to bring it back).")
 
 
+@handles_errors(lambda status: (*dismiss(), status), warn=False)
 def ask(services: Services, action: str, agent_name: str, policy_id, request: gr.Request = None):
     """Show the confirmation of ``action`` (the matching "Yes" button), or say why there is nothing to do."""
-    hidden = (gr.Group(visible=False), "", *[gr.Button(visible=False) for _ in ACTIONS])
+    hidden = dismiss()
     if not is_admin(services, request):
         return (*hidden, VIEW_ONLY)
-    try:
-        text = confirm_text(services, action, agent_name, policy_id)
-    except StoreError as exc:
-        return (*hidden, f"⚠️ {exc}")
+    text = confirm_text(services, action, agent_name, policy_id)
     if text is None:
         why = {"rollback": "Nothing to roll back to: the active version has no usable older version.",
                "promote": "Pick a version that is not the active one."}.get(action, "Pick a version first.")
@@ -198,28 +194,24 @@ def regenerate_eval(services: Services, agent_name: str, policy_id, request: gr.
 
 
 # ---- download a version (issue 28) -----------------------------------------------------------------
+@handles_errors(lambda status: (gr.DownloadButton(visible=False), status), warn=False, also=(HubError,))
 def download_version(services: Services, policy_id, request: gr.Request = None):
     """The picked version as a zip (PEFT adapter naming its base by hub id + model card), for admins.
 
     Like the Data tab's exports it lies in a private directory that only admins can download from, deleted
     after the download or within ``ui.downloads.TTL`` seconds."""
-    from rlhf.interop.hub import HubError, zip_version
     from ui.downloads import DOWNLOADS
 
-    work = None
+    require_admin(services, request)
+    if policy_id is None:
+        return gr.DownloadButton(visible=False), "Pick a version first."
+    work = DOWNLOADS.new_dir("rlhf-version-")
     try:
-        require_admin(services, request)
-        if policy_id is None:
-            return gr.DownloadButton(visible=False), "Pick a version first."
-        work = DOWNLOADS.new_dir("rlhf-version-")
         path = zip_version(services.store, int(policy_id), work)
         DOWNLOADS.seal(work)
-    except BaseException as exc:
-        if work is not None:
-            DOWNLOADS.remove(work)
-        if not isinstance(exc, (Forbidden, StoreError, HubError)):
-            raise
-        return gr.DownloadButton(visible=False), f"⚠️ {exc}"
+    except BaseException:  # no half-written zip is left behind
+        DOWNLOADS.remove(work)
+        raise
     return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
             f"{path.name}: load it with `PeftModel.from_pretrained(base, folder)`; its README.md is the model card.")
 
