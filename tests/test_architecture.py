@@ -182,3 +182,37 @@ def test_the_engine_check_sees_a_reach(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f(server, cfg):\n    return server.engine.threads, server.engine_load(), cfg.serving.engine\n")
     assert engine_reach(probe) == ["line 2: .engine", "line 2: .engine_load"]
+
+
+def defines_middleware(path: Path) -> list[str]:
+    """Where a module defines or installs middleware: a class with an ASGI ``__call__(self, scope, receive, send)``,
+    a ``dispatch`` (Starlette's BaseHTTPMiddleware) or an ``add_middleware`` / ``@app.middleware`` call."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                node.name == "dispatch" or (node.name == "__call__" and [a.arg for a in node.args.args[1:4]] ==
+                                            ["scope", "receive", "send"])):
+            found.append(f"line {node.lineno}: {node.name}")
+        if isinstance(node, ast.Attribute) and node.attr in ("add_middleware", "middleware"):
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_grab_bags_in_ui():
+    """ui/ is split by page and by concern: no views.py or core.py module collects unrelated functions (views live in
+    ui/views/<page>.py, REST routes in ui/api/<concern>.py); REST routers define routes only (middleware is
+    ui/api/middleware.py's, error handlers ui/api/errors.py's)."""
+    g, known = graph(), modules()
+    assert not [m for m in g if m.startswith("ui.") and m.rpartition(".")[2] in ("views", "core") and
+                not (ROOT / m.replace(".", "/")).is_dir()]
+    for name in g:
+        if name.startswith("ui.api.") and name not in ("ui.api.middleware", "ui.api.errors"):
+            assert not defines_middleware(known[name]), f"{name} defines middleware: {defines_middleware(known[name])}"
+            assert "exception_handler" not in known[name].read_text(), f"{name} installs an error handler"
+
+
+def test_the_middleware_check_sees_one(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("class M:\n    async def __call__(self, scope, receive, send):\n        pass\n\n"
+                     "def f(app):\n    app.add_middleware(M)\n")
+    assert defines_middleware(probe) == ["line 2: __call__", "line 6: .add_middleware"]

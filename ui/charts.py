@@ -2,7 +2,7 @@
 quantity per axis, time in even bins.
 
 Pure functions from plain numbers to an SVG string (shown with ``gr.HTML``), so the tests read what is drawn
-and nothing depends on a plotting library's redraw rules. Text is escaped; colours follow ``ui.views.PALETTE``;
+and nothing depends on a plotting library's redraw rules. Text is escaped; colours follow ``PALETTE``;
 axes and labels use ``currentColor`` so the charts read in light and dark themes alike.
 """
 from __future__ import annotations
@@ -11,8 +11,7 @@ import html
 import math
 from typing import Optional, Sequence
 
-from ui.views import PALETTE
-
+PALETTE = ("#3b82f6", "#f97316", "#10b981", "#ef4444", "#8b5cf6", "#eab308", "#06b6d4", "#ec4899")
 FONT = "font-family:ui-sans-serif,system-ui,sans-serif;font-size:11px"
 MUTED = "opacity:0.55"
 MIN_RATING_SPAN = 40.0  # rating points: the narrowest y axis of the rating chart

@@ -19,10 +19,13 @@ from rlhf.serving.server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui
 from ui.auth import Auth, RateLimiter
-from ui.api.core import body_size_guard, build_router, install_error_handlers
 from ui.api.admin import build_admin_router
+from ui.api.agents import build_agents_router
 from ui.api.arena import build_arena_router
+from ui.api.chat import build_chat_router
+from ui.api.errors import install_error_handlers
 from ui.api.jobs import build_jobs_router
+from ui.api.middleware import body_size_guard
 from ui.api.policies import build_policies_router
 from ui.api.queue import build_queue_router
 from ui.downloads import DOWNLOADS, AdminOnlyFiles, seal_upload_folder
@@ -85,7 +88,8 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     limiter = RateLimiter(services.config.server.rate_limit_per_minute)  # one per-user budget: REST and Gradio API
     install_security(app, services, limiter)  # added last = runs first: Host, Origin, CORS, /login, REST credentials
     app.router.on_startup.append(lambda: widen_thread_pool(services.config))
-    app.include_router(build_router(services))
+    app.include_router(build_agents_router(services))
+    app.include_router(build_chat_router(services))
     app.include_router(build_arena_router(services))
     app.include_router(build_jobs_router(services))
     app.include_router(build_admin_router(services))

@@ -1,7 +1,8 @@
 """The arena's pairing rules: which versions may meet, and which two meet next.
 
-``pair_candidates`` turns the leaderboard table into the versions that may be paired (servable ones, rated only
-once they have rated votes; open decisions marked); ``choose_pair`` picks the next pair from them:
+``board`` is the leaderboard of an agent's versions from its stored comparisons (the one table REST, the Arena tab,
+the dashboard and the pairing read); ``pair_candidates`` turns it into the versions that may be paired (servable
+ones, rated only once they have rated votes; open decisions marked); ``choose_pair`` picks the next pair from them:
 
 1. a candidate the retrain gate left to people (``needs_votes``) meets the active version first, until their
    votes decide;
@@ -13,10 +14,32 @@ Sides are random. Pure functions; ``choose_pair`` takes a ``numpy.random.Generat
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import pandas as pd
 
-from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES
+from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES, leaderboard
+from storage import Comparison, Policy
+
+BOOTSTRAP_ROUNDS = 200
+
+
+def rated_votes(comparisons: Iterable[Comparison]) -> list[dict]:
+    """Vote rows for ``leaderboard``: comparisons between two different, known versions."""
+    return [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner,
+             **({"text_a": c.text_a, "text_b": c.text_b} if c.text_a is not None and c.text_b is not None else {})}
+            for c in comparisons
+            if c.policy_a_id is not None and c.policy_b_id is not None and c.policy_a_id != c.policy_b_id]
+
+
+def board(comparisons: Iterable[Comparison], policies: list[Policy], n_boot: int = BOOTSTRAP_ROUNDS,
+          seed: int = 0) -> pd.DataFrame:
+    """Leaderboard of an agent's versions (Elo, BT, bootstrap CI, counts) with a ``status`` column."""
+    table = leaderboard(rated_votes(comparisons), [{"policy_id": p.id, "version": p.version} for p in policies],
+                        n_boot=n_boot, seed=seed)
+    table.insert(2, "status", table["policy_id"].map({p.id: p.status for p in policies}))
+    return table
 
 
 def pair_candidates(table: pd.DataFrame, waiting: frozenset = frozenset()) -> list[dict]:

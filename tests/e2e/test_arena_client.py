@@ -41,7 +41,7 @@ def play_and_vote(client, store, two_versions):
     assert "v0" not in status and "v1" not in status  # blind before the vote
     (pair_row,) = store.db.query("SELECT id FROM arena_pairs")  # the pair id never reached the client
     pair = store.get_arena_pair(pair_row["id"])
-    # what the chatbot shows, read back (ui.views.literal_html writes <, `, [ ... as entities; whitespace folds)
+    # what the chatbot shows, read back (ui.views.text.literal_html writes <, `, [ ... as entities; whitespace folds)
     # a reply cut at its token limit carries a mark under it (ui.tabs.chat_view.cut_badge)
     same = lambda shown, stored: html.unescape(shown.split("✂️")[0]).split() == stored.split()  # noqa: E731
     assert same(text(chat_a[-1]), store.get_message(pair.message_a_id).content)

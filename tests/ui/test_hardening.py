@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.ui.test_trust import ALICE, BOB, LOCAL, USERS, build, two_versions
-from ui import views
+from rlhf.analysis import arena as pairing
 from ui.auth import NameBackoff
 
 
@@ -82,14 +82,14 @@ def test_the_leaderboard_is_fitted_once_per_vote_on_its_own_thread(team, adapter
     services, client = team
     v0, v1 = two_versions(services, adapter_dir)
     fits = []
-    real = views.board
+    real = pairing.board
 
     def counted(*args, **kwargs):  # the real fit, recording where it ran (the arena's pairing fit is not counted)
         if kwargs.get("n_boot") != 0:
             fits.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(views, "board", counted)
+    monkeypatch.setattr(pairing, "board", counted)
     for _ in range(2):
         rnd = client.post("/api/v1/arena", auth=BOB, json={"messages": [{"role": "user", "content": "Pick"}]}).json()
         client.post(f"/api/v1/arena/{rnd['pair_id']}/vote", auth=BOB, json={"winner": "a"}).raise_for_status()

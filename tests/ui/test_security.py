@@ -19,7 +19,7 @@ from ui.auth import LoginThrottle
 from ui.downloads import DOWNLOADS
 from ui.guard import allowed_hosts, check_origins, foreign_origin, host_name, space_host
 from ui.tabs import data as data_tab
-from ui.views import literal_html
+from ui.views.text import literal_html
 
 USERS = "alice:a-pass:admin,bob:b-pass,carol:c-pass"
 

@@ -8,7 +8,11 @@ import pandas as pd
 import pytest
 
 from storage import Comparison, Job, Policy, RewardModel
-from ui import views
+from rlhf.analysis import arena as pairing
+from ui.views import arena as arena_views
+from ui.views import dashboard as dashboard_views
+from ui.views import text as text_views
+from ui.views.text import DASH
 
 T0 = "2024-01-02T03:04:05.000+00:00"
 
@@ -28,14 +32,14 @@ V0, V1, V2 = pol(1, 0, "active"), pol(2, 1, parent=1), pol(3, 2, "archived", par
 
 
 def test_only_comparisons_between_two_known_versions_are_votes():
-    rows = views.rated_votes([comp(1, 2, "a"), comp(2, 2, "b"), comp(None, 2, "a"), comp(2, None, "tie")])
+    rows = pairing.rated_votes([comp(1, 2, "a"), comp(2, 2, "b"), comp(None, 2, "a"), comp(2, None, "tie")])
     assert rows == [{"policy_a": 1, "policy_b": 2, "winner": "a"}]
 
 
 def test_board_hand_worked_elo_and_counts():
     # One vote, v1 beats v0: expected score 0.5 on both sides, so Elo moves K/2 = 16 points each way.
     # The regenerate comparison (v1 vs v1) and the unknown-version one must not count.
-    table = views.board([comp(2, 1, "a"), comp(2, 2, "a"), comp(None, 1, "b")], [V0, V1, V2], n_boot=50)
+    table = pairing.board([comp(2, 1, "a"), comp(2, 2, "a"), comp(None, 1, "b")], [V0, V1, V2], n_boot=50)
     rows = table.set_index("policy_id")
     assert rows.loc[2, "elo"] == pytest.approx(1016.0) and rows.loc[1, "elo"] == pytest.approx(984.0)
     assert rows.loc[3, "elo"] == 1000.0 and rows.loc[3, "votes"] == 0
@@ -48,7 +52,7 @@ def test_board_hand_worked_elo_and_counts():
 
 
 def test_leaderboard_json_is_strict_json_with_nulls():
-    rows = views.leaderboard_json(views.board([comp(2, 1, "both_bad")], [V0, V1, V2], n_boot=10))
+    rows = arena_views.leaderboard_json(pairing.board([comp(2, 1, "both_bad")], [V0, V1, V2], n_boot=10))
     text = json.dumps(rows, allow_nan=False)  # NaN would raise here
     by_id = {r["policy_id"]: r for r in rows}
     assert by_id[2]["votes"] == 1 and by_id[2]["win_rate"] is None and by_id[3]["ci_low"] is None
@@ -58,14 +62,14 @@ def test_leaderboard_json_is_strict_json_with_nulls():
 
 def test_win_rate_view_counts_ties_half():
     comps = [comp(2, 1, "a"), comp(1, 2, "b"), comp(2, 1, "tie"), comp(2, 1, "both_bad")]
-    view = views.win_rate_view(comps, [V1, V0, V2]).set_index("row beats →")
+    view = arena_views.win_rate_view(comps, [V1, V0, V2]).set_index("row beats →")
     assert list(view.columns) == ["v0", "v1", "v2"]
     assert view.loc["v1", "v0"] == "83%" and view.loc["v0", "v1"] == "17%"  # 2.5 of 3 rated games
-    assert view.loc["v0", "v0"] == views.DASH and view.loc["v1", "v2"] == views.DASH  # never met
+    assert view.loc["v0", "v0"] == DASH and view.loc["v1", "v2"] == DASH  # never met
 
 
 def test_leaderboard_view_rows():
-    view = views.leaderboard_view(views.board([comp(2, 1, "a"), comp(2, 1, "tie")], [V0, V1], n_boot=20))
+    view = arena_views.leaderboard_view(pairing.board([comp(2, 1, "a"), comp(2, 1, "tie")], [V0, V1], n_boot=20))
     first = view.iloc[0]
     assert first["Version"] == "v1" and first["Rank"] == 1 and first["W / L / T"] == "1 / 0 / 1"
     assert first["Win rate"] == "75%" and " – " in first["95% CI"]
@@ -76,42 +80,42 @@ def test_versions_table_metrics_lineage_and_dashes():
                      metrics={"eval_accuracy": 0.75}, job_id=None, created=T0)
     v1 = pol(2, 1, parent=1, rm=7, metrics={"eval/reward": 0.4321, "eval/kl": 1.234, "feedback_used": 40})
     v2 = pol(3, 2, parent=2, metrics={"reward_model/eval_accuracy": 0.9, "eval/reward": None})
-    table = views.board([comp(2, 1, "a")], [V0, v1, v2], n_boot=20)
-    out = views.versions_table([V0, v1, v2], {7: rm}, table)
-    assert list(out.columns) == views.VERSION_COLUMNS
+    table = pairing.board([comp(2, 1, "a")], [V0, v1, v2], n_boot=20)
+    out = dashboard_views.versions_table([V0, v1, v2], {7: rm}, table)
+    assert list(out.columns) == dashboard_views.VERSION_COLUMNS
     assert list(out["Version"]) == ["v2", "v1", "v0 · base"]
     r2, r1, r0 = (out.iloc[i] for i in range(3))
     assert (r1["Parent"], r1["Feedback used"], r1["RM accuracy"]) == ("v0", "40", "75%")
     assert (r1["Eval reward"], r1["KL to base"], r1["Elo"], r1["Votes"]) == ("0.432", "1.23", "1016", 1)
     bt = table.set_index("policy_id").loc[2, "bt"]
     assert r1["BT [95% CI]"] == f"{bt:.0f} (no interval yet)"  # one vote: every resample is the same
-    assert r2["RM accuracy"] == "90%" and r2["Eval reward"] == views.DASH and r2["Feedback used"] == views.DASH
-    assert r0["Parent"] == views.DASH and r0["Created"] == "2024-01-02 03:04" and r0["Status"] == "active"
+    assert r2["RM accuracy"] == "90%" and r2["Eval reward"] == DASH and r2["Feedback used"] == DASH
+    assert r0["Parent"] == DASH and r0["Created"] == "2024-01-02 03:04" and r0["Status"] == "active"
     assert r2["BT [95% CI]"] == "1000 (no votes)"  # no votes: no interval to show
 
 
 def test_rating_rows_have_an_interval_only_when_the_votes_vary():
-    table = views.board([comp(2, 1, "a"), comp(1, 2, "b"), comp(1, 2, "a")], [V0, V1, V2], n_boot=50)
-    rows = {r["label"]: r for r in views.rating_rows(table)}
+    table = pairing.board([comp(2, 1, "a"), comp(1, 2, "b"), comp(1, 2, "a")], [V0, V1, V2], n_boot=50)
+    rows = {r["label"]: r for r in dashboard_views.rating_rows(table)}
     assert list(rows) == ["v0", "v1", "v2"]  # by version: a categorical axis
     bt = table.set_index("policy_id")["bt"]
     assert rows["v1"]["low"] < bt[2] == rows["v1"]["value"] < rows["v1"]["high"] and rows["v1"]["note"] == "3 votes"
     assert rows["v2"]["low"] is None and rows["v2"]["note"] == "no votes"
-    one = {r["label"]: r for r in views.rating_rows(views.board([comp(2, 1, "a")], [V0, V1], n_boot=50))}
+    one = {r["label"]: r for r in dashboard_views.rating_rows(pairing.board([comp(2, 1, "a")], [V0, V1], n_boot=50))}
     assert one["v1"]["low"] is None and one["v1"]["note"] == "1 vote, no interval"  # a zero-width interval
 
 
 def test_ties_share_a_rank_and_missing_intervals_say_why():
-    even = views.leaderboard_view(views.board([], [V0, V1], n_boot=20))
+    even = arena_views.leaderboard_view(pairing.board([], [V0, V1], n_boot=20))
     assert list(even["Rank"]) == [1, 1] and list(even["95% CI"]) == ["no votes yet"] * 2
-    one = views.leaderboard_view(views.board([comp(2, 1, "a")], [V0, V1], n_boot=20))
+    one = arena_views.leaderboard_view(pairing.board([comp(2, 1, "a")], [V0, V1], n_boot=20))
     assert list(one["95% CI"]) == ["no interval yet (1 vote)"] * 2 and list(one["Rank"]) == [1, 2]
     many = [comp(2, 1, w) for w in ("a", "b") * 6]  # an even record: overlapping intervals
-    assert list(views.leaderboard_view(views.board(many, [V0, V1], n_boot=50))["Rank"]) == [1, 1]
+    assert list(arena_views.leaderboard_view(pairing.board(many, [V0, V1], n_boot=50))["Rank"]) == [1, 1]
     lopsided = [comp(2, 1, "a")] * 12 + [comp(2, 1, "b")] * 2 + [comp(3, 1, "a")] * 12 + [comp(3, 1, "b")] * 2
-    ranks = views.leaderboard_view(views.board(lopsided, [V0, V1, V2], n_boot=100)).set_index("Version")["Rank"]
+    ranks = arena_views.leaderboard_view(pairing.board(lopsided, [V0, V1, V2], n_boot=100)).set_index("Version")["Rank"]
     assert ranks["v1"] == ranks["v2"] == 1 and ranks["v0"] == 3
-    assert "Elo" in views.BT_VS_ELO and "order" in views.BT_VS_ELO
+    assert "Elo" in arena_views.BT_VS_ELO and "order" in arena_views.BT_VS_ELO
 
 
 def test_chart_svgs_by_hand():
@@ -145,14 +149,14 @@ def test_curves_keys_and_frame():
     rows = [{"step": s, "key": k, "value": v} for s, k, v in
             [(0, "reward/mean", 0.1), (1, "reward/mean", 0.3), (0, "ppo/kl", 0.0), (1, "ppo/kl", float("nan")),
              (0, "loss/value", 2.0)]]
-    keys = views.metric_keys(rows)
+    keys = dashboard_views.metric_keys(rows)
     assert keys == ["loss/value", "ppo/kl", "reward/mean"]
-    assert views.default_curve_keys(keys) == ["reward/mean", "ppo/kl"]
-    assert views.default_curve_keys(["objective/kl", "loss/policy"]) == ["objective/kl"]
-    assert views.default_curve_keys(["a", "b", "c"]) == ["a", "b"]
-    assert views.curve_series(rows, ["reward/mean", "ppo/kl"]) == {"reward/mean": [(0, 0.1), (1, 0.3)],
+    assert dashboard_views.default_curve_keys(keys) == ["reward/mean", "ppo/kl"]
+    assert dashboard_views.default_curve_keys(["objective/kl", "loss/policy"]) == ["objective/kl"]
+    assert dashboard_views.default_curve_keys(["a", "b", "c"]) == ["a", "b"]
+    assert dashboard_views.curve_series(rows, ["reward/mean", "ppo/kl"]) == {"reward/mean": [(0, 0.1), (1, 0.3)],
                                                                     "ppo/kl": [(0, 0.0)]}
-    assert views.curve_series(rows, ["gone"]) == {}
+    assert dashboard_views.curve_series(rows, ["gone"]) == {}
 
 
 def test_job_choices_newest_first():
@@ -160,8 +164,8 @@ def test_job_choices_newest_first():
         return Job(id=i, kind=kind, agent_id=1, status="succeeded", progress=1.0, phase="", message="", config={},
                    result={}, error=None, pid=None, cancel_requested=0, checkpoint=None, created=T0, started=None,
                    finished=None, heartbeat=None)
-    assert [c[1] for c in views.job_choices([job(1, "retrain"), job(3, "retrain")])] == [3, 1]
-    assert views.job_choices([job(3, "retrain")])[0][0].startswith("#3 retrain · succeeded")
+    assert [c[1] for c in dashboard_views.job_choices([job(1, "retrain"), job(3, "retrain")])] == [3, 1]
+    assert dashboard_views.job_choices([job(3, "retrain")])[0][0].startswith("#3 retrain · succeeded")
 
 
 def test_volume_bins_even_bins_up_to_now():
@@ -170,66 +174,67 @@ def test_volume_bins_even_bins_up_to_now():
     rows = [{"hour": "2024-01-02T03:01", "kind": "ratings", "n": 4},
             {"hour": "2024-01-02T03:01", "kind": "comparisons", "n": 2},
             {"hour": "2024-01-02T03:07", "kind": "ratings", "n": 1}]
-    labels, stacks, caption = views.volume_bins(rows, datetime(2024, 1, 2, 3, 10, tzinfo=timezone.utc))
+    labels, stacks, caption = dashboard_views.volume_bins(rows, datetime(2024, 1, 2, 3, 10, tzinfo=timezone.utc))
     assert labels == [f"03:{m:02d}" for m in range(1, 11)] and caption == "UTC 2024-01-02 · one bar per minute"
     assert stacks == {"ratings": [4, 0, 0, 0, 0, 0, 1, 0, 0, 0], "comparisons": [2] + [0] * 9}
-    labels, stacks, caption = views.volume_bins(rows, datetime(2024, 1, 2, 9, 0, tzinfo=timezone.utc))
+    labels, stacks, caption = dashboard_views.volume_bins(rows, datetime(2024, 1, 2, 9, 0, tzinfo=timezone.utc))
     assert caption.endswith("one bar per 15 minutes") and labels[0] == "03:00" and stacks["ratings"][0] == 5
-    labels, stacks, caption = views.volume_bins(rows, datetime(2024, 3, 1, tzinfo=timezone.utc))
-    assert caption.endswith("one bar per 2 days") and labels[0] == "2024-01-02" and len(labels) <= views.MAX_BINS
-    assert views.volume_bins([], datetime(2024, 1, 1, tzinfo=timezone.utc)) == ([], {}, "")
+    labels, stacks, caption = dashboard_views.volume_bins(rows, datetime(2024, 3, 1, tzinfo=timezone.utc))
+    assert caption.endswith("one bar per 2 days") and labels[0] == "2024-01-02"
+    assert len(labels) <= dashboard_views.MAX_BINS
+    assert dashboard_views.volume_bins([], datetime(2024, 1, 1, tzinfo=timezone.utc)) == ([], {}, "")
 
 
 def test_side_by_side_aligns_prompts_and_marks_missing():
     a = [{"prompt_index": 0, "prompt": [{"role": "user", "content": "Hi?"}], "reply": "Hello", "reward": 0.5},
          {"prompt_index": 1, "prompt": "Plain prompt", "reply": "A1", "reward": None}]
     b = [{"prompt_index": 1, "prompt": "Plain prompt", "reply": "B1", "reward": -0.25}]
-    frame = views.side_by_side(a, b, "v1", "v2")
+    frame = dashboard_views.side_by_side(a, b, "v1", "v2")
     assert list(frame.columns) == ["Prompt", "v1 reply", "v1 reward", "v2 reply", "v2 reward"]
-    assert frame.values.tolist() == [["Hi?", "Hello", "0.500", views.DASH, views.DASH],
-                                     ["Plain prompt", "A1", views.DASH, "B1", "-0.250"]]
-    same = views.side_by_side(a, a, "v1", "v1")
+    assert frame.values.tolist() == [["Hi?", "Hello", "0.500", DASH, DASH],
+                                     ["Plain prompt", "A1", DASH, "B1", "-0.250"]]
+    same = dashboard_views.side_by_side(a, a, "v1", "v1")
     assert "v1 (A) reply" in same.columns and "v1 (B) reply" in same.columns
 
 
 def test_prompt_text_shapes():
     turns = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
              {"role": "assistant", "content": "r"}, {"role": "user", "content": "q2"}]
-    assert views.prompt_text(turns) == "user: q\nassistant: r\nuser: q2"
-    assert views.prompt_text({"messages": [{"role": "user", "content": "x"}]}) == "x"
+    assert dashboard_views.prompt_text(turns) == "user: q\nassistant: r\nuser: q2"
+    assert dashboard_views.prompt_text({"messages": [{"role": "user", "content": "x"}]}) == "x"
 
 
 def test_rollback_target():
     v0, v3 = pol(1, 0, "candidate"), pol(4, 3, "active", parent=2)
-    assert views.rollback_target([v0, pol(2, 1, "candidate"), pol(3, 2), v3]).id == 2  # the parent
+    assert dashboard_views.rollback_target([v0, pol(2, 1, "candidate"), pol(3, 2), v3]).id == 2  # the parent
     broken_parent = [v0, pol(2, 1, "broken"), pol(3, 2, "archived"), v3]
-    assert views.rollback_target(broken_parent).id == 3  # newest older usable
-    assert views.rollback_target([pol(1, 0, "active")]) is None
+    assert dashboard_views.rollback_target(broken_parent).id == 3  # newest older usable
+    assert dashboard_views.rollback_target([pol(1, 0, "active")]) is None
 
 
 def test_formatting_and_reveal():
-    assert views.fmt(None) == views.DASH and views.fmt(float("nan")) == views.DASH and views.fmt("x") == views.DASH
-    assert views.fmt(0.125, 1, percent=True) == "12.5%" and views.fmt(3, 0) == "3"
-    text = views.reveal_text("b", V1, V0, 42)
+    assert text_views.fmt(None) == DASH and text_views.fmt(float("nan")) == DASH and text_views.fmt("x") == DASH
+    assert text_views.fmt(0.125, 1, percent=True) == "12.5%" and text_views.fmt(3, 0) == "3"
+    text = arena_views.reveal_text("b", V1, V0, 42)
     assert "**A** was **v1 (candidate)**" in text and "v0 · base (active)" in text and "#42" in text
     assert "continue" in text
-    assert "Start over" in views.reveal_text("both_bad", V1, V0, 1) and "continue" not in \
-        views.reveal_text("both_bad", V1, V0, 1)
-    assert views.version_choices([V0, V1, V2], servable_only=True) == [("v1 (candidate)", 2),
+    assert "Start over" in arena_views.reveal_text("both_bad", V1, V0, 1) and "continue" not in \
+        arena_views.reveal_text("both_bad", V1, V0, 1)
+    assert dashboard_views.version_choices([V0, V1, V2], servable_only=True) == [("v1 (candidate)", 2),
                                                                        ("v0 · base (active)", 1)]
 
 
 def test_frames_are_pandas():
-    assert isinstance(views.leaderboard_view(views.board([], [V0], n_boot=0)), pd.DataFrame)
+    assert isinstance(arena_views.leaderboard_view(pairing.board([], [V0], n_boot=0)), pd.DataFrame)
 
 
 def test_gate_verdict_is_shown_not_dashed():
     m = {"gate/verdict": "promote", "eval/win_rate": 0.8, "gate/low": 0.7, "gate/high": 0.9}
-    assert views.gate_text(m) == "promote 0.80 [0.70–0.90]"
-    assert views.gate_text({**m, "gate/verdict": "inconclusive"}).endswith(" · needs arena votes")
-    assert views.gate_text({**m, "gate/evidence": "none"}) == "promote: no judge (too few held-out votes)"
-    assert views.gate_text({}) == views.DASH
-    row = views.versions_table([pol(2, 1, metrics=m)], {}, views.board([], [pol(2, 1)], n_boot=0)).iloc[0]
+    assert dashboard_views.gate_text(m) == "promote 0.80 [0.70–0.90]"
+    assert dashboard_views.gate_text({**m, "gate/verdict": "inconclusive"}).endswith(" · needs arena votes")
+    assert dashboard_views.gate_text({**m, "gate/evidence": "none"}) == "promote: no judge (too few held-out votes)"
+    assert dashboard_views.gate_text({}) == DASH
+    row = dashboard_views.versions_table([pol(2, 1, metrics=m)], {}, pairing.board([], [pol(2, 1)], n_boot=0)).iloc[0]
     assert row["Gate"] == "promote 0.80 [0.70–0.90]"
 
 
@@ -237,6 +242,7 @@ def test_a_style_controlled_rating_without_spread_shows_no_interval():
     from types import SimpleNamespace
 
     one_vote = SimpleNamespace(bt_style=1012.0, style_low=1012.0, style_high=1012.0)
-    assert views._style(one_vote) == "1012 (no interval yet)"
-    assert views._style(SimpleNamespace(bt_style=1012.0, style_low=980.0, style_high=1040.0)) == "1012 [980 – 1040]"
-    assert views._style(SimpleNamespace(bt_style=float("nan"), style_low=None, style_high=None)) == views.DASH
+    assert arena_views._style(one_vote) == "1012 (no interval yet)"
+    assert arena_views._style(SimpleNamespace(bt_style=1012.0, style_low=980.0,
+                                              style_high=1040.0)) == "1012 [980 – 1040]"
+    assert arena_views._style(SimpleNamespace(bt_style=float("nan"), style_low=None, style_high=None)) == DASH

@@ -22,9 +22,8 @@ from storage.util import SLUG
 from ui.flows import decisions as decisions_flow
 from ui.flows.agents import agent_json, check_generation, create_agent
 from ui.permissions import current_user, is_admin, require_admin
-from ui.api.core import Strict
 from ui.api.errors import PREFIX, errors
-from ui.api.models import AgentOut, Excluded, Me, NewToken, Quality, TokenOut, ok
+from ui.api.models import AgentOut, Excluded, Me, NewToken, Quality, Strict, TokenOut, ok
 from ui.services import Services
 
 MEDIA_TYPES = {".jsonl": "application/x-ndjson", ".parquet": "application/vnd.apache.parquet",

@@ -6,12 +6,12 @@ from typing import Any, Literal, Optional
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from ui import views
+from ui.views.arena import leaderboard_json
 from ui.flows import access, arena
 from ui.permissions import require_admin
-from ui.api.core import ChatMessage, Strict, finish, rest_annotator
+from ui.api.chat import ChatMessage, finish, rest_annotator
 from ui.api.errors import PREFIX, errors
-from ui.api.models import ArenaRound, ArenaVote, PolicyOut, ok
+from ui.api.models import ArenaRound, ArenaVote, PolicyOut, Strict, ok
 from ui.services import Services
 
 
@@ -66,11 +66,11 @@ def build_arena_router(services: Services) -> APIRouter:
 
     @r.get("/leaderboard", responses=ok(list[dict[str, Any]]) | errors(404))
     def leaderboard(agent: Optional[str] = None):
-        return views.leaderboard_json(services.leaderboards.table(agent))
+        return leaderboard_json(services.leaderboards.table(agent))
 
     @r.post("/policies/{policy_id}/archive", responses=ok(PolicyOut) | errors(404, 409))
     def archive(policy_id: int, request: Request):
-        require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.api.core's handlers)
+        require_admin(services, request)  # Forbidden -> 403 {"error"} (ui.api.errors handlers)
         return policy_json(store.archive_policy(policy_id))
 
     return r

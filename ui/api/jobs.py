@@ -8,9 +8,8 @@ from fastapi import APIRouter, Request
 from rlhf.retrain.data import dry_run
 from storage import Conflict, InvalidInput
 from ui.permissions import require_admin
-from ui.api.core import Strict
 from ui.api.errors import PREFIX, errors
-from ui.api.models import JobDetail, JobOut, Promoted, TrainOut, ok
+from ui.api.models import JobDetail, JobOut, Promoted, Strict, TrainOut, ok
 from ui.services import Services
 
 

@@ -1,4 +1,5 @@
-"""Response bodies of the REST API, as the OpenAPI document describes them (``responses={200: {"model": ...}}``).
+"""Response bodies of the REST API, as the OpenAPI document describes them (``responses={200: {"model": ...}}``), and
+``Strict``, the base of every request body.
 
 Documentation only: the handlers still return plain dicts, so no field is dropped or renamed on the way out. A
 model lists the fields a client may rely on; a body may carry more (no model forbids extra fields). The fuzz
@@ -8,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+
+
+class Strict(BaseModel):
+    """A request body: unknown fields and loose types are refused (422)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Health(BaseModel):

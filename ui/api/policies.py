@@ -9,9 +9,8 @@ from typing import Any, Optional
 
 from fastapi import APIRouter, Request
 
-from ui.api.core import Strict
 from ui.api.errors import PREFIX, errors
-from ui.api.models import TrainOut, ok
+from ui.api.models import Strict, TrainOut, ok
 from ui.flows import decisions as flow
 from ui.permissions import require_admin
 from ui.services import Services

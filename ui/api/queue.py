@@ -5,9 +5,9 @@ from typing import Literal, Optional
 
 from fastapi import APIRouter, Request, Response
 
-from ui.api.core import Strict, rest_annotator
+from ui.api.chat import rest_annotator
 from ui.api.errors import PREFIX, errors
-from ui.api.models import QueueItemOut, QueueStats, QueueVote, ok
+from ui.api.models import QueueItemOut, QueueStats, QueueVote, Strict, ok
 from ui.flows import queue as queueflow
 from ui.services import Services
 

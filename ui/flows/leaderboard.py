@@ -1,7 +1,7 @@
 """The leaderboard every reader sees (REST, the Arena tab, the dashboard, the arena's pairing): excluded
 annotators' votes left out, computed once per vote on one background thread, and shared.
 
-A full leaderboard costs seconds of CPU (``views.BOOTSTRAP_ROUNDS`` Bradley–Terry and style-controlled fits). It
+A full leaderboard costs seconds of CPU (``arena.BOOTSTRAP_ROUNDS`` Bradley–Terry and style-controlled fits). It
 depends only on the counted votes, who is excluded and the versions' statuses, so it is cached under exactly that
 key (the newest vote's id stands for the votes: they are append-only). A reader whose key is not cached waits for the
 one fit of that key, which runs on the ``Leaderboards`` worker thread: however many callers ask, at most one fit
@@ -15,8 +15,9 @@ from typing import Optional
 
 import pandas as pd
 
+from rlhf.analysis import arena
 from storage import Comparison, Policy, Store
-from ui import views
+from ui.views.arena import leaderboard_json as json_rows
 
 KEEP = 64  # cached tables kept (a few per agent: the readers ask for 2-3 variants)
 
@@ -41,9 +42,9 @@ class Leaderboards:
         versions = tuple((p.id, p.status) for p in policies)
         return agent_id, n_boot, with_text, self.store.vote_mark(), excluded, versions
 
-    def table(self, agent: int | str | None, n_boot: int = views.BOOTSTRAP_ROUNDS,
+    def table(self, agent: int | str | None, n_boot: int = arena.BOOTSTRAP_ROUNDS,
               with_text: bool = True) -> pd.DataFrame:
-        """The leaderboard of an agent's versions (``views.board``'s columns); ``with_text`` adds style control."""
+        """The leaderboard of an agent's versions (``arena.board``'s columns); ``with_text`` adds style control."""
         agent_id = self.store.get_agent(agent).id
         policies = self.store.list_policies(agent_id)
         key = self._key(agent_id, policies, n_boot, with_text)
@@ -57,7 +58,7 @@ class Leaderboards:
         return future.result().copy()
 
     def _fit(self, agent_id: int, policies: list[Policy], n_boot: int, with_text: bool) -> pd.DataFrame:
-        return views.board(counted_votes(self.store, agent_id, with_text), policies, n_boot=n_boot)
+        return arena.board(counted_votes(self.store, agent_id, with_text), policies, n_boot=n_boot)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -65,4 +66,4 @@ class Leaderboards:
 
 def leaderboard_json(boards: Leaderboards, agent: Optional[str]) -> list[dict]:
     """GET /leaderboard: the rows as JSON-safe dicts."""
-    return views.leaderboard_json(boards.table(agent))
+    return json_rows(boards.table(agent))

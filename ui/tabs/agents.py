@@ -9,10 +9,10 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import StoreError
-from ui.permissions import Forbidden, require_admin
+from ui.permissions import require_admin
 from ui.flows.agents import check_generation, create_agent
 from ui.services import Services, bind
+from ui.tabs.errors import handles_errors
 
 NEW = "➕ new agent"
 
@@ -41,26 +41,23 @@ def load_agent(services: Services, pick: str):
             g.get("temperature"), g.get("top_p"), a.guidelines)
 
 
+@handles_errors(lambda status: (gr.Dropdown(), status), also=(ValueError,))
 def save_agent(services: Services, pick: str, name: str, system_prompt: str, base_model: str, max_new_tokens,
                temperature, top_p, request: gr.Request = None, guidelines: str = ""):
     """Create the agent (when "new" is picked) or save the picked agent's system prompt, defaults and guidelines."""
-    try:
-        require_admin(services, request)
-        generation = generation_of(max_new_tokens, temperature, top_p)
-        if pick in (None, NEW):
-            agent = create_agent(services, (name or "").strip(), system_prompt or "", (base_model or "").strip() or None,
-                                 generation)
-            if guidelines:
-                agent = services.store.update_agent(agent.name, guidelines=guidelines)
-            message = f"Created agent **{agent.name}** on `{agent.base_model}` (version 0 = the base model)."
-        else:
-            agent = services.store.update_agent(pick, system_prompt or "", check_generation(services, generation),
-                                                guidelines or "")
-            message = (f"Saved agent **{agent.name}**: new conversations use the new system prompt and defaults; "
-                       "annotators see the guidelines in Chat, Arena and Vote.")
-    except (Forbidden, StoreError, ValueError) as exc:
-        gr.Warning(str(exc))
-        return gr.Dropdown(), f"⚠️ {exc}"
+    require_admin(services, request)
+    generation = generation_of(max_new_tokens, temperature, top_p)
+    if pick in (None, NEW):
+        agent = create_agent(services, (name or "").strip(), system_prompt or "", (base_model or "").strip() or None,
+                             generation)
+        if guidelines:
+            agent = services.store.update_agent(agent.name, guidelines=guidelines)
+        message = f"Created agent **{agent.name}** on `{agent.base_model}` (version 0 = the base model)."
+    else:
+        agent = services.store.update_agent(pick, system_prompt or "", check_generation(services, generation),
+                                            guidelines or "")
+        message = (f"Saved agent **{agent.name}**: new conversations use the new system prompt and defaults; "
+                   "annotators see the guidelines in Chat, Arena and Vote.")
     return gr.Dropdown(choices=agent_choices(services), value=agent.name), message
 
 

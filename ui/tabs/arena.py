@@ -10,15 +10,15 @@ from typing import Optional
 
 import gradio as gr
 
-from rlhf.serving.server import Busy
-from storage import Conflict, StoreError
-from ui import views
+from storage import Conflict
+from ui.views.arena import BT_VS_ELO, leaderboard_view, reveal_text, win_rate_view
+from ui.views.text import literal_chat, literal_html, status_label
 from ui.flows.arena import cast_vote, close_round, open_round, stream_round
 from ui.flows.leaderboard import counted_votes
-from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
+from ui.tabs.errors import error_status, handles_errors
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both are bad"))
 HINT = "Ask something: two anonymous versions answer side by side. Vote to reveal which is which."
@@ -36,9 +36,9 @@ def _vote_buttons(enabled: bool) -> list:
 
 def _sides(shared: list[dict], text_a: str, text_b: str, mark_a: str = "", mark_b: str = "") -> tuple[list, list]:
     """Both chat views: the shared context, then each side's reply (HTML shown as typed, a cut reply marked)."""
-    shared = views.literal_chat(shared)
-    return (shared + [{"role": "assistant", "content": views.literal_html(text_a) + mark_a}],
-            shared + [{"role": "assistant", "content": views.literal_html(text_b) + mark_b}])
+    shared = literal_chat(shared)
+    return (shared + [{"role": "assistant", "content": literal_html(text_a) + mark_a}],
+            shared + [{"role": "assistant", "content": literal_html(text_b) + mark_b}])
 
 
 def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,
@@ -53,10 +53,10 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
         if pair_id is not None and store.arena_vote(pair_id) is None:
             raise Conflict("Vote on the current round first (or Start over).")
         rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
-    except (StoreError, Busy, Forbidden) as exc:
-        gr.Warning(str(exc))
+    except Exception as exc:  # nothing started: the text stays in the box, the vote buttons as they were
+        status = error_status(exc)
         open_vote = pair_id is not None and store.arena_vote(pair_id) is None
-        yield (gr.Chatbot(), gr.Chatbot(), state, text, f"⚠️ {exc}", *_vote_buttons(open_vote))
+        yield (gr.Chatbot(), gr.Chatbot(), state, text, status, *_vote_buttons(open_vote))
         return
     state["pair_id"] = None  # the new round has no pair until both replies are stored
     shared = [{"role": m.role, "content": m.content} for m in store.branch(rnd.user.id)]
@@ -75,9 +75,8 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
             yield (chat_a, chat_b, state, "", answering, *_vote_buttons(False))
         pair = close_round(store, rnd)
     except Exception as exc:  # a failed generation: say so, keep the app usable
-        gr.Warning(f"generation failed: {exc}")
-        yield (chat_a, chat_b, state, text, f"⚠️ generation failed: {exc}. Start over to try again.",
-               *_vote_buttons(False))
+        status = error_status(exc, lead="generation failed: ")
+        yield (chat_a, chat_b, state, text, f"{status}. Start over to try again.", *_vote_buttons(False))
         return
     state["pair_id"] = pair.id
     chat_a, chat_b = _sides(shared, rnd.a.saved.content, rnd.b.saved.content, cut_badge(rnd.a.saved),
@@ -85,21 +84,19 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
     yield (chat_a, chat_b, state, "", "Which reply is better? Your vote reveals the versions.", *_vote_buttons(True))
 
 
+@handles_errors(lambda status: (gr.Chatbot(), gr.Chatbot(), f"{status} Start over for a new round.",
+                                  *_vote_buttons(False)))
 def submit_vote(services: Services, winner: str, state: dict, annotator: str, request: gr.Request = None):
     """Store the vote once, then reveal which version wrote each side."""
     store = services.store
     pair_id = (state or {}).get("pair_id")
     if pair_id is None:
         return (gr.Chatbot(), gr.Chatbot(), "Play a round first: ask something.", *_vote_buttons(False))
-    try:
-        vote = cast_vote(store, pair_id, winner, labeller(services, request, annotator))
-    except (StoreError, Forbidden) as exc:
-        gr.Warning(str(exc))
-        return (gr.Chatbot(), gr.Chatbot(), f"⚠️ {exc} Start over for a new round.", *_vote_buttons(False))
+    vote = cast_vote(store, pair_id, winner, labeller(services, request, annotator))
     pol_a = store.get_policy(vote.policy_a_id) if vote.policy_a_id is not None else None
     pol_b = store.get_policy(vote.policy_b_id) if vote.policy_b_id is not None else None
-    label = lambda side, p: f"Model {side} · {views.status_label(p)}" if p else f"Model {side}"  # noqa: E731
-    text = views.reveal_text(vote.winner, pol_a, pol_b, vote.id)
+    label = lambda side, p: f"Model {side} · {status_label(p)}" if p else f"Model {side}"  # noqa: E731
+    text = reveal_text(vote.winner, pol_a, pol_b, vote.id)
     if vote.winner != winner:
         text = "This round was already voted on; the first vote counts. " + text
     return (gr.Chatbot(label=label("A", pol_a)), gr.Chatbot(label=label("B", pol_b)), text, *_vote_buttons(False))
@@ -117,8 +114,8 @@ def leaderboard_tables(services: Services, agent_name: str):
     store = services.store
     agent = store.get_agent(agent_name)
     table = services.leaderboards.table(agent.id)  # cached per vote, fitted off this thread
-    matrix = views.win_rate_view(counted_votes(store, agent.id), store.list_policies(agent.id))
-    return views.leaderboard_view(table), matrix
+    matrix = win_rate_view(counted_votes(store, agent.id), store.list_policies(agent.id))
+    return leaderboard_view(table), matrix
 
 
 # ---- layout ----------------------------------------------------------------------------------------
@@ -151,7 +148,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
                              interactive=False, wrap=True)
         matrix = gr.Dataframe(label="Win rate of the row version against the column version (ties count half)",
                               interactive=False)
-        gr.Markdown(views.BT_VS_ELO)
+        gr.Markdown(BT_VS_ELO)
 
     chats = [chat_a, chat_b]
     play = bind(play_round, services)

@@ -14,15 +14,15 @@ from typing import Optional
 
 import gradio as gr
 
-from rlhf.serving.server import Busy
-from storage import FLAGS, StoreError
+from storage import FLAGS
 from ui.flows import access, chat as chatflow
 from ui.permissions import Forbidden, is_admin
 from ui.services import Services, bind
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
-from ui.views import literal_html
+from ui.tabs.errors import error_status, error_text, handles_errors
+from ui.views.text import literal_html
 
 THUMBS = ("Like", "Dislike")  # flags are ticked in the label panel: one icon state per bubble can show one thumb
 ACTIVE = "active"  # the version choice that follows promotions
@@ -133,9 +133,8 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         user_msg = chatflow.add_user_turn(store, agent, [{"role": "user", "content": text}],
                                           state["conversation_id"], name, parent_id=parent)
         pending = chatflow.begin_reply(store, server, user_msg.id, policy, params, services.replies)
-    except (StoreError, Busy, Forbidden) as exc:
-        gr.Warning(str(exc))
-        yield _refused(state, f"⚠️ {exc}")
+    except Exception as exc:  # nothing started: no reply for ``follow_reply`` to move the panel to
+        yield _refused(state, error_status(exc))
         return
     history, ids = cv.branch_view(store, user_msg.id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
@@ -158,7 +157,7 @@ def _streamed(services, request, annotator, agent_name, state: dict, pending, hi
         state.update(ids=[reply.id], reply=reply.id)
     except Exception as exc:  # a failed generation: the turn stays, marked unanswered; the app stays usable
         state["reply"] = None
-        status = failed.format(exc=exc)
+        status = failed.format(exc=error_text(exc))
     state["busy"] = False
     yield shown_view(services, request, annotator, agent_name, state, status, icons=False)
 
@@ -196,9 +195,8 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
         pending = chatflow.begin_reply(store, services.server_for(agent), parent_id, policy, params,
                                        services.replies)
-    except (StoreError, Busy, Forbidden) as exc:
-        gr.Warning(str(exc))
-        yield _refused(state, f"⚠️ {exc}")
+    except Exception as exc:  # nothing started: no reply for ``follow_reply`` to move the panel to
+        yield _refused(state, error_status(exc))
         return
     history, ids = cv.branch_view(store, parent_id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
@@ -234,6 +232,7 @@ def show_alternative(services: Services, step: int, state: dict, agent_name, ann
                   (form_for, panel_as, note, touched))
 
 
+@handles_errors(lambda status: _status_only(status, N_OUT + labels.N_PANEL), warn=False)
 def open_conversation(services: Services, conversation_id, state: dict, agent_name, annotator, form_for, panel_as,
                       note, touched=0, request: gr.Request = None):
     """Show one of the annotator's conversations where it was left (its newest message)."""
@@ -245,13 +244,10 @@ def open_conversation(services: Services, conversation_id, state: dict, agent_na
     if state["busy"]:
         return _status_only(BUSY, n)
     name = labels.viewer(services, request, annotator)
-    try:
-        conv = store.get_conversation(int(conversation_id))
-        if not name or conv.annotator_id != store.annotator_id(name):
-            raise Forbidden("that conversation is someone else's")
-        leaf = store.leaf(conv.id)
-    except (StoreError, Forbidden) as exc:
-        return _status_only(f"⚠️ {exc}", n)
+    conv = store.get_conversation(int(conversation_id))
+    if not name or conv.annotator_id != store.annotator_id(name):
+        raise Forbidden("that conversation is someone else's")
+    leaf = store.leaf(conv.id)
     _, ids = cv.branch_view(store, leaf.id)
     selected = leaf.id if leaf.role == "assistant" else None
     state = {**empty_state(), "conversation_id": conv.id, "ids": ids}

@@ -15,11 +15,12 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import InvalidInput, StoreError
-from ui.permissions import Forbidden, current_user
+from storage import InvalidInput
+from ui.permissions import current_user
 from ui.services import Services
 from ui.tabs import chat_view as cv
 from ui.tabs.common import labeller
+from ui.tabs.errors import error_status, handles_errors
 
 N_PANEL = 7  # form_for, panel_as, header, score, flags, note, touched: see ``panel``
 
@@ -99,11 +100,11 @@ def like_reply(services: Services, state: dict, annotator: str, form_for, panel_
             done = "👎 stored"
         else:  # the lit icon clicked again: "" from the browser
             done = "thumb taken back" if store.withdraw_rating(reply, name) else "no thumb of yours to take back"
-    except (StoreError, Forbidden) as exc:
-        gr.Warning(str(exc))
+    except Exception as exc:  # the icons go back to what is stored for this person
+        status = error_status(exc)
         name = viewer(services, request, annotator)
         thumbs = cv.thumbs_shown(store, (state or {}).get("ids", []), name)
-        return (gr.skip(),) * N_PANEL + (f"⚠️ {exc}", gr.Chatbot(feedback_value=thumbs))
+        return (gr.skip(),) * N_PANEL + (status, gr.Chatbot(feedback_value=thumbs))
     shown = None if form_for is None else int(form_for)
     keep = shown is not None and shown != reply and cv.unsaved_note(store, shown, panel_as or None, note)
     status = cv.rating_summary(store, reply, name, f"{done} on reply **#{reply}**") + cv.same_text_note(store, reply)
@@ -114,14 +115,12 @@ def like_reply(services: Services, state: dict, annotator: str, form_for, panel_
     return outputs + (status, gr.skip())
 
 
+@handles_errors(lambda status: (gr.skip(),) * N_PANEL + (status,), warn=False)
 def select_reply(services: Services, state: dict, annotator: str, form_for, panel_as, note, touched,
                  data: gr.SelectData, request: gr.Request = None):
     """Clicking a reply shows its labels in the panel (nothing is written)."""
     name = viewer(services, request, annotator)
-    try:
-        reply = clicked_reply(services, state, data)
-    except (StoreError, Forbidden) as exc:
-        return (gr.skip(),) * N_PANEL + (str(exc),)
+    reply = clicked_reply(services, state, data)
     shown = None if form_for is None else int(form_for)
     outputs, warning = moved_panel(services, reply, name, shown, panel_as, note, touched)
     return outputs + (cv.rating_summary(services.store, reply, name) + warning,)
@@ -137,11 +136,11 @@ def _label(services: Services, request, annotator, form_for, touched, write) -> 
     try:
         name = labeller(services, request, annotator)
         done = write(store, reply, name)
-    except (StoreError, Forbidden) as exc:
-        gr.Warning(str(exc))
+    except Exception as exc:  # the panel goes back to what is stored for this person
+        status = error_status(exc)
         name = viewer(services, request, annotator)
         score, flags, _ = cv.panel_values(store, reply, name)
-        return (f"⚠️ {exc}", gr.skip(), gr.skip(), score, flags, touch(touched))
+        return (status, gr.skip(), gr.skip(), score, flags, touch(touched))
     score, flags, _ = cv.panel_values(store, reply, name)
     return (cv.rating_summary(store, reply, name, f"{done} on reply **#{reply}**"), name,
             cv.panel_header(store, reply, name), score, flags, touch(touched))

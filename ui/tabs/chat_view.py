@@ -10,7 +10,7 @@ from typing import Optional
 
 from storage import InvalidInput, Message, Store
 from ui.flows.chat import is_cut
-from ui.views import literal_html, short_time
+from ui.views.text import literal_html, short_time
 
 UNANSWERED = ("⏳ *No reply yet: the page was left (or the reply failed) while it was being written. "
               "Press **Regenerate** to answer it.*")

@@ -6,10 +6,11 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import InvalidInput, StoreError
+from storage import InvalidInput
 from ui.auth import signed_in_annotator
 from ui.permissions import Forbidden
 from ui.services import Services
+from ui.tabs.errors import handles_errors
 
 NAME_FIRST = ("Type your name in the box at the top first: every label is stored under it (asked once, then "
               "remembered in this browser).")
@@ -29,13 +30,10 @@ def labeller(services: Services, request, typed: Optional[str]) -> str:
     return name
 
 
+@handles_errors(lambda status: NO_GUIDELINES, warn=False)
 def guidelines_markdown(services: Services, agent_name: Optional[str]) -> str:
-    """The agent's annotation guidelines as shown above Chat, Arena and Vote."""
-    try:
-        text = services.store.get_agent(agent_name).guidelines
-    except StoreError:
-        return NO_GUIDELINES
-    return text.strip() or NO_GUIDELINES
+    """The agent's annotation guidelines as shown above Chat, Arena and Vote (none for an agent that is gone)."""
+    return services.store.get_agent(agent_name).guidelines.strip() or NO_GUIDELINES
 
 
 def check_message(services: Services, text: Optional[str]) -> str:

@@ -11,11 +11,17 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import StoreError
-from ui import charts, views
-from ui.permissions import Forbidden, is_admin, require_admin
+from rlhf.interop.hub import HubError, zip_version
+from ui import charts
+from ui.views.dashboard import (curve_series, default_curve_keys, job_choices, mean_eval_reward, metric_keys,
+                                rating_rows, rollback_target, side_by_side, version_choices, versions_table,
+                                volume_bins)
+from ui.views.arena import BT_VS_ELO
+from ui.views.text import missing, version_label
+from ui.permissions import is_admin, require_admin
 from ui.services import Services, bind
 from ui.tabs.decisions import build_decisions_panel
+from ui.tabs.errors import handles_errors
 
 REFRESH_SECONDS = 10
 ADMIN_NOTE = "Admin actions change which version the agent serves and what the arena offers; each asks first."
@@ -34,17 +40,17 @@ def refresh_overview(services: Services, agent_name: str, pick_a, pick_b, pick_a
     policies = store.list_policies(agent_name)
     table = services.leaderboards.table(agent_name, with_text=False)
     reward_models = {rm.id: rm for rm in store.list_reward_models(agent_name)}
-    scored = {p.id: views.mean_eval_reward(store.eval_samples(p.id)) for p in policies
-              if views.missing((p.metrics or {}).get("eval/reward"))}  # the base: its stored eval replies' scores
-    versions = views.versions_table(policies, reward_models, table, scored)
-    ratings = charts.interval_chart(views.rating_rows(table))
-    labels, stacks, caption = views.volume_bins(store.feedback_volume(agent_name, per="minute"),
+    scored = {p.id: mean_eval_reward(store.eval_samples(p.id)) for p in policies
+              if missing((p.metrics or {}).get("eval/reward"))}  # the base: its stored eval replies' scores
+    versions = versions_table(policies, reward_models, table, scored)
+    ratings = charts.interval_chart(rating_rows(table))
+    labels, stacks, caption = volume_bins(store.feedback_volume(agent_name, per="minute"),
                                                 datetime.now(timezone.utc))
     volume = charts.bar_chart(labels, stacks, "ratings + votes", caption)
-    choices = views.version_choices(policies)
+    choices = version_choices(policies)
     active = store.active_policy(agent_name).id
     newest_other = next((c[1] for c in choices if c[1] != active), None)
-    jobs = views.job_choices(store.list_jobs(agent_name))
+    jobs = job_choices(store.list_jobs(agent_name))
     a = _keep(pick_a, choices, active)
     b = _keep(pick_b, choices, newest_other)
     if b == a:  # one version against itself says nothing: the other side moves to the newest other version
@@ -66,9 +72,9 @@ def show_curves(services: Services, job_id, keys):
     if job_id is None:
         return charts.small_multiples({}), gr.Dropdown(choices=[], value=[], multiselect=True)
     rows = services.store.job_metrics(int(job_id))
-    available = views.metric_keys(rows)
-    chosen = [k for k in (keys or []) if k in available] or views.default_curve_keys(available)
-    return (charts.small_multiples(views.curve_series(rows, chosen)),
+    available = metric_keys(rows)
+    chosen = [k for k in (keys or []) if k in available] or default_curve_keys(available)
+    return (charts.small_multiples(curve_series(rows, chosen)),
             gr.Dropdown(choices=available, value=chosen, multiselect=True))
 
 
@@ -76,10 +82,10 @@ def show_side_by_side(services: Services, policy_a, policy_b):
     """Two versions' stored replies to the eval prompts, in two columns with reward-model scores."""
     store = services.store
     if policy_a is None or policy_b is None:
-        return views.side_by_side([], [], "A", "B")
+        return side_by_side([], [], "A", "B")
     a, b = store.get_policy(int(policy_a)), store.get_policy(int(policy_b))
-    return views.side_by_side(store.eval_samples(a.id), store.eval_samples(b.id), views.version_label(a),
-                              views.version_label(b))
+    return side_by_side(store.eval_samples(a.id), store.eval_samples(b.id), version_label(a),
+                              version_label(b))
 
 
 def admin_access(services: Services, request: gr.Request):
@@ -89,13 +95,10 @@ def admin_access(services: Services, request: gr.Request):
 
 
 # ---- admin handlers --------------------------------------------------------------------------------
+@handles_errors()
 def _admin_action(services: Services, request, action) -> str:
-    try:
-        require_admin(services, request)
-        return action()
-    except (Forbidden, StoreError) as exc:
-        gr.Warning(str(exc))
-        return f"⚠️ {exc}"
+    require_admin(services, request)
+    return action()
 
 
 def promote_version(services: Services, policy_id, request: gr.Request) -> str:
@@ -104,18 +107,18 @@ def promote_version(services: Services, policy_id, request: gr.Request) -> str:
         if policy_id is None:
             return "Pick a version first."
         p = services.store.promote_policy(int(policy_id))
-        return f"{views.version_label(p)} is now the active version."
+        return f"{version_label(p)} is now the active version."
     return _admin_action(services, request, act)
 
 
 def rollback_version(services: Services, agent_name: str, request: gr.Request) -> str:
     """Promote the active version's parent (else the newest older usable version)."""
     def act():
-        target = views.rollback_target(services.store.list_policies(agent_name))
+        target = rollback_target(services.store.list_policies(agent_name))
         if target is None:
             return "Nothing to roll back to: the active version has no usable older version."
         p = services.store.promote_policy(target.id)
-        return f"Rolled back: {views.version_label(p)} is now the active version."
+        return f"Rolled back: {version_label(p)} is now the active version."
     return _admin_action(services, request, act)
 
 
@@ -125,7 +128,7 @@ def archive_version(services: Services, policy_id, request: gr.Request) -> str:
         if policy_id is None:
             return "Pick a version first."
         p = services.store.archive_policy(int(policy_id))
-        return f"{views.version_label(p)} is archived."
+        return f"{version_label(p)} is archived."
     return _admin_action(services, request, act)
 
 
@@ -137,11 +140,11 @@ def confirm_text(services: Services, action: str, agent_name: str, policy_id) ->
     store = services.store
     active = store.active_policy(agent_name)
     if action == "rollback":
-        target = views.rollback_target(store.list_policies(agent_name))
+        target = rollback_target(store.list_policies(agent_name))
         if target is None:
             return None
-        return (f"**Roll back to {views.version_label(target)}?** It becomes the version everyone chats with and the "
-                f"arena compares against; {views.version_label(active)} (active now) stays as a candidate.")
+        return (f"**Roll back to {version_label(target)}?** It becomes the version everyone chats with and the "
+                f"arena compares against; {version_label(active)} (active now) stays as a candidate.")
     if policy_id is None:
         return None
     p = store.get_policy(int(policy_id))
@@ -150,21 +153,19 @@ def confirm_text(services: Services, action: str, agent_name: str, policy_id) ->
     if action == "promote":
         if p.id == active.id:
             return None
-        return (f"**Promote {views.version_label(p)}?** It becomes the version everyone chats with and the arena "
-                f"compares against; {views.version_label(active)} (active now) stays as a candidate.")
-    return (f"**Archive {views.version_label(p)}?** It is no longer served, offered in the arena or asked about in "
+        return (f"**Promote {version_label(p)}?** It becomes the version everyone chats with and the arena "
+                f"compares against; {version_label(active)} (active now) stays as a candidate.")
+    return (f"**Archive {version_label(p)}?** It is no longer served, offered in the arena or asked about in "
             "the vote queue; its data stays (promote it to bring it back).")
 
 
+@handles_errors(lambda status: (*dismiss(), status), warn=False)
 def ask(services: Services, action: str, agent_name: str, policy_id, request: gr.Request = None):
     """Show the confirmation of ``action`` (the matching "Yes" button), or say why there is nothing to do."""
-    hidden = (gr.Group(visible=False), "", *[gr.Button(visible=False) for _ in ACTIONS])
+    hidden = dismiss()
     if not is_admin(services, request):
         return (*hidden, VIEW_ONLY)
-    try:
-        text = confirm_text(services, action, agent_name, policy_id)
-    except StoreError as exc:
-        return (*hidden, f"⚠️ {exc}")
+    text = confirm_text(services, action, agent_name, policy_id)
     if text is None:
         why = {"rollback": "Nothing to roll back to: the active version has no usable older version.",
                "promote": "Pick a version that is not the active one."}.get(action, "Pick a version first.")
@@ -187,34 +188,30 @@ def regenerate_eval(services: Services, agent_name: str, policy_id, request: gr.
             return "Pick a version first."
         policy = services.store.get_policy(int(policy_id))
         job = services.scheduler.enqueue("eval_samples", agent_name, policy_id=policy.id, key=f"policy{policy.id}")
-        return (f"Queued: job #{job.id} regenerates the eval replies of {views.version_label(policy)}; "
+        return (f"Queued: job #{job.id} regenerates the eval replies of {version_label(policy)}; "
                 "they appear here when it finishes.")
     return _admin_action(services, request, act)
 
 
 # ---- download a version (issue 28) -----------------------------------------------------------------
+@handles_errors(lambda status: (gr.DownloadButton(visible=False), status), warn=False, also=(HubError,))
 def download_version(services: Services, policy_id, request: gr.Request = None):
     """The picked version as a zip (PEFT adapter naming its base by hub id + model card), for admins.
 
     Like the Data tab's exports it lies in a private directory that only admins can download from, deleted
     after the download or within ``ui.downloads.TTL`` seconds."""
-    from rlhf.interop.hub import HubError, zip_version
     from ui.downloads import DOWNLOADS
 
-    work = None
+    require_admin(services, request)
+    if policy_id is None:
+        return gr.DownloadButton(visible=False), "Pick a version first."
+    work = DOWNLOADS.new_dir("rlhf-version-")
     try:
-        require_admin(services, request)
-        if policy_id is None:
-            return gr.DownloadButton(visible=False), "Pick a version first."
-        work = DOWNLOADS.new_dir("rlhf-version-")
         path = zip_version(services.store, int(policy_id), work)
         DOWNLOADS.seal(work)
-    except BaseException as exc:
-        if work is not None:
-            DOWNLOADS.remove(work)
-        if not isinstance(exc, (Forbidden, StoreError, HubError)):
-            raise
-        return gr.DownloadButton(visible=False), f"⚠️ {exc}"
+    except BaseException:  # no half-written zip is left behind
+        DOWNLOADS.remove(work)
+        raise
     return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
             f"{path.name}: load it with `PeftModel.from_pretrained(base, folder)`; its README.md is the model card.")
 
@@ -245,7 +242,7 @@ def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:
         with gr.Column():
             gr.Markdown("**Feedback volume** (ratings and votes per time bin)")
             volume = gr.HTML(charts.empty_chart("Loading…"))
-    gr.Markdown(views.BT_VS_ELO)
+    gr.Markdown(BT_VS_ELO)
     with gr.Accordion("Training curves", open=True):
         with gr.Row():
             job = gr.Dropdown([], label="Retrain job", scale=1)
@@ -293,7 +290,7 @@ def _side_by_side_layout() -> SimpleNamespace:
             regen_b = gr.Button("Regenerate B's eval replies")
         samples = gr.Dataframe(label="Replies to the held-out eval prompts (generated at publish time)",
                                interactive=False, wrap=True,
-                               column_widths=["20%", "34%", "6%", "34%", "6%"])  # views.side_by_side's columns
+                               column_widths=["20%", "34%", "6%", "34%", "6%"])  # side_by_side's columns
         status = gr.Markdown()
     return SimpleNamespace(pick_a=pick_a, pick_b=pick_b, regen_a=regen_a, regen_b=regen_b, samples=samples,
                            status=status)

@@ -12,15 +12,16 @@ import pandas as pd
 
 from rlhf.analysis import quality
 from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
-from storage import FLAGS, NotFound, StoreError
+from storage import FLAGS, NotFound
 from ui.tabs.agents import build_agents_panel
 from ui.downloads import DOWNLOADS
 from ui import charts
 from ui.flows import decisions as decisions_flow
-from ui.permissions import Forbidden, current_user, is_admin, require_admin, sees_all_feedback
+from ui.permissions import current_user, is_admin, require_admin, sees_all_feedback
 from ui.services import Services, bind
 from ui.tabs.common import ask, build_question, hide_question
-from ui.views import literal_html
+from ui.tabs.errors import handles_errors
+from ui.views.text import literal_html
 
 ALL = "all"
 ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."
@@ -140,16 +141,13 @@ def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag
             gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)]))
 
 
+@handles_errors()
 def set_excluded(services: Services, name: Optional[str], excluded: bool, request: gr.Request = None) -> str:
     """Exclude an annotator's feedback from training (kept in the Store), or bring it back."""
-    try:
-        require_admin(services, request)
-        if not name:
-            return "Pick an annotator first."
-        done = decisions_flow.set_excluded(services, name, excluded)
-    except (Forbidden, StoreError) as exc:
-        gr.Warning(str(exc))
-        return f"⚠️ {exc}"
+    require_admin(services, request)
+    if not name:
+        return "Pick an annotator first."
+    done = decisions_flow.set_excluded(services, name, excluded)
     reopened = decisions_flow.reopened_text(done["reopened"])
     reopened = f"\n\n**Decisions reopened:** {literal_html(reopened)}" if reopened else ""
     if done["excluded"]:
@@ -158,50 +156,42 @@ def set_excluded(services: Services, name: Optional[str], excluded: bool, reques
     return f"**{literal_html(done['name'])}** is included again in training." + reopened
 
 
+@handles_errors(lambda status: (gr.DownloadButton(visible=False), status), also=(ExportError,))
 def run_export(services: Services, agent: str, fmt: str, request: gr.Request = None):
     """Write an export of the agent's feedback and offer it as a download (a zip for directory formats).
 
     The file lies in a private directory (0700, files 0600) that only admins can download from; it is
     deleted after the download or within ``ui.downloads.TTL`` seconds.
     """
-    work = None
+    require_admin(services, request)
+    work = DOWNLOADS.new_dir()
     try:
-        require_admin(services, request)
-        work = DOWNLOADS.new_dir()
         agent_id = services.store.get_agent(agent).id if agent else None
         result = export(services.store, services.config, fmt, work / default_name(fmt, agent_id), agent)
         path = archive(result, work)
         DOWNLOADS.seal(work)
-    except BaseException as exc:
-        if work is not None:
-            DOWNLOADS.remove(work)
-        if not isinstance(exc, (Forbidden, StoreError, ExportError)):
-            raise
-        gr.Warning(str(exc))
-        return gr.DownloadButton(visible=False), f"⚠️ {exc}"
+    except BaseException:  # no half-written export is left behind
+        DOWNLOADS.remove(work)
+        raise
     counts = ", ".join(f"{v} {k}" for k, v in result.counts.items())
     minutes = max(1, round(DOWNLOADS.ttl / 60))
     return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
             f"Exported {counts}. The file is kept for {minutes} min or until downloaded.")
 
 
+@handles_errors(lambda status: (status, gr.Textbox(value="", visible=False)), also=(ValueError,))
 def make_token(services: Services, name: str, label: str, expires_in_days=None, request: gr.Request = None):
     """Create an API token for a user (optionally expiring after some days); it is shown once: (message, the token
     in a read-only box whose copy button copies exactly the token, no line around it)."""
-    hidden = gr.Textbox(value="", visible=False)
-    try:
-        require_admin(services, request)
-        name = (name or "").strip()
-        if not name:
-            return "Type the user's name first.", hidden
-        auth = services.auth
-        if auth is not None and auth.mode == "users" and auth.role_for(name) is None:
-            raise NotFound(f"{name!r} is not a configured user")
-        days = None if expires_in_days in (None, "", 0) else float(expires_in_days)
-        token = services.store.create_api_token(name, label or "", days)
-    except (Forbidden, StoreError, ValueError) as exc:
-        gr.Warning(str(exc))
-        return f"⚠️ {exc}", hidden
+    require_admin(services, request)
+    name = (name or "").strip()
+    if not name:
+        return "Type the user's name first.", gr.Textbox(value="", visible=False)
+    auth = services.auth
+    if auth is not None and auth.mode == "users" and auth.role_for(name) is None:
+        raise NotFound(f"{name!r} is not a configured user")
+    days = None if expires_in_days in (None, "", 0) else float(expires_in_days)
+    token = services.store.create_api_token(name, label or "", days)
     until = f" It expires in {days:g} day(s)." if days else ""
     return (f"Token for **{literal_html(name)}** below, shown only now: copy it with the box's copy button and send "
             f"it as `Authorization: Bearer <token>`.{until}", gr.Textbox(value=token, visible=True))
@@ -217,44 +207,37 @@ def token_table(services: Services, request: gr.Request = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*columns, "revoked", "expired"])[columns]
 
 
+@handles_errors(lambda status: ask(None, status), warn=False, also=(ValueError,))
 def ask_revoke(services: Services, token_id, request: gr.Request = None) -> tuple:
     """The question before revoking a token: whose it is and that it cannot be undone."""
-    try:
-        require_admin(services, request)
-        if token_id in (None, ""):
-            return ask(None, "Type the id of the token to revoke (see the table).")
-        token_id = int(token_id)
-        user = services.store.api_token_user(token_id)
-    except (Forbidden, StoreError, ValueError) as exc:
-        return ask(None, f"⚠️ {exc}")
+    require_admin(services, request)
+    if token_id in (None, ""):
+        return ask(None, "Type the id of the token to revoke (see the table).")
+    token_id = int(token_id)
+    user = services.store.api_token_user(token_id)
     return ask(f"**Revoke token #{token_id} of {literal_html(user)}?** Every program that uses it is refused from "
                "the next request on, and a revoked token cannot be brought back (create a new one instead).")
 
 
+@handles_errors(also=(ValueError,))
 def revoke_token(services: Services, token_id, request: gr.Request = None) -> str:
     """Revoke an API token by id (admins): it stops working at once."""
-    try:
-        require_admin(services, request)
-        if token_id in (None, ""):
-            return "Type the id of the token to revoke (see the table)."
-        token_id = int(token_id)
-        user = services.store.api_token_user(token_id)
-        services.store.revoke_api_token(token_id)
-    except (Forbidden, StoreError, ValueError) as exc:
-        gr.Warning(str(exc))
-        return f"⚠️ {exc}"
+    require_admin(services, request)
+    if token_id in (None, ""):
+        return "Type the id of the token to revoke (see the table)."
+    token_id = int(token_id)
+    user = services.store.api_token_user(token_id)
+    services.store.revoke_api_token(token_id)
     return f"Token #{token_id} of **{literal_html(user)}** is revoked."
 
 
+@handles_errors(lambda status: ask(None, status), warn=False)
 def ask_exclude(services: Services, agent: str, name: Optional[str], request: gr.Request = None) -> tuple:
     """The question before excluding an annotator: how much of their feedback the next retrain leaves out."""
-    try:
-        require_admin(services, request)
-        if not name:
-            return ask(None, "Pick an annotator first.")
-        rows = services.store.feedback_rows(services.store.get_agent(agent).id)
-    except (Forbidden, StoreError) as exc:
-        return ask(None, f"⚠️ {exc}")
+    require_admin(services, request)
+    if not name:
+        return ask(None, "Pick an annotator first.")
+    rows = services.store.feedback_rows(services.store.get_agent(agent).id)
     ratings = sum(1 for r in rows["ratings"] if r["annotator"] == name)
     votes = sum(1 for c in rows["comparisons"] if c["annotator"] == name)
     return ask(f"**Exclude {literal_html(name)} from training?** Their {ratings} rating event(s) and {votes} vote(s) "

@@ -11,11 +11,11 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import StoreError
 from ui.flows import decisions as flow
-from ui.permissions import Forbidden, require_admin
+from ui.permissions import require_admin
 from ui.services import Services, bind
 from ui.tabs.common import ask, build_question, hide_question
+from ui.tabs.errors import handles_errors
 
 REFRESH_SECONDS = 10
 EMPTY = "No open decisions: every candidate was promoted, rejected or decided by people's votes."
@@ -71,31 +71,24 @@ def tainted_markdown(rows: list[dict]) -> str:
         f"- v{r['version']} ({r['status']}) learned from {', '.join(r['tainted_by'])}" for r in rows)
 
 
+@handles_errors(lambda status: (status, "", gr.update(choices=[], value=None)), warn=False)
 def refresh_panel(services: Services, agent_name: str, current=None):
     """Open decisions, marked versions and the retrain picker's choices (keeping the pick while it is marked: a
     question asked about it must not change its subject under the admin's hand)."""
-    try:
-        rows, marked = flow.open_decisions(services, agent_name), flow.tainted(services, agent_name)
-    except StoreError as exc:
-        return f"⚠️ {exc}", "", gr.update(choices=[], value=None)
+    rows, marked = flow.open_decisions(services, agent_name), flow.tainted(services, agent_name)
     choices = [(f"v{r['version']}", r["policy_id"]) for r in marked]
     ids = [c[1] for c in choices]
     value = current if current in ids else (ids[0] if ids else None)
     return decisions_markdown(rows), tainted_markdown(marked), gr.update(choices=choices, value=value)
 
 
+@handles_errors(lambda status: ask(None, status), warn=False)
 def ask_retrain_without(services: Services, agent_name: str, policy_id, request: gr.Request = None) -> tuple:
     """The question before "Retrain without them": who is left out, what starts, how long it takes."""
-    try:
-        require_admin(services, request)
-    except Forbidden as exc:
-        return ask(None, f"⚠️ {exc}")
+    require_admin(services, request)
     if policy_id is None:
         return ask(None, "Pick a marked version first.")
-    try:
-        row = next((r for r in flow.tainted(services, agent_name) if r["policy_id"] == int(policy_id)), None)
-    except StoreError as exc:
-        return ask(None, f"⚠️ {exc}")
+    row = next((r for r in flow.tainted(services, agent_name) if r["policy_id"] == int(policy_id)), None)
     if row is None:
         return ask(None, "That version is no longer marked: pick another one.")
     who = ", ".join(row["tainted_by"])
@@ -105,17 +98,15 @@ def ask_retrain_without(services: Services, agent_name: str, policy_id, request:
                "replaces it only if it passes the gate.")
 
 
+@handles_errors(warn=False)
 def retrain_without(services: Services, policy_id, request: gr.Request) -> str:
     """Queue a retrain that leaves out the excluded annotators the picked version learned from."""
-    try:
-        require_admin(services, request)
-        if policy_id is None:
-            return "Pick a marked version first."
-        out = flow.retrain_without(services, int(policy_id))
-        return (f"Queued job #{out['job_id']}: retrain without {', '.join(out['without'])}, PPO from version id "
-                f"{out['from_policy_id']}.")
-    except (Forbidden, StoreError) as exc:
-        return f"⚠️ {exc}"
+    require_admin(services, request)
+    if policy_id is None:
+        return "Pick a marked version first."
+    out = flow.retrain_without(services, int(policy_id))
+    return (f"Queued job #{out['job_id']}: retrain without {', '.join(out['without'])}, PPO from version id "
+            f"{out['from_policy_id']}.")
 
 
 def build_decisions_panel(services: Services, agent: gr.Dropdown) -> None:

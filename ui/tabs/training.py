@@ -11,11 +11,13 @@ import pandas as pd
 
 from rlhf.retrain.data import dry_run
 from rlhf.jobs.scheduler import Rule
-from storage import Job, StoreError
-from ui import charts, views
-from ui.permissions import Forbidden, require_admin
+from storage import Job
+from ui import charts
+from ui.views.dashboard import curve_series, rm_accuracy_text
+from ui.permissions import require_admin
 from ui.services import Services, bind
 from ui.tabs.decisions import guard_html
+from ui.tabs.errors import handles_errors
 
 # The curves shown for a job, one panel each (one quantity per axis), in this order when logged.
 CURVE_KEYS = ("reward/mean", "eval/reward", "ppo/kl", "eval/kl", "loss/policy", "loss/value", "reward/train_loss")
@@ -85,7 +87,7 @@ def progress_html(job: Optional[Job]) -> str:
         detail += (f"<br><b>Gate: {html.escape(str(gate.get('verdict')))}</b> — "
                    f"{html.escape(str(gate.get('reason', '')))}" + guard_html(gate))
     rm = ((job.result or {}).get("metrics") or {})
-    cv = views.rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
+    cv = rm_accuracy_text({k: rm.get(f"reward_model/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")})
     if cv:
         detail += f"<br>Reward model, cross-validated accuracy: {html.escape(cv)}"
     clock = time_left(job)
@@ -104,7 +106,7 @@ def job_choices(jobs: list[Job]) -> list[tuple[str, int]]:
 def curves_html(rows: list[dict]) -> str:
     """The job's curves, one panel per logged metric of ``CURVE_KEYS``."""
     present = {r["key"] for r in rows}
-    return charts.small_multiples(views.curve_series(rows, [k for k in CURVE_KEYS if k in present]),
+    return charts.small_multiples(curve_series(rows, [k for k in CURVE_KEYS if k in present]),
                                   empty="No curves yet: they appear as the job logs its steps.")
 
 
@@ -125,10 +127,7 @@ def refresh(services: Services, agent: str, job_id):
     without them*, the scheduler) shows here as soon as it is queued."""
     store = services.store
     jobs = store.list_jobs(limit=30)
-    try:
-        estimate = estimate_markdown(dry_run(store, services.config, agent))
-    except StoreError as exc:
-        estimate = f"⚠️ {exc}"
+    estimate = _estimate(services, agent)
     estimate += f"\n\n**Serving engine:** {services.server.engine_status}"
     if services.scheduler is not None:  # how the cores are split between chat and a running job
         estimate += "\n\n" + services.scheduler.runner.budget.status()
@@ -146,34 +145,34 @@ def refresh(services: Services, agent: str, job_id):
             progress_html(job), curves_html(rows), log, sched, gr.Button(interactive=can_cancel))
 
 
+@handles_errors(warn=False)
+def _estimate(services: Services, agent: str) -> str:
+    """What a retrain of ``agent`` would use and take, or why it cannot be estimated."""
+    return estimate_markdown(dry_run(services.store, services.config, agent))
+
+
+@handles_errors(lambda status: (gr.Group(visible=False), "", status), warn=False)
 def ask_retrain(services: Services, agent: str, request: gr.Request = None):
     """The question before a retrain: what it uses, how long it takes, what it changes for everyone."""
-    hidden = (gr.Group(visible=False), "")
-    try:
-        require_admin(services, request)
-        estimate = dry_run(services.store, services.config, agent)
-    except (Forbidden, StoreError) as exc:
-        return (*hidden, f"⚠️ {exc}")
+    require_admin(services, request)
+    estimate = dry_run(services.store, services.config, agent)
     if not estimate["ready"]:
-        return (*hidden, f"⚠️ Not enough data yet: need {estimate['missing']}.")
+        return (gr.Group(visible=False), "", f"⚠️ Not enough data yet: need {estimate['missing']}.")
     text = (f"**Retrain {agent} now?** A new version is trained on {estimate['feedback_count']} ratings and votes "
             f"(about {estimate['estimated_minutes']} min if the machine is otherwise quiet, longer while people chat; "
             "chat slows down meanwhile). If it passes the gate it becomes the version everyone chats with.")
     return gr.Group(visible=True), text, ""
 
 
+@handles_errors(lambda status: (status, gr.skip()), warn=False)
 def retrain_now(services: Services, agent: str, request: gr.Request = None):
     """Enqueue a retrain (admins); the runner starts it in its own process. Returns the message and the job
     picker on the new job, so its progress shows at once."""
-    try:
-        require_admin(services, request)
-        estimate = dry_run(services.store, services.config, agent)
-        if not estimate["ready"]:
-            return f"⚠️ Not enough data yet: need {estimate['missing']}.", gr.skip()
-        job = services.scheduler.enqueue("retrain", agent, reason="manual",
-                                         estimated_minutes=estimate["estimated_minutes"])
-    except (Forbidden, StoreError) as exc:
-        return f"⚠️ {exc}", gr.skip()
+    require_admin(services, request)
+    estimate = dry_run(services.store, services.config, agent)
+    if not estimate["ready"]:
+        return f"⚠️ Not enough data yet: need {estimate['missing']}.", gr.skip()
+    job = services.scheduler.enqueue("retrain", agent, reason="manual", estimated_minutes=estimate["estimated_minutes"])
     picker = gr.Dropdown(choices=job_choices(services.store.list_jobs(limit=30)), value=job.id)
     return f"Retrain job #{job.id} is in the queue: its progress shows below.", picker
 
@@ -186,15 +185,14 @@ def pin(services: Services, job_id):
     return int(job_id)
 
 
+@handles_errors(warn=False)
 def cancel(services: Services, job_id, request: gr.Request = None):
-    try:
-        require_admin(services, request)
-        if job_id in (None, ""):
-            return "Select a job first."
-        job = services.store.request_cancel(int(job_id))
-        services.scheduler.wake()
-    except (Forbidden, StoreError) as exc:
-        return f"⚠️ {exc}"
+    """Ask the job to stop (admins); the runner ends it at its next check."""
+    require_admin(services, request)
+    if job_id in (None, ""):
+        return "Select a job first."
+    job = services.store.request_cancel(int(job_id))
+    services.scheduler.wake()
     return f"Cancel requested for job #{job.id}."
 
 
@@ -203,14 +201,11 @@ def load_rule(services: Services, agent: str):
     return rule.enabled, rule.min_new_feedback, rule.min_interval_minutes, rule.cron
 
 
+@handles_errors(warn=False, also=(ValueError, TypeError))
 def save_rule(services: Services, agent: str, enabled: bool, threshold, interval, cron: str, request: gr.Request):
     """Store an agent's automatic-retrain rule (admins)."""
-    try:
-        require_admin(services, request)
-        rule = services.scheduler.update_rule(agent, Rule(bool(enabled), int(threshold), float(interval),
-                                                          cron or ""))
-    except (Forbidden, StoreError, ValueError, TypeError) as exc:
-        return f"⚠️ {exc}"
+    require_admin(services, request)
+    rule = services.scheduler.update_rule(agent, Rule(bool(enabled), int(threshold), float(interval), cron or ""))
     state = "on" if rule.enabled else "off"
     return f"Saved: automatic retrain {state}, after {rule.min_new_feedback} new feedback, at most every " \
            f"{rule.min_interval_minutes:g} min" + (f", and on cron `{rule.cron}`" if rule.cron else "") + "."

@@ -9,13 +9,12 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import StoreError
-from ui import views
+from ui.views.text import literal_chat, literal_html
 from ui.flows.queue import cast_vote, left_for, next_item, skip_item
-from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
 from ui.tabs.common import guidelines_markdown, labeller
+from ui.tabs.errors import error_status
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both bad"))
 EMPTY = ("Nothing to vote on right now: new pairs are generated in the background while nobody is chatting. "
@@ -45,11 +44,11 @@ def show(item: Optional[dict], note: str = "", left: Optional[int] = None, store
     def reply(side):
         message = store.get_message(item[side]["message_id"]) if store is not None else None
         mark = cut_badge(message) if message is not None else ""
-        return [{"role": "assistant", "content": views.literal_html(item[side]["content"]) + mark}]
+        return [{"role": "assistant", "content": literal_html(item[side]["content"]) + mark}]
 
     count = f" · {left} left for you" if left is not None else ""
     status = f"{note}Item #{item['item_id']}{count} · {WHY.get(item['reason'], item['reason'])}. Which reply is better?"
-    return (views.literal_chat(item["messages"]), reply("a"), reply("b"), {"item_id": item["item_id"]}, status,
+    return (literal_chat(item["messages"]), reply("a"), reply("b"), {"item_id": item["item_id"]}, status,
             *_buttons(True))
 
 
@@ -60,9 +59,8 @@ def load_next(services: Services, state: dict, agent_name: str, annotator: str, 
         name = labeller(services, request, annotator)
         item = next_item(services, agent_name, name)
         left = left_for(services, agent_name, name) if item is not None else 0
-    except (StoreError, Forbidden) as exc:
-        gr.Warning(str(exc))
-        return show(None, f"{note}⚠️ {exc} ")
+    except Exception as exc:  # the note of the vote or skip before it stays
+        return show(None, f"{note}{error_status(exc)} ")
     return show(item, note, left, services.store)
 
 
@@ -75,9 +73,8 @@ def submit_vote(services: Services, winner: str, state: dict, agent_name: str, a
     try:
         vote = cast_vote(services, item_id, winner, labeller(services, request, annotator))
         note = f"Stored as comparison #{vote.id}. "
-    except (StoreError, Forbidden) as exc:
-        gr.Warning(str(exc))
-        note = f"⚠️ {exc} "
+    except Exception as exc:  # the next item still shows, under the reason this vote was refused
+        note = f"{error_status(exc)} "
     return load_next(services, empty_state(), agent_name, annotator, request, note)
 
 
@@ -89,9 +86,8 @@ def skip(services: Services, state: dict, agent_name: str, annotator: str, reque
         try:
             skip_item(services, item_id, labeller(services, request, annotator))
             note = f"Skipped item #{item_id}. "
-        except (StoreError, Forbidden) as exc:
-            gr.Warning(str(exc))
-            note = f"⚠️ {exc} "
+        except Exception as exc:  # the next item still shows, under the reason the skip was refused
+            note = f"{error_status(exc)} "
     return load_next(services, empty_state(), agent_name, annotator, request, note)
 
 

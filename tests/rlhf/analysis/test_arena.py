@@ -6,11 +6,11 @@ import pytest
 
 from rlhf.analysis.arena import choose_pair, pair_candidates
 from tests.ui.test_views import V0, V1, V2, comp, pol
-from ui import views
+from rlhf.analysis import arena as pairing
 
 
 def test_pair_candidates_skip_archived_and_rate_only_rated_versions():
-    table = views.board([comp(2, 1, "a"), comp(1, 2, "both_bad")], [V0, V1, V2, pol(4, 3)], n_boot=0)
+    table = pairing.board([comp(2, 1, "a"), comp(1, 2, "both_bad")], [V0, V1, V2, pol(4, 3)], n_boot=0)
     cands = {c["policy_id"]: c for c in pair_candidates(table)}
     assert set(cands) == {1, 2, 4}  # v2 is archived
     assert cands[2]["rating"] > cands[1]["rating"] and cands[4]["rating"] is None

@@ -10,7 +10,7 @@ from rlhf.config import AppConfig, apply_overrides
 from rlhf.retrain import decisions
 from rlhf.queue.pool import queue_versions
 from tests.conftest import vote_on_item
-from ui import views
+from rlhf.analysis import arena as pairing
 
 INCONCLUSIVE = {"gate/verdict": "inconclusive", "gate/reason": "too close to call"}
 TEAM = {"server.users": "admin:pw:admin"}  # team mode: the people rules apply (local mode is one person)
@@ -171,7 +171,7 @@ def test_open_decisions_go_first_in_the_arena_and_the_vote_queue(store, tmp_path
     waiting = version(store, tmp_path, 1, INCONCLUSIVE)
     newest = version(store, tmp_path, 2, {"gate/verdict": "reject"})
     assert decisions.is_open(waiting) and not decisions.is_open(newest)
-    table = views.board(store.list_comparisons("assistant"), store.list_policies("assistant"), n_boot=0)
+    table = pairing.board(store.list_comparisons("assistant"), store.list_policies("assistant"), n_boot=0)
     marked = {c["policy_id"]: c["needs_votes"] for c in pair_candidates(table, frozenset({waiting.id}))}
     assert marked[waiting.id] and not marked[newest.id]
     agent = store.get_agent("assistant")

@@ -14,6 +14,9 @@ from ui.tabs import arena
 from ui.flows import arena as flow
 from ui.auth import Auth, sync_users
 from ui.server import create_app
+from rlhf.analysis import arena as pairing
+from ui.views import arena as arena_views
+from ui.views import text as text_views
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +103,8 @@ def test_vote_is_stored_once_and_feeds_comparisons_and_ratings(services, version
     a = store.get_message(pair.message_a_id)
     assert first.policy_a_id == a.policy_id and first.pair_id == pair.id
     # a comparison between two versions is a rated vote for the leaderboard (and a preference pair)
-    rows = {r["policy_id"]: r for r in arena.views.leaderboard_json(
-        arena.views.board(store.list_comparisons("assistant"), store.list_policies("assistant"), n_boot=10))}
+    rows = {r["policy_id"]: r for r in arena_views.leaderboard_json(
+        pairing.board(store.list_comparisons("assistant"), store.list_policies("assistant"), n_boot=10))}
     assert rows[first.policy_a_id]["wins"] == 1 and rows[first.policy_b_id]["losses"] == 1
     assert rows[first.policy_a_id]["elo"] > 1000 > rows[first.policy_b_id]["elo"]
 
@@ -135,7 +138,7 @@ def test_after_both_bad_only_start_over(services, versions):
 def test_tab_is_blind_until_the_vote_then_reveals(services, versions):
     store = services.store
     updates = drain(arena.play_round(services, "Which is better?", arena.empty_state(), "assistant", "alice"))
-    labels = {p.id: arena.views.status_label(p) for p in store.list_policies("assistant")}
+    labels = {p.id: text_views.status_label(p) for p in store.list_policies("assistant")}
     for chat_a, chat_b, state, _, status, *buttons in updates:
         # the browser gets texts and fixed labels only; the state holds nothing but the pair id
         assert label(chat_a, "Model A") == "Model A" and label(chat_b, "Model B") == "Model B"

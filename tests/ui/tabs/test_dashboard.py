@@ -4,7 +4,7 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-from ui import views
+from ui.views import text as text_views
 from ui.tabs import dashboard
 from ui.auth import Auth
 
@@ -45,7 +45,7 @@ def test_overview_table_plots_and_default_picks(services, published):
     row = table.set_index("Version").loc["v1"]
     assert (row["Status"], row["Parent"], row["Feedback used"], row["RM accuracy"]) == ("active", "v0", "32", "80%")
     assert (row["Eval reward"], row["KL to base"], row["Elo"], row["Votes"]) == ("0.250", "1.50", "1016", 1)
-    assert table.set_index("Version").loc["v2", "Eval reward"] == views.DASH
+    assert table.set_index("Version").loc["v2", "Eval reward"] == text_views.DASH
     assert table.set_index("Version").loc["v0 · base", "Eval reward"] == "-0.500"  # its scored eval replies
     # the rating chart: one column per version on a categorical axis, an interval bar only with an interval
     assert [ratings.count(f">{v}</text>") for v in ("v0", "v1", "v2")] == [1, 1, 1]
@@ -94,7 +94,7 @@ def test_side_by_side_eval_replies(services, published):
     frame = dashboard.show_side_by_side(services, v0.id, v1.id)
     assert frame.values.tolist() == [["What is 2+2?", "base 0", "-0.500", "tuned 0", "0.500"],
                                      ["Say hi.", "base 1", "-0.500", "tuned 1", "0.500"]]
-    assert dashboard.show_side_by_side(services, v1.id, v2.id)["v2 reply"].tolist() == [views.DASH] * 2
+    assert dashboard.show_side_by_side(services, v1.id, v2.id)["v2 reply"].tolist() == [text_views.DASH] * 2
 
 
 def test_admin_actions_ask_first(services, published):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tests.rlhf.retrain.test_decisions import INCONCLUSIVE, version, vote
 from tests.rlhf.retrain.test_lineage import feedback, trained
-from ui import views
+from ui.views.dashboard import gate_text
 from ui.tabs import decisions as panel
 
 GATE = {"verdict": "inconclusive", "reason": "guarded",
@@ -48,8 +48,8 @@ def test_panel_lists_open_decisions_and_marked_versions(services, tmp_path):
 
 
 def test_the_versions_table_shows_the_guard_and_the_peoples_verdict():
-    text = views.gate_text({"gate/verdict": "inconclusive", "gate/win_rate": 0.8, "gate/low": 0.6, "gate/high": 0.95,
-                            "gate/guard_tripped": ["length"], "decision/verdict": "promote", "decision/votes": 41})
+    text = gate_text({"gate/verdict": "inconclusive", "gate/win_rate": 0.8, "gate/low": 0.6, "gate/high": 0.95,
+                      "gate/guard_tripped": ["length"], "decision/verdict": "promote", "decision/votes": 41})
     assert text == "inconclusive 0.80 [0.60–0.95] · guard: length · people's votes: promote (41 votes)"
 
 

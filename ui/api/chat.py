@@ -1,35 +1,27 @@
-"""REST API under /api/v1: JSON in, JSON out, errors as {"error": "..."} with a 4xx status."""
+"""REST: chat, regenerate, messages and feedback (POST /chat, /chat/stream, /messages/{id}/regenerate,
+GET /messages/{id}, POST /feedback, /comparisons), and what the arena router shares with them: who a write is
+stored under (``rest_annotator``) and waiting for replies while the client may hang up (``finish``)."""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Iterator, Literal, Optional
 
 import anyio
-from fastapi import APIRouter, FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict
-from starlette.exceptions import HTTPException
 
-from rlhf.serving.server import Busy
-from storage import Conflict, InvalidInput, StoreError
-from ui.api.errors import PREFIX, error, errors
-from ui.api.models import AgentOut, Created, Health, MessageOut, PolicyOut, Reply, StreamLine, ok
+from storage import Conflict, InvalidInput
+from ui.api.errors import PREFIX, ClientGone, errors
+from ui.api.models import Created, MessageOut, Reply, StreamLine, Strict, ok
 from ui.flows import access
 from ui.flows import chat as chatflow
-from ui.permissions import Forbidden, current_user, sees_all_feedback
+from ui.permissions import current_user, sees_all_feedback
 from ui.services import Services
 
 # The NDJSON lines of /chat/stream (OpenAPI describes the stream's items by the schema of one line).
 STREAM = {200: {"description": "NDJSON: one JSON object per line",
                 "content": {"application/x-ndjson": {"schema": StreamLine.model_json_schema()}}}}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ChatMessage(Strict):
@@ -71,44 +63,6 @@ class ComparisonBody(Strict):
     message_b_id: int
     winner: Literal["a", "b", "tie", "both_bad"]
     annotator: Optional[str] = None
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Map Store errors, validation errors and Busy to JSON errors."""
-
-    @app.exception_handler(StoreError)
-    async def _store_error(request: Request, exc: StoreError):
-        retry = getattr(exc, "retry_after", None)  # StoreBusy: the same "busy, retry" answer as a full queue
-        return error(exc.status, str(exc), {"Retry-After": str(int(math.ceil(retry)))} if retry else None)
-
-    @app.exception_handler(Forbidden)
-    async def _forbidden(request: Request, exc: Forbidden):
-        return error(403, str(exc))
-
-    @app.exception_handler(Busy)
-    async def _busy(request: Request, exc: Busy):
-        return error(503, str(exc), {"Retry-After": str(int(math.ceil(exc.retry_after)))})
-
-    @app.exception_handler(ClientGone)
-    async def _gone(request: Request, exc: ClientGone):
-        return Response(status_code=499)  # nobody reads it: the client is gone (nginx's "client closed request")
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException):
-        # FastAPI's own refusals (a body that is not UTF-8, one over the size limit) in the API's error shape.
-        if request.url.path.startswith(PREFIX):
-            return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
-        return await http_exception_handler(request, exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            if err.get("type") == "json_invalid":
-                return error(400, "malformed JSON body")
-            problems.append(f"{where or 'body'}: {err.get('msg')}")
-        return error(422, "; ".join(problems) or "invalid request")
 
 
 def rest_annotator(services: Services, request: Request, given: Optional[str]) -> Optional[str]:
@@ -157,10 +111,6 @@ def ndjson_reply(pending: chatflow.PendingReply) -> Iterator[str]:
             pending.stream.cancel()
 
 
-class ClientGone(Exception):
-    """The client hung up before its reply was complete (the reply was cancelled, nothing stored)."""
-
-
 async def finish(request: Request, *pending: chatflow.PendingReply) -> list:
     """Wait (in a worker thread) for replies to end and store them; a client that hangs up meanwhile, or a request
     cancelled at shutdown, cancels them and nothing is stored (ClientGone)."""
@@ -187,34 +137,12 @@ async def finish(request: Request, *pending: chatflow.PendingReply) -> list:
     return [await run_in_threadpool(p.save) for p in pending]
 
 
-def build_router(services: Services) -> APIRouter:
-    """The issue-2 REST endpoints; later features add their own routers."""
+def build_chat_router(services: Services) -> APIRouter:
+    """Chat, regenerate, messages and feedback."""
     r = APIRouter(prefix=PREFIX)
-    read_routes(r, services)
     chat_routes(r, services)
     feedback_routes(r, services)
     return r
-
-
-def read_routes(r: APIRouter, services: Services) -> None:
-    """GET /health, GET /agents, GET /policies."""
-    store = services.store
-
-    @r.get("/health", responses=ok(Health) | errors())
-    def health():
-        server = services.server
-        return {"status": "ok", "model": server.model_name, "schema_version": store.schema_version(),
-                "engine": server.engine_name, "engine_status": server.engine_status}
-
-    @r.get("/agents", responses=ok(list[AgentOut]) | errors())
-    def agents():
-        return [a.to_dict() | {"active_policy_id": store.active_policy(a.id).id} for a in store.list_agents()]
-
-    @r.get("/policies", responses=ok(list[PolicyOut]) | errors(404))
-    def policies(agent: Optional[str] = None):
-        rows = store.list_policies(agent if agent is not None else None)
-        return [{k: p.to_dict()[k] for k in ("id", "agent_id", "version", "parent_id", "status", "created",
-                                              "metrics", "error")} for p in rows]
 
 
 def chat_routes(r: APIRouter, services: Services) -> None:
@@ -299,39 +227,3 @@ def feedback_routes(r: APIRouter, services: Services) -> None:
         comp = store.record_comparison(body.message_a_id, body.message_b_id, body.winner,
                                        rest_annotator(services, request, body.annotator))
         return {"id": comp.id}
-
-
-def body_size_guard(app: FastAPI, max_bytes: int) -> None:
-    """Refuse oversized REST bodies with 413: by Content-Length before reading, and while reading a body sent
-    without one (chunked), so no client makes the server buffer more than ``max_bytes``."""
-    app.add_middleware(BodyLimit, max_bytes=max_bytes)
-
-
-class BodyLimit:
-    """ASGI middleware behind ``body_size_guard`` (pure ASGI: it must see the body's chunks as they arrive)."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(PREFIX) \
-                or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        too_large = f"request body larger than {self.max_bytes} bytes"
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await error(413, too_large)(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:  # FastAPI re-raises an HTTPException from the body read as is
-                    raise HTTPException(413, too_large)
-            return message
-
-        await self.app(scope, counted, send)
-

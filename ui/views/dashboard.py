@@ -1,181 +1,19 @@
-"""View models of the arena and the dashboard: Store records in, tables, plot frames and labels out.
-
-Pure functions (no Gradio, no Store): the tabs and the REST router call them with what they read,
-and the tests call them with hand-made records.
-"""
+"""The Dashboard's and Training tab's views: one row per version, the rating chart's rows, training curves, the
+feedback volume's bins, two versions' eval replies side by side, and what "roll back" promotes."""
 from __future__ import annotations
 
-import math
-import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
 
 import pandas as pd
 
-from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES, leaderboard, win_rate_matrix
-from storage import Comparison, Job, Policy, RewardModel
+from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES
+from storage import Job, Policy, RewardModel
+from ui.charts import PALETTE
+from ui.views.arena import has_interval
+from ui.views.text import DASH, fmt, missing, short_time, status_label, version_label
 
-DASH = "–"
-BOOTSTRAP_ROUNDS = 200
 DEFAULT_CURVES = ("reward/mean", "ppo/kl")
-
-
-# ---- formatting ------------------------------------------------------------------------------------
-def missing(value: Any) -> bool:
-    """True for None, NaN and non-numbers that the tables show as a dash."""
-    if value is None or isinstance(value, bool):
-        return True
-    try:
-        return math.isnan(float(value))
-    except (TypeError, ValueError):
-        return True
-
-
-def fmt(value: Any, digits: int = 2, percent: bool = False) -> str:
-    """A number for a table cell; a dash when it is missing."""
-    if missing(value):
-        return DASH
-    value = float(value)
-    return f"{value * 100:.{digits}f}%" if percent else f"{value:.{digits}f}"
-
-
-def version_label(policy: Policy) -> str:
-    """Short name of a version: ``v3``, or ``v0 · base`` for the base model."""
-    return f"v{policy.version}" + (" · base" if policy.is_base else "")
-
-
-def status_label(policy: Policy) -> str:
-    """Version name with its status, for dropdowns and reveals."""
-    return f"{version_label(policy)} ({policy.status})"
-
-
-def short_time(stamp: Optional[str]) -> str:
-    """ISO UTC timestamp as ``YYYY-MM-DD HH:MM``."""
-    return stamp[:16].replace("T", " ") if stamp else DASH
-
-
-# The Chatbot renders Markdown and (sanitized) HTML: a reply that writes <b> or <script> would lose those
-# characters on screen, and the rater would judge something else than what was said. Markdown cannot be
-# trusted to say where code starts (a fence needs a line start, a span matching backtick runs, an
-# indented block four spaces), and inside code an escape shows as "&lt;" while outside it raw HTML
-# renders. So nothing is left to Markdown: every character that opens raw HTML, an entity, code
-# (backtick, tilde, deep indentation), a link or image ([) or a backslash escape becomes an entity, the
-# same way everywhere. Emphasis, lists, headings and block quotes (> stays) still format the text.
-_INERT = str.maketrans({"&": "&amp;", "<": "&lt;", "`": "&#96;", "~": "&#126;", "[": "&#91;", "\\": "&#92;"})
-_INDENT = re.compile(r"^[ \t]+", re.M)
-
-
-def _keep_indent(match: re.Match) -> str:
-    width = len(match.group(0).expandtabs(4))
-    return "&nbsp;" * width if width >= 4 else match.group(0)  # 4+ columns would open a code block
-
-
-def literal_html(text: str) -> str:
-    """Chat text for a Markdown view that shows HTML, code fences and links exactly as typed."""
-    return _INDENT.sub(_keep_indent, text.translate(_INERT))
-
-
-def literal_chat(messages: list[dict]) -> list[dict]:
-    """Chatbot messages with ``literal_html`` applied to each content."""
-    return [{**m, "content": literal_html(m["content"])} for m in messages]
-
-
-# ---- leaderboard -----------------------------------------------------------------------------------
-def rated_votes(comparisons: Iterable[Comparison]) -> list[dict]:
-    """Vote rows for rlhf.analysis.leaderboard: comparisons between two different, known versions."""
-    return [{"policy_a": c.policy_a_id, "policy_b": c.policy_b_id, "winner": c.winner,
-             **({"text_a": c.text_a, "text_b": c.text_b} if c.text_a is not None and c.text_b is not None else {})}
-            for c in comparisons
-            if c.policy_a_id is not None and c.policy_b_id is not None and c.policy_a_id != c.policy_b_id]
-
-
-def board(comparisons: Iterable[Comparison], policies: list[Policy], n_boot: int = BOOTSTRAP_ROUNDS,
-          seed: int = 0) -> pd.DataFrame:
-    """Leaderboard of an agent's versions (Elo, BT, bootstrap CI, counts) with a ``status`` column."""
-    table = leaderboard(rated_votes(comparisons), [{"policy_id": p.id, "version": p.version} for p in policies],
-                        n_boot=n_boot, seed=seed)
-    table.insert(2, "status", table["policy_id"].map({p.id: p.status for p in policies}))
-    return table
-
-
-def leaderboard_json(table: pd.DataFrame) -> list[dict]:
-    """Leaderboard rows as JSON-safe dicts (NaN becomes None)."""
-    rows = []
-    for rec in table.to_dict(orient="records"):
-        row = {}
-        for key, value in rec.items():
-            if hasattr(value, "item"):  # numpy scalar -> Python
-                value = value.item()
-            row[key] = None if isinstance(value, float) and math.isnan(value) else value
-        rows.append(row)
-    return rows
-
-
-BT_VS_ELO = ("**Reading the ratings.** *BT* (Bradley–Terry) fits all votes at once, so their order does not "
-             "matter, and its 95% interval comes from resampling the votes; *Elo* updates vote by vote, so the latest "
-             "votes weigh most and the same votes in another order give another number. With few votes the two "
-             "disagree: go by BT and its interval. Versions whose intervals overlap share a *rank*; one vote gives "
-             "no interval yet.")
-
-
-def has_interval(low: Any, high: Any) -> bool:
-    """True for a bootstrap interval with width (one vote, or none, gives a point or nothing)."""
-    return not missing(low) and not missing(high) and float(high) - float(low) >= 0.5
-
-
-def interval_text(low: Any, high: Any, votes: int) -> str:
-    """"950 – 1050", or why there is no interval: no votes yet, or too few for the votes to vary."""
-    if has_interval(low, high):
-        return f"{low:.0f} – {high:.0f}"
-    if not votes:
-        return "no votes yet"
-    return f"no interval yet ({votes} vote{'' if votes == 1 else 's'})"
-
-
-def shared_ranks(table: pd.DataFrame) -> list[int]:
-    """Ranks in the table's order where ties are ties: 1 + the versions whose interval lies wholly above this
-    one's (a version without an interval counts as the point at its rating), as LMArena ranks models."""
-    spans = [(float(r.ci_low), float(r.ci_high)) if has_interval(r.ci_low, r.ci_high) else (float(r.bt),) * 2
-             for r in table.itertuples(index=False)]
-    return [1 + sum(1 for low, _ in spans if low > high + 1e-9) for _, high in spans]
-
-
-def leaderboard_view(table: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard as shown in the Arena tab (best BT rating first; overlapping intervals share a rank)."""
-    rows = []
-    for rank, row in zip(shared_ranks(table), table.itertuples(index=False)):
-        rows.append({"Rank": rank, "Version": f"v{row.version}", "Status": row.status,
-                     "BT rating": fmt(row.bt, 0), "95% CI": interval_text(row.ci_low, row.ci_high, int(row.votes)),
-                     "Style-controlled": _style(row), "Elo": fmt(row.elo, 0), "Votes": int(row.votes),
-                     "W / L / T": f"{row.wins} / {row.losses} / {row.ties}",
-                     "Both bad": int(row.both_bad), "Win rate": fmt(row.win_rate, 0, percent=True)})
-    return pd.DataFrame(rows, columns=["Rank", "Version", "Status", "BT rating", "95% CI", "Style-controlled", "Elo",
-                                       "Votes", "W / L / T", "Both bad", "Win rate"])
-
-
-def _style(row: Any) -> str:
-    """The style-controlled BT rating with its interval (length and markdown as covariates), or a dash."""
-    value = getattr(row, "bt_style", None)
-    if missing(value):
-        return DASH
-    if not has_interval(row.style_low, row.style_high):  # one vote: resampling cannot vary it, no interval yet
-        return fmt(value, 0) + " (no interval yet)"
-    return fmt(value, 0) + f" [{row.style_low:.0f} – {row.style_high:.0f}]"
-
-
-def win_rate_view(comparisons: Iterable[Comparison], policies: list[Policy]) -> pd.DataFrame:
-    """Win rate of the row version against the column version (ties half), as percentages."""
-    ordered = sorted(policies, key=lambda p: p.version)
-    ids = [p.id for p in ordered]
-    labels = [f"v{p.version}" for p in ordered]
-    matrix = win_rate_matrix(rated_votes(comparisons), ids).reindex(index=ids, columns=ids)
-    frame = pd.DataFrame([[fmt(matrix.at[r, c], 0, percent=True) if r != c else DASH for c in ids] for r in ids],
-                         columns=labels)
-    frame.insert(0, "row beats →", labels)
-    return frame
-
-
-# ---- dashboard -------------------------------------------------------------------------------------
 VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "RM accuracy", "Gate", "Eval reward",
                    "KL to base", "BT [95% CI]", "Elo", "Votes"]
 
@@ -246,9 +84,6 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
                      "KL to base": fmt(m.get("eval/kl"), 2), "Elo": fmt(r.get("elo"), 0), "BT [95% CI]": bt,
                      "Votes": int(r.get("votes", 0))})
     return pd.DataFrame(rows, columns=VERSION_COLUMNS)
-
-
-PALETTE = ("#3b82f6", "#f97316", "#10b981", "#ef4444", "#8b5cf6", "#eab308", "#06b6d4", "#ec4899")
 
 
 def rating_rows(table: pd.DataFrame) -> list[dict]:
@@ -382,18 +217,3 @@ def version_choices(policies: list[Policy], servable_only: bool = False) -> list
     """Dropdown choices (label with status, policy id), newest first."""
     return [(status_label(p), p.id) for p in sorted(policies, key=lambda p: p.version, reverse=True)
             if not servable_only or p.status in ELIGIBLE_STATUSES]
-
-
-# ---- arena -----------------------------------------------------------------------------------------
-WINNER_TEXT = {"a": "you preferred **A**", "b": "you preferred **B**", "tie": "you called it a **tie**",
-               "both_bad": "you found **both bad**"}
-
-
-def reveal_text(winner: str, policy_a: Optional[Policy], policy_b: Optional[Policy], comparison_id: int) -> str:
-    """What the arena shows after the vote: which version wrote which side."""
-    name = lambda p: status_label(p) if p is not None else "unknown version"  # noqa: E731
-    after = ("Both replies were bad, so this conversation ends here: **Start over** for a new round."
-             if winner == "both_bad" else "Type a follow-up to **continue** under the preferred reply, "
-                                          "or **Start over**.")
-    return (f"**A** was **{name(policy_a)}** · **B** was **{name(policy_b)}** — {WINNER_TEXT[winner]} "
-            f"(stored as comparison #{comparison_id}). {after}")
