@@ -84,7 +84,7 @@ class GateConfig(Checked):
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerConfig(Checked):
     enabled: bool = opt(True, "Run the background scheduler in the app.")
     poll_seconds: float = opt(5.0, "How often the job queue is drained.")
     check_minutes: float = opt(5.0, "How often the retrain trigger rule is evaluated.")

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def config_of(job: Job, fallback: Optional[AppConfig] = None) -> AppConfig:
-    """The full config a job runs with (stored with the job at enqueue time)."""
+    """The full config a job runs with (stored with the job at enqueue time), checked again like every config:
+    ConfigError names the key of a value that cannot work."""
     if job.config.get("app"):
         return from_dict(job.config["app"])
     return fallback or AppConfig()
@@ -60,7 +61,11 @@ def claim_cpu(config: AppConfig, lower_priority: bool = False) -> str:
 def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool = False) -> Job:
     """Run one claimed job to its end in this process and record the outcome."""
     job = store.get_job(job_id)
-    config = config_of(job)
+    try:
+        config = config_of(job)
+    except ValueError as exc:  # e.g. saved before a rule existed: the job fails naming the key, before any work
+        store.log_job(job_id, f"config: {exc}", "warning")
+        return store.finish_job(job_id, "failed", error=f"{type(exc).__name__}: {exc}")
     # The data dir is where this Store lives now: a job queued before the data dir was moved or restored
     # elsewhere must write its run, reward model and version there, not at the path it was queued with.
     config.data_dir = str(store.root)

@@ -43,7 +43,6 @@ from rlhf.training.tokens import encode  # noqa: F401  (the encoding every rewar
 log = logging.getLogger(__name__)
 
 META_FILE, DATA_DIR = "meta.json", "data"
-MODES = ("auto", "pairwise", "pointwise")
 MIN_EXPLICIT_PAIRS = 2  # mode=pairwise: one pair to train on, one to hold out
 Progress = Callable[[float, str, Optional[dict]], None]
 
@@ -95,9 +94,8 @@ class RewardResult:
 
 # ---- data ---------------------------------------------------------------------------------------
 def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
-    """pairwise | pointwise for this much data, or NotEnoughData saying how much is needed."""
-    if cfg.mode not in MODES:
-        raise ValueError(f"reward.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    """pairwise | pointwise for this much data, or NotEnoughData saying how much is needed (``cfg.mode`` was
+    checked with the config)."""
     pairs_hint = "comparisons with a winner, or regenerated replies rated differently"
     more_pairs = "{} more preference pairs (comparisons or differently rated regenerations)"
     if cfg.mode == "pairwise":
