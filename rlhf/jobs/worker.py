@@ -17,10 +17,10 @@ from typing import Optional
 
 from rlhf.config import AppConfig, from_dict
 from rlhf.jobs.context import JobCancelled, JobContext
-from rlhf.jobs.kinds import JOB_KINDS, register_builtin_kinds, register_job_kind
+from rlhf.jobs.kinds import job_kind, register_builtin_kinds
 from storage import Job, Store
 
-__all__ = ["JOB_KINDS", "JobCancelled", "JobContext", "config_of", "register_job_kind", "run_job", "main"]
+__all__ = ["config_of", "run_job", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,7 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool
                             daemon=True)
     beat.start()
     try:
-        fn = JOB_KINDS.get(job.kind)
-        if fn is None:
-            raise ValueError(f"unknown job kind {job.kind!r}; known: {sorted(JOB_KINDS)}")
+        fn = job_kind(job.kind, config.scheduler.job_kinds)
         ctx.progress(0.0, "starting", f"{job.kind} job started (pid {os.getpid()})")
         ctx.log(cpu)
         result = fn(ctx) or {}
@@ -110,7 +108,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run the copy imported as ``rlhf.jobs.worker``: its JOB_KINDS is the registry, not this ``__main__`` copy's.
-    from rlhf.jobs.worker import main as registered_main
-
-    sys.exit(registered_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))
