@@ -36,9 +36,7 @@ from rlhf.training import reward_head
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
 from rlhf.training.reward_kinds import (REWARD_KINDS, FitContext, HeadScorer, kind_for_format,
                                         reply_features, reward_kind)
-from rlhf.training.reward_lora import RewardModelError, train_lora_on_pairs  # noqa: F401  (re-exported)
-from rlhf.training.reward_metrics import heldout_metrics, pair_metrics, point_metrics  # noqa: F401  (re-exported)
-from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
+from rlhf.training.reward_lora import RewardModelError
 
 log = logging.getLogger(__name__)
 
