@@ -115,7 +115,7 @@ def length_fit() -> Fit:
 
 def lora_fit(config: AppConfig, source: str) -> Fit:
     """The reward model as the app trained it before the linear head: LoRA + score head, TRL RewardTrainer."""
-    from rlhf.training.reward import train_lora_on_pairs
+    from rlhf.training.reward_lora import train_lora_on_pairs
 
     def fit(train: list[dict]):
         rows = [{"prompt": prompt_of(p), "chosen": p["chosen"], "rejected": p["rejected"], "margin": 0.0}

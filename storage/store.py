@@ -87,6 +87,13 @@ class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, Que
         return db
 
     @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several Store calls as one write: all or none of them. Nested, it is a SAVEPOINT (a failed inner block
+        undoes only its own writes); every named write method runs in one itself."""
+        with self._tx():
+            yield
+
+    @contextlib.contextmanager
     def _tx(self) -> Iterator[Database]:
         """A write transaction: BEGIN IMMEDIATE outside, a SAVEPOINT when nested (an inner failure rolls back
         only its own writes). Waiting for another writer is bounded by ``busy_timeout``; past it: StoreBusy."""

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlhf.config.fields import opt
+from rlhf.config.fields import check_finite, one_of, opt
 from rlhf.config.jobs import GateConfig, QueueConfig, RetrainConfig, SchedulerConfig
 from rlhf.config.server import ServerConfig
 from rlhf.config.serving import ServingConfig
@@ -62,11 +62,13 @@ SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / 
 
 
 def check(cfg: AppConfig) -> None:
-    """Raise ConfigError naming the key when a value cannot work: every section's own ``check``."""
-    from rlhf.config.fields import one_of
+    """Raise ConfigError naming the key when a value cannot work: finite numbers, then every section's ``check``.
 
+    Every way a config is built ends here: ``load_config`` (file, env, ``--set``), ``apply_overrides`` (REST bodies,
+    the scheduler's enqueue) and ``from_dict`` (a job's or a run's saved config: the worker, resume)."""
     one_of("device", cfg.device, ("auto", "cpu", "cuda"))
+    check_finite("", cfg)
     for name in SECTIONS:
-        section_check = getattr(getattr(cfg, name), "check", None)
-        if section_check is not None:
-            section_check()
+        section = getattr(cfg, name)
+        check_finite(f"{name}.", section)
+        section.check()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 from typing import Any, Optional
 
@@ -11,13 +12,23 @@ class ConfigError(ValueError):
 
 
 class Checked:
-    """Base of a config section whose values are checked as soon as it is built (its own ``check``)."""
+    """Base of every config section: its values are checked as soon as it is built (its own ``check``), and
+    ``rlhf.config.check`` runs every section's ``check`` again after a file, overrides or a saved dict set them."""
 
     def __post_init__(self) -> None:
         self.check()
 
     def check(self) -> None:
-        """Raise ConfigError naming the key when a value cannot work."""
+        """Raise ConfigError naming the key when a value cannot work (a section without rules: nothing)."""
+
+
+def check_finite(prefix: str, section: object) -> None:
+    """Raise ConfigError naming the key of a NaN or infinite number (no rule ``x <= 0`` ever refuses a NaN)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        values = value.values() if isinstance(value, dict) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ConfigError(f"{prefix}{f.name} must be a finite number, got {value!r}")
 
 
 def opt(default: Any, help: str, group: Optional[str] = None) -> Any:

@@ -84,7 +84,7 @@ class GateConfig(Checked):
 
 
 @dataclass
-class SchedulerConfig:
+class SchedulerConfig(Checked):
     enabled: bool = opt(True, "Run the background scheduler in the app.")
     poll_seconds: float = opt(5.0, "How often the job queue is drained.")
     check_minutes: float = opt(5.0, "How often the retrain trigger rule is evaluated.")
@@ -92,6 +92,16 @@ class SchedulerConfig:
     min_interval_minutes: float = opt(60.0, "Least time between automatic retrains of an agent.")
     cron: str = opt("", "Optional crontab expression that also triggers a retrain.")
     auto_retrain: bool = opt(False, "Enqueue retrains automatically (admins can turn this on in the UI).")
+    job_kinds: dict = opt({}, "Extra job kinds: name -> import path 'mod:fn'; fn(ctx) -> result dict, imported by the "
+                          "job process that runs one (the built-in retrain and eval_samples cannot be replaced).")
+
+    def check(self) -> None:
+        """Raise ConfigError naming the key when a value cannot work (called at load)."""
+        for name, path in self.job_kinds.items():
+            module, sep, attr = str(path).partition(":")
+            if not (str(name).isidentifier() and sep and module and attr):
+                raise ConfigError(f"scheduler.job_kinds: expected name: 'package.module:function', got "
+                                  f"{name!r}: {path!r}")
 
 
 @dataclass

@@ -160,18 +160,20 @@ def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] 
 
 
 def apply_overrides(cfg: AppConfig, values: Mapping[str, Any]) -> AppConfig:
-    """A copy of cfg with dotted-key or nested-section values applied (for job configs from REST)."""
+    """A checked copy of cfg with dotted-key or nested-section values applied (job configs from REST, the
+    scheduler's enqueue); ConfigError names the first key that cannot work."""
     new = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in SECTIONS})
     keys = set()
     for dotted, value in _flatten(values):
         _set(new, dotted, value)
         keys.add(dotted.strip())
     migrate(new, keys)
+    check(new)
     return new
 
 
 def from_dict(tree: Mapping[str, Any]) -> AppConfig:
-    """Rebuild a config saved with ``to_dict`` (unknown keys are an error)."""
+    """Rebuild and check a config saved with ``to_dict`` (unknown keys and values that cannot work are errors)."""
     return apply_overrides(AppConfig(), tree)
 
 

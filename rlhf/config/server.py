@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhf.config.fields import opt
+from rlhf.config.fields import Checked, opt
 
 
 @dataclass
-class ServerConfig:
+class ServerConfig(Checked):
     host: str = opt("127.0.0.1", "Interface the app listens on.")
     port: int = opt(7860, "Port the app listens on.")
     users: str = opt("", "Users as 'name:password:role,...' (empty = single-user local mode).")

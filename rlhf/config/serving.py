@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhf.config.fields import ConfigError, one_of, opt
+from rlhf.config.fields import Checked, ConfigError, one_of, opt
 
 
 @dataclass
-class ServingConfig:
+class ServingConfig(Checked):
     max_new_tokens: int = opt(128, "Default reply length limit in tokens.")
     temperature: float = opt(0.7, "Default sampling temperature (0 = greedy).")
     top_p: float = opt(0.9, "Default nucleus sampling probability mass.")

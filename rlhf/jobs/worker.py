@@ -17,16 +17,17 @@ from typing import Optional
 
 from rlhf.config import AppConfig, from_dict
 from rlhf.jobs.context import JobCancelled, JobContext
-from rlhf.jobs.kinds import JOB_KINDS, register_builtin_kinds, register_job_kind
+from rlhf.jobs.kinds import job_kind, register_builtin_kinds
 from storage import Job, Store
 
-__all__ = ["JOB_KINDS", "JobCancelled", "JobContext", "config_of", "register_job_kind", "run_job", "main"]
+__all__ = ["config_of", "run_job", "main"]
 
 log = logging.getLogger(__name__)
 
 
 def config_of(job: Job, fallback: Optional[AppConfig] = None) -> AppConfig:
-    """The full config a job runs with (stored with the job at enqueue time)."""
+    """The full config a job runs with (stored with the job at enqueue time), checked again like every config:
+    ConfigError names the key of a value that cannot work."""
     if job.config.get("app"):
         return from_dict(job.config["app"])
     return fallback or AppConfig()
@@ -60,7 +61,11 @@ def claim_cpu(config: AppConfig, lower_priority: bool = False) -> str:
 def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool = False) -> Job:
     """Run one claimed job to its end in this process and record the outcome."""
     job = store.get_job(job_id)
-    config = config_of(job)
+    try:
+        config = config_of(job)
+    except ValueError as exc:  # e.g. saved before a rule existed: the job fails naming the key, before any work
+        store.log_job(job_id, f"config: {exc}", "warning")
+        return store.finish_job(job_id, "failed", error=f"{type(exc).__name__}: {exc}")
     # The data dir is where this Store lives now: a job queued before the data dir was moved or restored
     # elsewhere must write its run, reward model and version there, not at the path it was queued with.
     config.data_dir = str(store.root)
@@ -71,9 +76,7 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool
                             daemon=True)
     beat.start()
     try:
-        fn = JOB_KINDS.get(job.kind)
-        if fn is None:
-            raise ValueError(f"unknown job kind {job.kind!r}; known: {sorted(JOB_KINDS)}")
+        fn = job_kind(job.kind, config.scheduler.job_kinds)
         ctx.progress(0.0, "starting", f"{job.kind} job started (pid {os.getpid()})")
         ctx.log(cpu)
         result = fn(ctx) or {}
@@ -105,7 +108,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run the copy imported as ``rlhf.jobs.worker``: its JOB_KINDS is the registry, not this ``__main__`` copy's.
-    from rlhf.jobs.worker import main as registered_main
-
-    sys.exit(registered_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

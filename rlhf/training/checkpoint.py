@@ -7,19 +7,15 @@ coefficient, guard events, metrics history). ``best/`` and ``final/`` hold ``ada
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from rlhf.files import atomic_dir  # noqa: F401  (re-exported: checkpoints use the one rule)
+from rlhf.files import atomic_dir
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 CHECKPOINTS = "checkpoints"  # a run dir's sub-directory of step-N checkpoints

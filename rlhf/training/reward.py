@@ -36,15 +36,12 @@ from rlhf.training import reward_head
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
 from rlhf.training.features import reply_features
 from rlhf.training.reward_kinds import REWARD_KINDS, FitContext, HeadScorer, kind_for_format, reward_kind
-from rlhf.training.reward_lora import RewardModelError, train_lora_on_pairs  # noqa: F401  (re-exported)
-from rlhf.training.reward_metrics import heldout_metrics, pair_metrics, point_metrics  # noqa: F401  (re-exported)
-from rlhf.training.tokens import encode  # noqa: F401  (the encoding every reward model reads)
+from rlhf.training.reward_lora import RewardModelError
 from storage.paths import DataDir
 
 log = logging.getLogger(__name__)
 
 META_FILE, DATA_DIR = "meta.json", "data"
-MODES = ("auto", "pairwise", "pointwise")
 MIN_EXPLICIT_PAIRS = 2  # mode=pairwise: one pair to train on, one to hold out
 Progress = Callable[[float, str, Optional[dict]], None]
 
@@ -96,9 +93,8 @@ class RewardResult:
 
 # ---- data ---------------------------------------------------------------------------------------
 def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
-    """pairwise | pointwise for this much data, or NotEnoughData saying how much is needed."""
-    if cfg.mode not in MODES:
-        raise ValueError(f"reward.mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    """pairwise | pointwise for this much data, or NotEnoughData saying how much is needed (``cfg.mode`` was
+    checked with the config)."""
     pairs_hint = "comparisons with a winner, or regenerated replies rated differently"
     more_pairs = "{} more preference pairs (comparisons or differently rated regenerations)"
     if cfg.mode == "pairwise":

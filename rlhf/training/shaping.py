@@ -8,11 +8,12 @@ claims against a database, a unit-test runner, a regex.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import re
 from typing import Callable, Optional, Sequence
+
+from rlhf.plugins import load_callable
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +53,7 @@ def polite_ending(messages: Sequence[dict], reply: str, finished: bool = True) -
 
 def load_reward_function(path: str) -> Callable[[list, str], float]:
     """Import ``"package.module:function"``; ValueError with the reason when it cannot be used."""
-    module_name, sep, attr = str(path).partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"ppo.reward_functions: {path!r} is not an import path like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"ppo.reward_functions: cannot import {module_name!r} ({exc})") from None
-    fn = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise ValueError(f"ppo.reward_functions: {module_name!r} has no attribute {attr!r}")
-    if not callable(fn):
-        raise ValueError(f"ppo.reward_functions: {path!r} is not callable")
-    return fn
+    return load_callable(path, "ppo.reward_functions")
 
 
 def _finite(value) -> float:

@@ -275,10 +275,10 @@ def test_feedback_rows_and_watermarks(store):
 # ---- transactions: savepoints and one bounded wait ---------------------------------------------------
 def test_a_failed_nested_block_rolls_back_only_its_own_writes(store):
     conversation = store.create_conversation("assistant")
-    with store._tx():
+    with store.transaction():
         store.append_messages(conversation.id, [{"role": "user", "content": "kept"}])
         with pytest.raises(RuntimeError):
-            with store._tx():
+            with store.transaction():
                 store.append_messages(conversation.id, [{"role": "user", "content": "rolled back"}])
                 raise RuntimeError("inner failure")
         store.append_messages(conversation.id, [{"role": "user", "content": "also kept"}])
@@ -290,8 +290,8 @@ def test_a_failed_nested_block_rolls_back_only_its_own_writes(store):
 def test_an_outer_failure_rolls_back_the_nested_writes_too(store):
     conversation = store.create_conversation("assistant")
     with pytest.raises(RuntimeError):
-        with store._tx():
-            with store._tx():
+        with store.transaction():
+            with store.transaction():
                 store.append_messages(conversation.id, [{"role": "user", "content": "inner"}])
             raise RuntimeError("outer failure")
     assert store.conversation_messages(conversation.id) == []

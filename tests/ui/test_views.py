@@ -239,10 +239,12 @@ def test_gate_verdict_is_shown_not_dashed():
 
 
 def test_a_style_controlled_rating_without_spread_shows_no_interval():
-    from types import SimpleNamespace
+    table = pairing.board([comp(2, 1, "a")], [V0, V1], n_boot=0)
 
-    one_vote = SimpleNamespace(bt_style=1012.0, style_low=1012.0, style_high=1012.0)
-    assert arena_views._style(one_vote) == "1012 (no interval yet)"
-    assert arena_views._style(SimpleNamespace(bt_style=1012.0, style_low=980.0,
-                                              style_high=1040.0)) == "1012 [980 – 1040]"
-    assert arena_views._style(SimpleNamespace(bt_style=float("nan"), style_low=None, style_high=None)) == DASH
+    def shown(style, low, high):
+        view = arena_views.leaderboard_view(table.assign(bt_style=style, style_low=low, style_high=high))
+        return set(view["Style-controlled"])
+
+    assert shown(1012.0, 1012.0, 1012.0) == {"1012 (no interval yet)"}  # one vote: resampling cannot vary it
+    assert shown(1012.0, 980.0, 1040.0) == {"1012 [980 – 1040]"}
+    assert shown(float("nan"), None, None) == {DASH}

@@ -75,7 +75,6 @@ def add_train_ppo_args(p: argparse.ArgumentParser) -> None:
                    help="reward model id (default: the agent's newest); 'none' = rule terms and "
                         "ppo.reward_functions only")
     p.add_argument("--resume", metavar="DIR", help="continue a run (its dir or one of its checkpoints)")
-    p.add_argument("--job-id", type=int, help=argparse.SUPPRESS)  # set by the job runner: metrics go to the Store
 
 
 def resumed_config(config: AppConfig, resume: str, overrides: list[str]) -> tuple[AppConfig, Path]:
@@ -134,8 +133,6 @@ def run_train_ppo(config: AppConfig, args: argparse.Namespace) -> int:
         def on_step(step: int, metrics: dict) -> None:
             bar.n = step
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['ppo/kl']:.2f}")
-            if args.job_id is not None:
-                store.log_metrics(args.job_id, step, metrics)
 
         try:
             with contextlib.redirect_stdout(sys.stderr):  # library prints must not mix with the JSON line
@@ -150,8 +147,6 @@ def run_train_ppo(config: AppConfig, args: argparse.Namespace) -> int:
         bar.close()
         if result is None:  # not the main process of a multi-process run
             return 0
-        if args.job_id is not None:
-            store.log_metrics(args.job_id, result.steps, {"eval/reward": result.reward_after, "eval/kl": result.kl})
         print(json.dumps(result.summary()), flush=True)
         return 0
     finally:

@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from rlhf.training.checkpoint import atomic_dir, find_checkpoint, load_checkpoint, save_checkpoint, save_policy
+from rlhf.files import atomic_dir
+from rlhf.training.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, save_policy
 from rlhf.config import AppConfig
 from rlhf.training.ppo.core import (AdaptiveKLController, FixedKLController, compute_gae, entropy_from_logits,
                                    group_advantages, logprobs_from_logits, masked_mean, masked_whiten,

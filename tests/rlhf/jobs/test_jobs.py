@@ -12,8 +12,15 @@ import pytest
 from rlhf.jobs.runner import JobRunner
 from rlhf.jobs.scheduler import Rule, StudioScheduler, should_trigger
 from storage import InvalidInput
+from tests.support.job_kinds import with_selftest
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
+
+
+@pytest.fixture
+def app_config(app_config):
+    """The test config, whose job processes can run the selftest kind (it does not ship with the app)."""
+    return with_selftest(app_config)
 
 
 @pytest.fixture
@@ -197,7 +204,8 @@ def test_job_process_gets_its_thread_budget_and_serving_gets_the_cores_back(sche
 def test_a_job_queued_before_its_data_dir_moved_writes_where_the_store_is_now(tmp_path, app_config):
     """A restored or moved data dir: the job's stored config still names the old data dir."""
     from rlhf.config import apply_overrides
-    from rlhf.jobs.worker import register_job_kind, run_job
+    from rlhf.jobs.kinds import register_job_kind
+    from rlhf.jobs.worker import run_job
     from storage import Store
 
     def where_am_i(ctx):
@@ -219,9 +227,31 @@ def test_job_kinds_are_registered_in_one_place_not_by_imports():
     import subprocess
     import sys
 
-    code = ("import rlhf.retrain.pipeline, rlhf.jobs.selftest, rlhf.jobs.worker as w; before = sorted(w.JOB_KINDS); "
-            "from rlhf.jobs.kinds import register_builtin_kinds; register_builtin_kinds(); "
-            "print(before, sorted(w.JOB_KINDS))")
+    code = ("import rlhf.retrain.pipeline, rlhf.jobs.worker, rlhf.jobs.kinds as k; before = sorted(k.JOB_KINDS); "
+            "k.register_builtin_kinds(); print(before, sorted(k.JOB_KINDS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[3])).stdout.strip()
-    assert out == "[] ['eval_samples', 'retrain', 'selftest']"
+    assert out == "[] ['eval_samples', 'retrain']"  # what ships; a test's kinds come from its config
+
+
+def test_a_kind_named_in_the_config_is_imported_by_the_job_that_runs_it(tmp_path, app_config):
+    from rlhf.config import apply_overrides
+    from rlhf.jobs.kinds import JOB_KINDS, job_kind
+    from rlhf.jobs.worker import run_job
+    from storage import Store
+
+    store = Store(tmp_path / "data" / "studio.db")
+    store.ensure_default_agent("tiny")
+    wrong = apply_overrides(app_config, {"scheduler.job_kinds": {"selftest": "tests.support.job_kinds:nothing"}})
+    for cfg, status, error in ((wrong, "failed", "scheduler.job_kinds.selftest: 'tests.support.job_kinds' has no "
+                                "attribute 'nothing'"), (app_config, "succeeded", None)):
+        JOB_KINDS.pop("selftest", None)
+        job = store.enqueue_job("selftest", "assistant", {"app": cfg.to_dict(), "selftest": {"steps": 1}})
+        store.claim_job(os.getpid())
+        done = run_job(store, job.id)
+        assert done.status == status and (error is None or error in done.error)
+    with pytest.raises(ValueError, match="unknown job kind 'nope'"):
+        job_kind("nope", app_config.scheduler.job_kinds)
+    with pytest.raises(Exception, match="scheduler.job_kinds: expected name"):
+        apply_overrides(app_config, {"scheduler.job_kinds": {"selftest": "no_function_named"}})
+    store.close()

@@ -2,10 +2,12 @@
 one at a time (greedy), seeded samples do not depend on the batch, and the batched log-probs match one by one."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from rlhf.retrain.evaluation import _adapter_ctx, encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
+from rlhf.retrain.evaluation import encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
 from tests.conftest import make_adapter
 from tests.rlhf.serving.transformers.test_engine import make_lively_model
 
@@ -31,7 +33,9 @@ def peft_model(tmp_path_factory, tokenizer):
 def one_at_a_time(model, tokenizer, messages, adapter, n):
     """The reference: plain HF greedy generate, one prompt, no padding, the adapter set alone."""
     ids = encode_prompt(tokenizer, messages)
-    with _adapter_ctx(model, adapter), torch.inference_mode():
+    if adapter is not None:
+        model.set_adapter(adapter)
+    with model.disable_adapter() if adapter is None else contextlib.nullcontext(), torch.inference_mode():
         out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                              max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     reply = out[0, len(ids):].tolist()

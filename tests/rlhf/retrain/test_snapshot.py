@@ -55,7 +55,7 @@ def test_nothing_written_after_the_snapshot_reaches_the_training_prompts(store, 
 def test_the_retrain_trains_ppo_on_the_snapshot_not_on_what_came_later(store, app_config, monkeypatch):
     """The retrain's prompt sets used to be read after the reward model trained: chats from meanwhile leaked in."""
     from rlhf.retrain import pipeline
-    from rlhf.jobs.worker import JobContext
+    from rlhf.jobs.context import JobContext
     from rlhf.training import reward
     from rlhf.training.ppo import trainer
 

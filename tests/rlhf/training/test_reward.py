@@ -11,8 +11,10 @@ import pytest
 
 from rlhf.config import RewardConfig, load_config
 from rlhf.training.data import NotEnoughData
-from rlhf.training.reward import (RewardModelError, choose_mode, encode, load_reward_model, pair_metrics, point_metrics,
-                         prepare_data, train_reward_model)
+from rlhf.training.reward import (RewardModelError, choose_mode, load_reward_model, prepare_data,
+                                  train_reward_model)
+from rlhf.training.reward_metrics import pair_metrics, point_metrics
+from rlhf.training.tokens import encode
 from storage import NotFound, Store
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`

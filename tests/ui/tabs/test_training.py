@@ -5,8 +5,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rlhf.jobs.scheduler import Rule
+from tests.support.job_kinds import with_selftest
 from ui.tabs import training
 from ui.server import create_app
+
+
+@pytest.fixture
+def app_config(app_config):
+    """The test config with the selftest job kind (it does not ship with the app)."""
+    return with_selftest(app_config)
 
 
 def seed_pairs(store, n):

@@ -1,0 +1,34 @@
+"""The ``selftest`` job kind: steps with progress and metrics, told to fail or hang by the job's config.
+
+It does not ship with the app: a test that runs it names it in the config (``with_selftest``), and the job
+process imports it from here through ``scheduler.job_kinds`` like any kind a plugin adds.
+"""
+from __future__ import annotations
+
+import time
+
+from rlhf.config import AppConfig, apply_overrides
+from rlhf.jobs.context import JobContext
+
+SELFTEST = {"selftest": "tests.support.job_kinds:selftest"}  # scheduler.job_kinds entry
+
+
+def selftest(ctx: JobContext) -> dict:
+    """A fast job: ``steps`` steps with progress and metrics; ``fail_at`` a step, or ``hang`` ignoring cancel."""
+    opts = ctx.job.config.get("selftest", {})
+    steps = int(opts.get("steps", 3))
+    for step in range(1, steps + 1):
+        time.sleep(float(opts.get("sleep", 0.05)))
+        ctx.metrics(step, {"selftest/value": step * 1.5})
+        ctx.progress(step / steps, "work", f"step {step}/{steps}")
+        if opts.get("fail_at") == step:
+            raise RuntimeError(f"asked to fail at step {step}")
+    if opts.get("hang"):
+        while True:  # ignores cancel on purpose: the runner must kill it
+            time.sleep(0.2)
+    return {"steps": steps}
+
+
+def with_selftest(config: AppConfig) -> AppConfig:
+    """``config`` whose job processes can run the ``selftest`` kind."""
+    return apply_overrides(config, {"scheduler.job_kinds": {**config.scheduler.job_kinds, **SELFTEST}})
