@@ -13,7 +13,7 @@ def build(argv: list[str] | None = None):
 
     The services (Store, model server, scheduler) ride on ``app.state.services``; close them when done.
     """
-    from ui.server import build_services, create_app
+    from ui.webapp import build_services, create_app
 
     args = serve_parser().parse_args([] if argv is None else argv)
     services = build_services(config_from_args(args))
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     args = serve_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         config = config_from_args(args)
-        export_thread_env(thread_plan(config).serving_idle)  # the CPU budget, before torch loads (ui.server imports it)
-        from ui.server import serve
+        export_thread_env(thread_plan(config).serving_idle)  # the CPU budget, before torch loads (ui.webapp imports it)
+        from ui.webapp import serve
 
         serve(config)
     except ConfigError as exc:  # a config that cannot run safely: one clear line, no traceback

@@ -54,8 +54,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rlhf.cpu import export_thread_env, thread_plan
 
     config = config_from_args(args)
-    export_thread_env(thread_plan(config).serving_idle)  # before torch loads (ui.server imports it)
-    from ui.server import serve
+    export_thread_env(thread_plan(config).serving_idle)  # before torch loads (ui.webapp imports it)
+    from ui.webapp import serve
 
     serve(config)
     return 0
@@ -95,7 +95,7 @@ def cmd_train_reward(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from rlhf.training.data import DataError, NotEnoughData
-    from rlhf.models import ModelNotFound
+    from rlhf.base_models import ModelNotFound
     from rlhf.training.reward import RewardModelError, train_reward_model
     from storage import NotFound, Store
 

@@ -32,7 +32,7 @@ def anchor_python() -> Optional[Path]:
 
 def shipped_gguf(base_model: str) -> Optional[Path]:
     """The GGUF file of a shipped base model (None for other models or when its package is missing)."""
-    from rlhf.models import shipped_gguf as find
+    from rlhf.base_models import shipped_gguf as find
 
     return find(base_model)
 
@@ -40,7 +40,7 @@ def shipped_gguf(base_model: str) -> Optional[Path]:
 def app_greedy(server, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
     """The app engine's greedy replies, one request at a time (batch 1), and its mean decode tokens/s
     (tokens after the first over the time from first to last token)."""
-    from rlhf.serving.server import AdapterRef, GenParams
+    from rlhf.serving.policy_server import AdapterRef, GenParams
 
     replies, rates = [], []
     for ids in prompts:

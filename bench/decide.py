@@ -4,7 +4,7 @@ one person settle it?
 Simulated annotators vote on candidate-vs-active pairs with a true win rate of 0.5, 0.6 or 0.7: a share of the
 votes are ties (``TIE_SHARE`` of the rated votes) and some are *both bad* (``BOTH_BAD``, recorded, not rated);
 the candidate wins the rest so that wins + ties / 2 over the rated votes has the true rate. After every vote the
-test (``rlhf.analysis.decision``'s ``confidence_sequence`` and ``verdicts``, which the app's ``decide`` calls,
+test (``rlhf.analysis.confidence_sequence``'s ``confidence_sequence`` and ``verdicts``, which the app's ``decide`` calls,
 with ``gate.decision_alpha`` and ``gate.decision_max_votes``) is asked for its verdict, and the run stops at the
 first decision — exactly how the app peeks. Three kinds of rows:
 
@@ -41,7 +41,7 @@ TRIALS, QUICK_TRIALS = 1000, 100
 
 def one_run(rng: np.random.Generator, rate: float, alpha: float, max_votes: int) -> tuple[str, int, int]:
     """(verdict, rated votes, all votes incl. both-bad) of one simulated decision, peeking after every vote."""
-    from rlhf.analysis.decision import confidence_sequence, verdicts
+    from rlhf.analysis.confidence_sequence import confidence_sequence, verdicts
 
     p = np.array([rate - TIE_SHARE / 2, TIE_SHARE, 1 - rate - TIE_SHARE / 2])
     outcome = rng.choice(3, size=max_votes, p=p)
@@ -58,7 +58,7 @@ def people_run(rng: np.random.Generator, rate: float, team: int, per_person: int
     """(verdict, counted rated votes, people) of one decision under the app's people rules. The adversary (person
     -1) votes ``adversary_votes`` times for the candidate before anyone else; ``team`` honest people follow, each
     vote by one of them at random, until every one of them has used their ``per_person`` votes."""
-    from rlhf.analysis.decision import confidence_sequence, verdicts
+    from rlhf.analysis.confidence_sequence import confidence_sequence, verdicts
 
     honest = team * per_person * 8 if team else 0  # enough raw votes for everyone to use up their counted ones
     p = np.array([(rate - TIE_SHARE / 2) * (1 - BOTH_BAD), TIE_SHARE * (1 - BOTH_BAD),
@@ -112,7 +112,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     """Decisions at each true win rate, by votes, by a team, and with the adversary; one JSON line."""
     g = config.gate
     trials = getattr(args, "trials", None) or (QUICK_TRIALS if getattr(args, "quick", False) else TRIALS)
-    from rlhf.analysis.decision import person_alpha
+    from rlhf.analysis.confidence_sequence import person_alpha
 
     per_person, min_people = g.decision_votes_per_annotator, g.decision_min_annotators
     alpha = person_alpha(g.decision_alpha, per_person)  # the level the app's team rules run the test at
@@ -164,7 +164,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
 
 def one_run_unanimous(alpha: float, max_votes: int) -> int:
     """How many straight wins promote when every vote counts (what one person could do alone before issue 33)."""
-    from rlhf.analysis.decision import decide
+    from rlhf.analysis.confidence_sequence import decide
 
     return next(n for n in range(1, max_votes + 1) if decide(n, 0, 0, alpha=alpha, max_votes=max_votes).verdict
                 == "promote")

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from rlhf.config import load_config
-    from rlhf.models import load_tokenizer, resolve_model
+    from rlhf.base_models import load_tokenizer, resolve_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)

@@ -83,7 +83,7 @@ def agreement(model, gguf: str, lora: Optional[str], prompts: list[list[int]], r
 
 def held_out_chats(system: str, n: int) -> list[list[dict]]:
     """``n`` held-out prompts of the shipped preference pool as chats under ``system``."""
-    from rlhf.simulate.pool import load_pool, split_prompts
+    from rlhf.simulate.preference_pool import load_pool, split_prompts
 
     pool = load_pool()
     _, heldout = split_prompts(pool)
@@ -129,10 +129,10 @@ def run(config: AppConfig, args, path=None) -> dict:
     from peft import PeftModel
 
     from rlhf.retrain.evaluation import bootstrap_interval, encode_prompt, generate_replies, win_matrix
-    from rlhf.models import load_causal_lm, load_tokenizer, resolve_model, shipped_gguf
+    from rlhf.base_models import load_causal_lm, load_tokenizer, resolve_model, shipped_gguf
     from rlhf.serving.llama_cpp.base import llama_base
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
-    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
     from rlhf.training.reward import load_reward_model
 
     from rlhf.cpu import apply_torch_threads, thread_plan

@@ -168,9 +168,9 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     from tqdm import tqdm
 
     from bench.preferences import PREFERENCES
-    from rlhf.simulate.pool import load_pool, split_prompts
+    from rlhf.simulate.preference_pool import load_pool, split_prompts
     from bench.reward import pool_features
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
     from rlhf.training.features import ReplyFeatures
 
     quick = bool(getattr(args, "quick", False))

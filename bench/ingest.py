@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(config: AppConfig, args, path=None) -> dict:
     """Store writes at 1/16/128 threads and HTTP votes at 32 clients; report and return the figures."""
     from storage import Store
-    from ui.server import build_services, create_app
+    from ui.webapp import build_services, create_app
 
     quick = bool(getattr(args, "quick", False))
     total = 256 if quick else 4096

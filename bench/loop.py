@@ -258,7 +258,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     """Votes -> reward model -> policy (``retrain.method``) -> the oracle's verdict, for one oracle. ``votes_from``:
     ``pool`` (one decided pair per prompt), or ``active`` / ``random`` (``n_pairs`` votes, ties included, chosen the
     vote queue's way or at random). ``gate``: also the retrain job's verdict on the same adapter."""
-    from rlhf.simulate.pool import split_prompts
+    from rlhf.simulate.preference_pool import split_prompts
     from rlhf.retrain.assess import adapters_on_base
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
@@ -368,9 +368,9 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     """Every built-in oracle (or ``--oracle``) through votes -> reward model -> policy -> verdict; one table."""
     from tqdm import tqdm
 
-    from rlhf.simulate.pool import HELDOUT_PROMPTS, load_pool
+    from rlhf.simulate.preference_pool import HELDOUT_PROMPTS, load_pool
     from rlhf.simulate.oracles import ORACLES
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
     from rlhf.training.features import ReplyFeatures, feature_cache
 
     quick = bool(getattr(args, "quick", False))

@@ -48,7 +48,7 @@ def make_adapters(source: str, root: Path, n: int, r: int, alpha: int) -> list[s
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
 
     torch.manual_seed(0)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=TARGETS, init_lora_weights=False)
@@ -70,7 +70,7 @@ def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: i
     """Serve base, 1 version, then all versions in this process; RSS (and CUDA) figures after each."""
     import torch
 
-    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
     server = PolicyServer.load(source, device, "bench-memory", engine=engine, data_dir=data_dir)
     history = [{"role": "user", "content": "Hello! What can you do?"}]
@@ -110,7 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(config: AppConfig, args, path=None) -> dict:
     """Write 10 adapters, measure a fresh serving process with 1 and 10 versions; report the figures."""
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
 
     quick = bool(getattr(args, "quick", False))
     source = resolve_model(config.base_model, config.data_path)

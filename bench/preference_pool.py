@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from bench.preferences import HELDOUT_SEED, PREFERENCES, _word_count, preference_stats
 from rlhf.simulate.oracles import words
-from rlhf.simulate.pool import POOL_PATH, ROOT, load_pool, split_prompts
+from rlhf.simulate.preference_pool import POOL_PATH, ROOT, load_pool, split_prompts
 
 TABLES = json.loads((ROOT / "assets" / "preference_pool" / "prompts.json").read_text(encoding="utf-8"))
 # family -> (templates, fillers). A filler is a string, or a tuple for templates with several slots.
@@ -133,7 +133,7 @@ def generate(args) -> None:
     from tqdm import tqdm
 
     from rlhf.config import AppConfig
-    from rlhf.models import load_causal_lm, load_tokenizer, resolve_model
+    from rlhf.base_models import load_causal_lm, load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)
     model_name = args.model or AppConfig().base_model

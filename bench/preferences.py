@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from rlhf.simulate.oracles import concrete_hits, words
-from rlhf.simulate.pool import split_prompts
+from rlhf.simulate.preference_pool import split_prompts
 
 # ------------------------------------------------------------------------------------------ preferences
 LIST_LINE = re.compile(r"^\s*(?:[-*•+]|\d{1,2}[.)]|[a-h][.)]|#+)\s+\S")

@@ -60,7 +60,7 @@ def next_after_vote(url: str, votes: int, pause: float = 0.3) -> list[float]:
 
 def warm_items(store, n: int) -> None:
     """``n`` ready items with canned replies (the vote timing needs items, not generation)."""
-    from rlhf.simulate.pool import load_pool
+    from rlhf.simulate.preference_pool import load_pool
 
     policy = store.active_policy("assistant").id
     for rec in load_pool()[:n]:
@@ -78,9 +78,9 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     """Chat TTFT with the refill off and on, then vote→next latency on a warm queue."""
     import httpx
 
-    from rlhf.queue.refill import QueueRefill
+    from rlhf.vote_queue.refill import QueueRefill
     from storage import Store
-    from ui.server import create_app
+    from ui.webapp import create_app
     from ui.services import Services
 
     quick = bool(getattr(args, "quick", False))

@@ -21,7 +21,7 @@ QUICK = {"reward.epochs": 1, "reward.min_pairs": 4, "reward.batch_size": 4, "rew
 def seed_votes(store, n_pairs: int, preference: str = "shorter", seed: int = 0, agent: str = AGENT) -> int:
     """``n_pairs`` comparisons of real SmolLM2 replies (the shipped pool), labelled by a planted preference."""
     from bench.preferences import make_pairs
-    from rlhf.simulate.pool import load_pool, split_prompts
+    from rlhf.simulate.preference_pool import load_pool, split_prompts
 
     pool = load_pool()
     train_ids, _ = split_prompts(pool)
@@ -38,7 +38,7 @@ def seed_votes(store, n_pairs: int, preference: str = "shorter", seed: int = 0, 
 
 def retrain_config(config: AppConfig, data_dir: Path, quick: bool, overrides: Optional[dict] = None) -> AppConfig:
     """The app config pointed at a throwaway data dir (the converted base model is reused, not copied)."""
-    from rlhf.models import resolve_model
+    from rlhf.base_models import resolve_model
 
     source = resolve_model(config.base_model, config.data_path)
     values = {"data_dir": str(data_dir), "base_model": source, "scheduler.enabled": False,

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from bench.preferences import PREFERENCES, heldout_pairs, make_pairs
-from rlhf.simulate.pool import load_pool, split_prompts
+from rlhf.simulate.preference_pool import load_pool, split_prompts
 from bench.report import report
 from rlhf.config import AppConfig
 
@@ -171,7 +171,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(config: AppConfig, args: argparse.Namespace) -> dict:
     """Learning curves for every planted preference, with the two baselines; appends to BENCHMARKS.md.
     (``bench reward --active`` runs ``bench.reward_active`` instead.)"""
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
     from rlhf.training.features import ReplyFeatures
 
     quick = bool(getattr(args, "quick", False))

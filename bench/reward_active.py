@@ -5,7 +5,7 @@ to it one at a time, and the reward head is refit every ``queue.refit_every`` vo
 pairs, from the same candidates (every pair of the four replies to each training prompt, ties included: an
 annotator who is shown two equally good replies spends a vote and teaches nothing):
 
-- ``active``: the vote queue's own code (``rlhf.queue.choice``): random until the head has
+- ``active``: the vote queue's own code (``rlhf.vote_queue.choice``): random until the head has
   ``reward.min_pairs`` pairs, then the most uncertain pairs under the current head ensemble, with
   ``queue.random_share`` random ones mixed in;
 - ``random``: uniformly random pairs.
@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rlhf.queue.choice import choose_batch, pair_uncertainty
+from rlhf.vote_queue.choice import choose_batch, pair_uncertainty
 from bench.preferences import PREFERENCES, _flipped, heldout_pairs
-from rlhf.simulate.pool import load_pool, split_prompts
+from rlhf.simulate.preference_pool import load_pool, split_prompts
 from bench.report import report
 from rlhf.config import AppConfig
 
@@ -172,7 +172,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     q = config.queue
     pool = load_pool()
     if featurize is None:
-        from rlhf.models import pick_device, resolve_model
+        from rlhf.base_models import pick_device, resolve_model
         from rlhf.training.features import ReplyFeatures
 
         source = resolve_model(config.base_model, config.data_path)

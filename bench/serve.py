@@ -85,8 +85,8 @@ def load_policy_server(config: AppConfig, warmup: bool = True, engine: str | Non
     """A PolicyServer for the configured base model with the config's batching settings, on ``engine`` (default:
     what ``serving.engine`` picks here), isolated as ``serving.isolation`` says (transformers: in this process, so
     the baseline can call its model)."""
-    from rlhf.models import load_tokenizer, pick_device
-    from rlhf.serving.server import PolicyServer, start_engine
+    from rlhf.base_models import load_tokenizer, pick_device
+    from rlhf.serving.policy_server import PolicyServer, start_engine
     from rlhf.cpu import thread_plan
     from rlhf.serving.startup import engine_specs, loop_settings
 
@@ -220,7 +220,7 @@ def decode_ceiling(server, batch_sizes: list[int], context: int = 120, steps: in
 def engine_direct(server, system_prompt: str, users: int, n_requests: int, gen: dict) -> Level:
     """``users`` threads calling the engine in-process (no HTTP, no Store), like run_level otherwise: what the
     batching engine gives on its own, to split the served figure into engine and web-stack costs."""
-    from rlhf.serving.server import AdapterRef, GenParams
+    from rlhf.serving.policy_server import AdapterRef, GenParams
 
     level, lock = Level(users), threading.Lock()
 
@@ -270,7 +270,7 @@ def serve_engine(kind: str, config: AppConfig, cfg: AppConfig, levels: list[int]
     """One engine's rows: (transformers: the naive baseline and the bare decode ceiling, and 8 users in-process),
     then every level over HTTP against the real app, its engine warmed with the agent's system prompt as the app
     does. ``extra(server, system_prompt, threads)`` runs before the app closes and returns more figures."""
-    from ui.server import build_services, create_app
+    from ui.webapp import build_services, create_app
 
     t0 = time.perf_counter()
     server = load_policy_server(config, engine=kind, warmup=False)
@@ -378,8 +378,8 @@ def llama_extras(server, system_prompt: str, threads: int, config: AppConfig, le
 def adapter_timing(server, config: AppConfig, root: Path) -> dict:
     """Seconds from a fresh rank-``ppo.lora_r`` q/k/v/o adapter dir to its first reply (conversion included)."""
     from bench.memory import make_adapters
-    from rlhf.models import resolve_model
-    from rlhf.serving.server import AdapterRef, GenParams
+    from rlhf.base_models import resolve_model
+    from rlhf.serving.policy_server import AdapterRef, GenParams
 
     (path,) = make_adapters(resolve_model(config.base_model, config.data_path), root, 1, config.ppo.lora_r,
                             config.ppo.lora_alpha)

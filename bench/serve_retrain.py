@@ -66,8 +66,8 @@ class _Ticker:
 
 def run(config: AppConfig, args, path=None) -> dict:
     """Idle chat, the retrain alone, then chat during the same retrain; report and return the figures."""
-    from rlhf.models import resolve_model
-    from ui.server import build_services, create_app
+    from rlhf.base_models import resolve_model
+    from ui.webapp import build_services, create_app
 
     quick = bool(getattr(args, "quick", False))
     levels = [args.users] if getattr(args, "users", None) else [1, 8]

@@ -61,8 +61,8 @@ def run_rloo(config: AppConfig, source: str, prompts: list, work: Path, device: 
     from transformers import TrainerCallback
     from trl import RLOOConfig, RLOOTrainer
 
-    from rlhf.models import load_causal_lm, load_tokenizer
-    from rlhf.models import lora_targets
+    from rlhf.base_models import load_causal_lm, load_tokenizer
+    from rlhf.base_models import lora_targets
 
     cfg = config.ppo
     per_rollout = completions(cfg) // cfg.mini_batch_size  # optimizer steps per rollout and epoch
@@ -116,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None) -> dict:
     """Measure both trainers and report samples/s of each, the ratio and our phase split."""
     from bench.report import report
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
     from rlhf.training.prompts import build_prompt_sets
 
     quick = bool(getattr(args, "quick", False))

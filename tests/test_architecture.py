@@ -82,7 +82,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_packages():
     g = graph()
-    assert "ui.server" in g and "rlhf.serving.server" in g["ui.server"]
+    assert "ui.webapp" in g and "rlhf.serving.policy_server" in g["ui.webapp"]
     assert "storage" in g["rlhf.retrain.data"]
 
 

@@ -4,7 +4,7 @@
 ``username`` after its login, or the OAuth session holds the HF profile) and for a Starlette/FastAPI
 request (``Authorization: Basic ...``, ``Authorization: Bearer <token>`` or Gradio's sign-in cookie).
 Password checks cost the same for unknown and known names, and at most a few run at once; failed
-sign-ins are counted by ``LoginThrottle``. The request guard that uses all this is ``ui.guard``; role
+sign-ins are counted by ``LoginThrottle``. The request guard that uses all this is ``ui.request_guard``; role
 checks stay in the handlers (``ui.permissions.require_admin``).
 """
 from __future__ import annotations
@@ -218,7 +218,7 @@ class Auth:
         return "Hugging Face sign-in: signed-in users annotate" + (
             f"; admins: {', '.join(sorted(self.admins))}" if self.admins else "; no admins configured (RLHF_ADMINS)")
 
-    # -- counting sign-in attempts (ui.guard calls these around every password check)
+    # -- counting sign-in attempts (ui.request_guard calls these around every password check)
     def attempt(self, client: Optional[str], name: str) -> Optional[float]:
         """Before a password check: None to go ahead (a failure is reserved, per address, per name from that address
         and per name), else the seconds until this client may try this name again."""

@@ -5,7 +5,7 @@ which name it asked for (``X-Forwarded-Host``). Anyone else can send the same he
 the TCP peer is a listed proxy: then the client address and scheme are taken from them (for the sign-in
 throttle, the rate limit and everything after); from any other peer they are removed before the app sees the
 request, so no later code (ours or Gradio's) can be fooled by them. uvicorn's own handling is switched off
-(``ui.server.serve``): it believes any loopback peer, which a web page on this machine can be.
+(``ui.webapp.serve``): it believes any loopback peer, which a web page on this machine can be.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from rlhf.config import AppConfig
-from rlhf.serving.server import PolicyServer, load_server
+from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Conflict, Store
 from ui.flows.leaderboard import Leaderboards
 from ui.flows.slots import ReplySlots
@@ -17,14 +17,14 @@ from ui.flows.slots import ReplySlots
 
 @dataclass
 class Services:
-    """Everything a UI or REST handler may use. Built once in ``ui.server.build_services``."""
+    """Everything a UI or REST handler may use. Built once in ``ui.webapp.build_services``."""
 
     config: AppConfig
     store: Store
     server: PolicyServer
     scheduler: Optional[Any] = None  # rlhf.jobs.scheduler.StudioScheduler when running
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured
-    refill: Optional[Any] = None  # rlhf.queue.refill.QueueRefill when the vote queue refills in the background
+    refill: Optional[Any] = None  # rlhf.vote_queue.refill.QueueRefill when the vote queue refills in the background
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
     leaderboards: Optional[Leaderboards] = None  # made from the Store when not given
     replies: Optional[ReplySlots] = None  # replies generating per person (server.max_replies_per_user)
@@ -72,7 +72,7 @@ class Services:
 
 def _canonical(name: str) -> str:
     """A shipped model's hub id (the shipped GGUF and the hub checkpoint are the same model)."""
-    from rlhf.models import SHIPPED
+    from rlhf.base_models import SHIPPED
 
     return SHIPPED[name][2] if name in SHIPPED else name
 

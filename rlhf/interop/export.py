@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir, atomic_file
 from rlhf.interop import recipes
-from rlhf.models import SHIPPED
+from rlhf.base_models import SHIPPED
 from rlhf.training.data import Feedback, build_kto, build_pairs
 from rlhf.training.prompts import store_states
 
@@ -181,7 +181,7 @@ def _model_config(base: str, data_dir: Optional[Path]):
 
     from transformers import AutoConfig
 
-    from rlhf.models import cached_model_dir
+    from rlhf.base_models import cached_model_dir
 
     try:
         if base in SHIPPED:
@@ -201,7 +201,7 @@ def _model_config(base: str, data_dir: Optional[Path]):
 
 
 def policy_lora(src: Source) -> recipes.Lora:
-    """The LoRA the app's PPO trains on this base: ``rlhf.models.lora_targets`` of the model's module tree
+    """The LoRA the app's PPO trains on this base: ``rlhf.base_models.lora_targets`` of the model's module tree
     (built on the meta device from its config, no weights) with ``ppo.lora_r`` / ``ppo.lora_alpha``.
 
     Without a local config (a hub id never downloaded here) the attention projections are assumed, which is
@@ -213,7 +213,7 @@ def policy_lora(src: Source) -> recipes.Lora:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rlhf.models import lora_targets
+        from rlhf.base_models import lora_targets
 
         try:
             with torch.device("meta"):
@@ -228,7 +228,7 @@ def recipe_context(src: Source, out: Path) -> recipes.Context:
     name = base_name_of(src)
     converted = None
     if name in SHIPPED and src.data_dir is not None:
-        from rlhf.models import cached_model_dir
+        from rlhf.base_models import cached_model_dir
 
         converted = cached_model_dir(name, src.data_dir)
     return recipes.Context(out, base_model_of(src), [a.name for a in src.agents], policy_lora(src), converted)

@@ -34,7 +34,7 @@ from typing import Optional
 
 from rlhf.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
-from rlhf.models import load_causal_lm, load_tokenizer, name_local_base, resolve_model
+from rlhf.base_models import load_causal_lm, load_tokenizer, name_local_base, resolve_model
 from rlhf.retrain.publish import publish_version
 from rlhf.serving.interface import AdapterError
 from storage import Policy, Store

@@ -44,7 +44,7 @@ def render(name: str, **values) -> str:
 
 @dataclass
 class Lora:
-    """The LoRA the app's PPO trains: ``rlhf.models.lora_targets`` on the base, ``ppo.lora_r`` / ``ppo.lora_alpha``."""
+    """The LoRA the app's PPO trains: ``rlhf.base_models.lora_targets`` on the base, ``ppo.lora_r`` / ``ppo.lora_alpha``."""
 
     rank: int
     alpha: int

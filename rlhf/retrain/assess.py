@@ -34,7 +34,7 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
 
 def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[str]):
     """(peft model, tokenizer, candidate adapter name) with the active adapter (if any) loaded as ``active``."""
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
 
     policy = getattr(ppo.policy, "policy", None)  # PolicyWithValue -> the PeftModel PPO (or DPO) trained
     if policy is None or not hasattr(policy, "load_adapter"):
@@ -83,7 +83,7 @@ def adapters_on_base(base_source: str, device: str, adapters: dict):
     """One base model with named LoRA adapters (None entries are skipped) and its tokenizer."""
     from peft import PeftModel
 
-    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.base_models import load_causal_lm, load_tokenizer
 
     model = load_causal_lm(base_source, device)
     for name, path in adapters.items():

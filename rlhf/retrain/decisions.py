@@ -9,7 +9,7 @@ voter neither chose the two versions nor saw which was which (a comparison of re
 versions in chat does not). Each person's first ``gate.decision_votes_per_annotator`` blind votes on the decision
 count and the rest are kept but not counted, so nobody outvotes the team by voting often; an annotator's latest vote
 on a pair of replies counts, and excluded annotators' votes do not. A verdict needs blind votes from at least
-``gate.decision_min_annotators`` different people. The sequential test (``rlhf.analysis.decision``, run at
+``gate.decision_min_annotators`` different people. The sequential test (``rlhf.analysis.confidence_sequence``, run at
 ``person_alpha`` so that one person's counted votes cannot lift its error rate) turns the counted votes into a
 verdict; ``settle`` records it in the version's metrics (``decision/*``) and, with
 ``gate.decision_rule`` = auto in team and HF modes, promotes or archives it. Local mode is one person: a decided
@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from rlhf.analysis.decision import Decision, decide, person_alpha
+from rlhf.analysis.confidence_sequence import Decision, decide, person_alpha
 from rlhf.config import AppConfig
 from storage import Comparison, Conflict, Policy, Store
 from storage.util import utcnow
@@ -92,7 +92,7 @@ def tally(comparisons: list[Comparison], candidate_id: int, opponent_id: int,
 @dataclass(frozen=True)
 class Rules:
     """How people's votes decide here: the effective rule, people a verdict needs, votes counted per person, and
-    the level the test runs at (``rlhf.analysis.decision.person_alpha``)."""
+    the level the test runs at (``rlhf.analysis.confidence_sequence.person_alpha``)."""
 
     rule: str
     min_people: int

@@ -128,7 +128,7 @@ def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequ
     ``seed + prompt index``, so a reply does not depend on what else shares the batch.
     """
     from rlhf.serving.interface import Request
-    from rlhf.serving.server import GenParams, ReplyStream, local_engine
+    from rlhf.serving.policy_server import GenParams, ReplyStream, local_engine
 
     ids = [encode_prompt(tokenizer, p, max_prompt_tokens) for p in prompts]
     rows = [(a, i) for a in adapters for i in range(len(ids))]

@@ -13,7 +13,7 @@ Order of the rules (``decide``), each a reason a team lead can read in the job r
    interval excludes 0.5) and the guard (``rlhf.retrain.guard``) did not trip; otherwise inconclusive.
 
 An inconclusive candidate is published as a candidate and paired with the active version in the arena and the
-vote queue until people's votes decide (``rlhf.analysis.decision``).
+vote queue until people's votes decide (``rlhf.analysis.confidence_sequence``).
 """
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def base_of(adapter_cfg: dict, meta: dict, agent_base: str, data_dir: Path) -> t
 
     The local path is the one the app keeps in ``version.json`` (relative to the data dir when under it), else
     the adapter's own ``base_model_name_or_path`` (versions published before bases were named by hub id)."""
-    from rlhf.models import HUB_ID, hub_id_of
+    from rlhf.base_models import HUB_ID, hub_id_of
 
     named = adapter_cfg.get("base_model_name_or_path") or None
     local = meta.get("base_model_path") or named

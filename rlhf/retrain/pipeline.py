@@ -16,7 +16,7 @@ from rlhf.retrain.reward import shared_base, train_reward_phase
 
 def retrain(ctx: JobContext) -> dict:
     """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
     from rlhf.retrain.publish import publish_version
 
     store, cfg = ctx.store, ctx.config
@@ -83,7 +83,7 @@ def retrain(ctx: JobContext) -> dict:
 def eval_samples(ctx: JobContext) -> dict:
     """Regenerate one version's replies to the held-out eval prompts, scored by its reward model."""
     from rlhf.retrain.evaluation import generate_replies
-    from rlhf.models import pick_device, resolve_model
+    from rlhf.base_models import pick_device, resolve_model
     from rlhf.training.prompts import prompt_sets
     from rlhf.training.reward import load_reward_model
 

@@ -35,7 +35,7 @@ def name_base(adapter_dir: Path, base_model: str, data_dir: Path) -> dict:
     Returns what the app keeps about the base in ``version.json``: the name shown to the world and the local
     path the adapter was trained on (relative to the data dir when under it). The app never loads a base from
     the adapter's config: serving and training pass their own local base model."""
-    from rlhf.models import hub_id_of
+    from rlhf.base_models import hub_id_of
     from storage.paths import to_stored
 
     path = adapter_dir / "adapter_config.json"

@@ -12,7 +12,7 @@ from rlhf.retrain.progress import Phases
 def shared_base(cfg: AppConfig, base_source: str, device: str):
     """(causal LM, reward features on its decoder) for a job that shares one base between the reward model, PPO's
     policy and reference, and the evaluation; (None, None) when the two would load it differently (4-bit)."""
-    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.base_models import load_causal_lm, load_tokenizer
     from rlhf.training.features import reward_features
 
     if cfg.reward.load_in_4bit or cfg.ppo.load_in_4bit:  # k-bit training prepares (casts) the base it gets

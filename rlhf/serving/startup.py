@@ -136,7 +136,7 @@ def engine_specs(config, device: str) -> tuple[list[EngineSpec], str]:
             "tokenizer_source": tokenizer_source, "load_in_4bit": s.load_in_4bit,
             "max_batch_size": s.max_batch_size}, "transformers" if device == "cpu" else f"transformers ({device})"))
     if tokenizer_source is None:
-        from rlhf.models import resolve_model
+        from rlhf.base_models import resolve_model
 
         tokenizer_source = resolve_model(config.base_model, config.data_path)
     return specs, tokenizer_source

@@ -16,7 +16,7 @@ from typing import Optional
 import httpx
 
 from rlhf.simulate.oracles import ORACLES, distinct_2
-from rlhf.simulate.pool import load_pool, split_prompts
+from rlhf.simulate.preference_pool import load_pool, split_prompts
 
 
 def vote_and_eval_prompts() -> tuple[list[str], list[str]]:

@@ -100,7 +100,7 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     from trl import DPOConfig as TrlDPOConfig
     from trl import DPOTrainer
 
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
     from rlhf.training.ppo.rollout import build_policy
 
     cfg, started = config.dpo, time.perf_counter()

@@ -47,7 +47,7 @@ class ReplyFeatures:
         """The base model (no LM head) and tokenizer from a model directory."""
         from transformers import AutoModel
 
-        from rlhf.models import load_tokenizer, quantization, torch_dtype
+        from rlhf.base_models import load_tokenizer, quantization, torch_dtype
 
         quant = quantization(load_in_4bit, device)
         model = AutoModel.from_pretrained(source, dtype=torch_dtype(device), quantization_config=quant,
@@ -130,7 +130,7 @@ def reward_features(config: "AppConfig", device: str, source: Optional[str] = No
     ``reward.max_length``, ``reward.load_in_4bit`` and the prompt budget ``ppo.max_prompt_tokens`` every reward model
     is trained and scored under. ``kwargs`` as ``reply_features`` (``model``, ``batch_size``, ``memo``...)."""
     if source is None:
-        from rlhf.models import resolve_model
+        from rlhf.base_models import resolve_model
 
         source = resolve_model(config.base_model, config.data_path)
     return reply_features(source, device, config.reward.max_length, config.reward.load_in_4bit,

@@ -31,7 +31,7 @@ from rlhf.config import AppConfig, RewardConfig
 from rlhf.files import atomic_dir
 from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_pointwise, count_sources,
                                 group_labels, split_by_conversation)
-from rlhf.models import pick_device, resolve_model
+from rlhf.base_models import pick_device, resolve_model
 from rlhf.training import reward_head
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
 from rlhf.training.features import reply_features

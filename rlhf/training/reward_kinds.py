@@ -179,7 +179,7 @@ class LoraKind:
     def load(self, directory: Path, meta: dict, source: str, device: str, load_in_4bit: bool, batch_size: int):
         from peft import PeftModel
 
-        from rlhf.models import load_tokenizer
+        from rlhf.base_models import load_tokenizer
         from rlhf.training.reward_lora import RewardScorer, load_backbone
 
         try:

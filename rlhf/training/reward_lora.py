@@ -18,7 +18,7 @@ import shutil
 from typing import Callable, Optional
 
 from rlhf.config import AppConfig, RewardConfig
-from rlhf.models import pick_device, quantization, torch_dtype
+from rlhf.base_models import pick_device, quantization, torch_dtype
 from rlhf.training.tokens import encode
 
 Progress = Callable[[float, str, Optional[dict]], None]
@@ -54,7 +54,7 @@ def load_backbone(source: str, device: str, load_in_4bit: bool, pad_token_id: in
 def lora_config(model, cfg: RewardConfig):
     from peft import LoraConfig
 
-    from rlhf.models import lora_targets
+    from rlhf.base_models import lora_targets
 
     targets = lora_targets(model)
     n_layers = getattr(model.config.get_text_config(), "num_hidden_layers", None)
@@ -216,7 +216,7 @@ def train_lora(pairs: list[dict], points: list[dict], mode: str, cfg: RewardConf
     ``max_prompt_tokens``: the prompt budget of ``rlhf.training.tokens.encode`` (PPO's)."""
     from transformers import set_seed
 
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
 
     tokenizer = load_tokenizer(source)
     set_seed(cfg.seed)  # the scalar head starts random

@@ -35,7 +35,8 @@ def test_bench_command_runs_the_named_benchmark_with_config_flags_on_either_side
 
 def test_bench_from_an_installed_package_says_where_the_benchmarks_are(tmp_path):
     site = tmp_path / "site-packages"  # installed from a wheel: no bench/ and no pyproject beside cli.py
-    shutil.copytree(ROOT / "rlhf", site / "rlhf", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("rlhf", "ui", "storage"):  # what the wheel installs
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "cli.py", site / "cli.py")
     done = subprocess.run([sys.executable, "-c", "import sys; from cli import main; sys.exit(main(sys.argv[1:]))",
                            "bench", "serve"], cwd=tmp_path, capture_output=True, text=True, timeout=120,

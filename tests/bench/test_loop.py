@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bench import loop
-from rlhf.simulate.pool import load_pool, split_prompts
+from rlhf.simulate.preference_pool import load_pool, split_prompts
 from rlhf.simulate.oracles import ORACLES
 from rlhf.config import apply_overrides
 

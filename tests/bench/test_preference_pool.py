@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from bench import preference_pool as pp, preferences as prefs
-from rlhf.simulate import pool as shipped
+from rlhf.simulate import preference_pool as shipped
 
 PROMPT = "How do I bake bread at home?"
 

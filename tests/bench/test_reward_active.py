@@ -10,7 +10,7 @@ import pytest
 
 from bench import reward_active as bench
 from bench.preferences import PREFERENCES, heldout_pairs
-from rlhf.simulate.pool import load_pool, split_prompts
+from rlhf.simulate.preference_pool import load_pool, split_prompts
 from bench.reward import PoolFeatures
 from tests.bench.test_reward_bench import hashed_words
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from bench import reward as bench
 from bench.preferences import PREFERENCES, heldout_pairs, make_pairs
-from rlhf.simulate.pool import load_pool, split_prompts
+from rlhf.simulate.preference_pool import load_pool, split_prompts
 
 
 def hashed_words(prompts, replies, dim: int = 64) -> np.ndarray:

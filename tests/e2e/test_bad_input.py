@@ -18,7 +18,7 @@ from rlhf.config import load_config
 from tests.conftest import LiveServer, make_adapter
 from ui.tabs import arena, chat
 from ui.tabs import chat_labels as labels
-from ui.server import build_services, create_app
+from ui.webapp import build_services, create_app
 
 GEN = (8, 0.0, 1.0, None)  # max tokens, temperature, top_p, seed
 TABLES = ("conversations", "messages", "ratings", "comparisons", "arena_pairs", "annotators", "jobs", "policies")

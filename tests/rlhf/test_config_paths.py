@@ -45,7 +45,7 @@ def seed_pairs(store, n: int = 16) -> None:
 
 @pytest.fixture
 def client(services):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     seed_pairs(services.store)  # enough votes: the only refusal left is the config's
     with TestClient(create_app(services, ui=False)) as c:

@@ -74,7 +74,7 @@ def test_serving_engine_drops_threads_while_a_job_runs_and_takes_them_back(tiny_
     """torch's thread count is per calling thread: the engine must apply the budget on its own thread."""
     import torch
 
-    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
     server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=256)
     budget = CpuBudget(plan_threads(4, job_threads=1))  # 4 "cores" whatever this machine has: 4 idle, 3 beside a job

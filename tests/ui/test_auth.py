@@ -27,7 +27,7 @@ def team_config(tmp_path, tiny_model_dir, *extra, env=None):
 @pytest.fixture(scope="module")
 def team(tmp_path_factory, tiny_model_dir, tiny_server):
     """One team app for the module (tests use distinct names, so they do not see each other's writes)."""
-    from ui.server import build_services, create_app
+    from ui.webapp import build_services, create_app
 
     tmp_path = tmp_path_factory.mktemp("team")
     services = build_services(team_config(tmp_path, tiny_model_dir, f"server.users={USERS}"), server=tiny_server)
@@ -124,7 +124,7 @@ def test_spaces_defaults_apply_only_on_a_real_space(tmp_path, tiny_model_dir, ti
     cannot carry a rebinding Host past the host check."""
     from fastapi.testclient import TestClient
 
-    from ui.server import build_services, create_app
+    from ui.webapp import build_services, create_app
 
     off = load_config(env={"SPACE_ID": "team/studio"})
     assert (off.server.host, off.server.trusted_proxies, off.base_model) == ("127.0.0.1", [],
@@ -250,7 +250,7 @@ def test_gradio_login_uses_the_same_users(team):
 
 
 def test_rate_limit_per_user(tmp_path, tiny_model_dir, tiny_server):
-    from ui.server import build_services, create_app
+    from ui.webapp import build_services, create_app
 
     services = build_services(team_config(tmp_path, tiny_model_dir, f"server.users={USERS}",
                                           "server.rate_limit_per_minute=3"), server=tiny_server)

@@ -20,7 +20,7 @@ LONG = 2048  # tokens: a reply that is still generating while the test looks at 
 
 
 def live(tmp_path, tiny_model_dir, tiny_server, *extra, ui=False):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = build(tmp_path, tiny_model_dir, tiny_server, f"server.users={USERS}", *extra)
     return services, LiveServer(create_app(services, ui=ui))

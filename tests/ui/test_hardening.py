@@ -14,7 +14,7 @@ from ui.auth import NameBackoff
 
 @pytest.fixture
 def team(tmp_path, tiny_model_dir, tiny_server):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = build(tmp_path, tiny_model_dir, tiny_server, f"server.users={USERS}", "server.trusted_proxies=*",
                      "server.login_name_failures=5", "server.login_max_backoff_seconds=60")

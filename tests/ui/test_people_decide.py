@@ -18,7 +18,7 @@ DAVE, ERIN, FRANK = ("dave", "d-pass"), ("erin", "e-pass"), ("frank", "f-pass")
 @pytest.fixture
 def team(tmp_path, tiny_model_dir, tiny_server, adapter):
     """A team app (alice admin; bob, carol, dave, erin, frank annotators) with a candidate the gate left to people."""
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = build(tmp_path, tiny_model_dir, tiny_server,
                      f"server.users={USERS},dave:d-pass,erin:e-pass,frank:f-pass", "server.rate_limit_per_minute=0")

@@ -17,7 +17,7 @@ from rlhf.config import ConfigError, load_config
 from tests.conftest import LiveServer
 from ui.auth import LoginThrottle
 from ui.downloads import DOWNLOADS
-from ui.guard import allowed_hosts, check_origins, foreign_origin, host_name, space_host
+from ui.request_guard import allowed_hosts, check_origins, foreign_origin, host_name, space_host
 from ui.tabs import data as data_tab
 from ui.views.text import literal_html
 
@@ -25,7 +25,7 @@ USERS = "alice:a-pass:admin,bob:b-pass,carol:c-pass"
 
 
 def team_services(tmp_path, tiny_model_dir, tiny_server, *extra):
-    from ui.server import build_services
+    from ui.webapp import build_services
 
     config = load_config(env={}, overrides=[f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}", "device=cpu",
                                             "serving.warmup=false", "scheduler.enabled=false",
@@ -119,7 +119,7 @@ def client_at(address: str) -> httpx.Client:
 
 
 def test_rest_basic_lockout_says_nothing_about_the_password(tmp_path, tiny_model_dir, tiny_server):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = team_services(tmp_path, tiny_model_dir, tiny_server, "server.login_max_failures=3")
     try:
@@ -143,7 +143,7 @@ def test_rest_basic_lockout_says_nothing_about_the_password(tmp_path, tiny_model
 
 
 def test_the_sign_in_cookie_stays_on_this_site(tmp_path, tiny_model_dir, tiny_server):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = team_services(tmp_path, tiny_model_dir, tiny_server)
     try:
@@ -171,7 +171,7 @@ def noted(tmp_path, tiny_model_dir, tiny_server):
 
 
 def test_an_annotator_reads_only_their_own_notes(noted):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services, reply = noted
     with LiveServer(create_app(services)) as live:

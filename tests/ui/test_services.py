@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ui.server import build_services
+from ui.webapp import build_services
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

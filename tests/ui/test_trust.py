@@ -26,7 +26,7 @@ LOCAL = "http://127.0.0.1"  # what an in-process client must send as its Host, l
 
 
 def build(tmp_path, tiny_model_dir, tiny_server, *extra):
-    from ui.server import build_services
+    from ui.webapp import build_services
 
     config = load_config(env={}, overrides=[f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}",
                                             "device=cpu", "serving.warmup=false", "serving.max_new_tokens=6",
@@ -37,7 +37,7 @@ def build(tmp_path, tiny_model_dir, tiny_server, *extra):
 @pytest.fixture
 def team(tmp_path, tiny_model_dir, tiny_server):
     """A team app (alice admin, bob and carol annotators) and an in-process client that sends Host 127.0.0.1."""
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = build(tmp_path, tiny_model_dir, tiny_server, f"server.users={USERS}")
     with TestClient(create_app(services, ui=False), base_url=LOCAL) as client:
@@ -69,7 +69,7 @@ def counts(services) -> dict:
 
 # ---- 1. no test door: an in-process client is just another client ---------------------------------------
 def test_the_in_process_client_gets_no_host_exemption(tmp_path, tiny_model_dir, tiny_server):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     services = build(tmp_path, tiny_model_dir, tiny_server)  # local mode, no server.allowed_hosts
     try:
@@ -120,7 +120,7 @@ def spray(url: str, names: int, forwarded: bool) -> list[int]:
 
 
 def test_x_forwarded_for_counts_only_from_a_listed_proxy(tmp_path, tiny_model_dir, tiny_server):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     base = (f"server.users={USERS}", "server.login_max_failures=3")
     untrusted = build(tmp_path / "a", tiny_model_dir, tiny_server, *base)

@@ -1,6 +1,6 @@
 """REST for teams: agents, exports, annotation quality, annotator exclusion, API tokens, who am I.
 
-Mounted under /api/v1 by ``ui.server.create_app``. Writes here need the admin role (``require_admin``);
+Mounted under /api/v1 by ``ui.webapp.create_app``. Writes here need the admin role (``require_admin``);
 the quality stats are readable by every signed-in user, like the dashboards.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""REST for the arena, the leaderboard and version archiving (mounted under /api/v1 by ui.server)."""
+"""REST for the arena, the leaderboard and version archiving (mounted under /api/v1 by ui.webapp)."""
 from __future__ import annotations
 
 from typing import Any, Literal, Optional

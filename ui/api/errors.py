@@ -4,7 +4,7 @@ Every refusal under /api/v1 (a handler's, a Store error, the guard's, FastAPI's 
 ``{"error": "<message>"}`` with a 4xx status, or 503 with ``Retry-After`` when the server or the database is busy.
 ``install_error_handlers`` maps the errors a route lets through (the Store's, Forbidden, Busy, FastAPI's own) to
 that shape in one place, so no route catches them. The module imports error types only (storage, serving,
-permissions), never a router, so ``ui.guard`` and ``ui.auth`` can use it without a cycle.
+permissions), never a router, so ``ui.request_guard`` and ``ui.auth`` can use it without a cycle.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from rlhf.serving.server import Busy
+from rlhf.serving.policy_server import Busy
 from storage import StoreError
 from ui.permissions import Forbidden
 

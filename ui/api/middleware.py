@@ -1,5 +1,5 @@
 """The REST API's body-size limit: ASGI middleware that refuses an oversized body with 413 before (or while) it is
-read. Routers define routes only; middleware lives here and in ``ui.guard`` (Host, Origin, credentials)."""
+read. Routers define routes only; middleware lives here and in ``ui.request_guard`` (Host, Origin, credentials)."""
 from __future__ import annotations
 
 from fastapi import FastAPI

@@ -1,4 +1,4 @@
-"""REST for promotion decisions and lineage (mounted under /api/v1 by ui.server).
+"""REST for promotion decisions and lineage (mounted under /api/v1 by ui.webapp).
 
 GET /policies/{id}/decision, GET /decisions?agent=NAME, GET /policies/{id}/lineage, GET /lineage?agent=NAME,
 POST /policies/{id}/retrain-without (admin).

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlhf.models import ModelNotFound, resolve_model
-from rlhf.serving.server import GenParams
+from rlhf.base_models import ModelNotFound, resolve_model
+from rlhf.serving.policy_server import GenParams
 from storage import InvalidInput
 from storage.util import check_slug
 from ui.services import Services

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from rlhf.config import AppConfig
-from rlhf.serving.server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
+from rlhf.serving.policy_server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
 from storage import Agent, Conflict, InvalidInput, Message, Policy, Store
 from ui.flows.access import Caller
 from ui.flows.slots import ReplySlots

@@ -1,6 +1,6 @@
 """Vote tab: one context, two replies, four buttons (and Skip); the next pair appears as soon as the vote is stored.
 
-Pairs come from the vote queue (``ui.flows.queue``): generated in the background and picked where a vote teaches
+Pairs come from the vote queue (``ui.flows.vote_queue``): generated in the background and picked where a vote teaches
 the reward model the most. The browser only holds the item id. Keys: A/1, B/2, T/3, X/4, S to skip.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Optional
 import gradio as gr
 
 from ui.views.text import literal_chat, literal_html
-from ui.flows.queue import cast_vote, left_for, next_item, skip_item
+from ui.flows.vote_queue import cast_vote, left_for, next_item, skip_item
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
 from ui.tabs.common import guidelines_markdown, labeller

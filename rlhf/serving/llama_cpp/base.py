@@ -29,7 +29,7 @@ def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
     from transformers import AutoTokenizer
 
     from rlhf.files import atomic_dir
-    from rlhf.models import gguf_model_dir
+    from rlhf.base_models import gguf_model_dir
 
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-tok-"))
     target = DataDir(root).tokenizer(gguf_model_dir(gguf_file, root).name)
@@ -73,7 +73,7 @@ def llama_base(source: str, data_dir: Optional[str | Path], weights: str = "ship
     ``weights``: ``shipped`` serves a shipped model's GGUF (and a ``.gguf`` file) as is and converts a model
     directory to Q8_0; ``q4_0`` / ``q8_0`` / ``f16`` convert a shipped model or directory to that type (from
     the safetensors torch trains on, once, cached)."""
-    from rlhf.models import SHIPPED, ModelNotFound, resolve_model, shipped_gguf, shipped_tokenizer
+    from rlhf.base_models import SHIPPED, ModelNotFound, resolve_model, shipped_gguf, shipped_tokenizer
 
     if weights not in WEIGHTS:
         raise ValueError(f"llama.cpp weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")

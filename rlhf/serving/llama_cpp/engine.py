@@ -277,6 +277,6 @@ class LlamaCppCore(EngineCore):
 
 def build(gguf: str, tokenizer_source: str, **settings) -> LlamaCppCore:
     """The factory behind ``ENGINES["llama_cpp"]``: the GGUF base (memory-mapped) and its tokenizer."""
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
 
     return LlamaCppCore(gguf, load_tokenizer(tokenizer_source), **settings)

@@ -359,7 +359,7 @@ def build(model_source: str, device: str = "cpu", tokenizer_source: Optional[str
           data_dir: Optional[str] = None, **settings) -> TransformersCore:
     """The factory behind ``ENGINES["transformers"]``: the base model (a shipped name is converted once under
     ``data_dir``) and its tokenizer."""
-    from rlhf.models import load_causal_lm, load_tokenizer, resolve_model
+    from rlhf.base_models import load_causal_lm, load_tokenizer, resolve_model
 
     if data_dir is not None:
         model_source = resolve_model(model_source, data_dir)

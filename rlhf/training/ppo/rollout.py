@@ -54,7 +54,7 @@ def build_policy(base_source: str, ppo_config, device: str, init_adapter: Option
     weights are shared, the adapter goes on them); None loads it from ``base_source``."""
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 
-    from rlhf.models import load_causal_lm, lora_targets, name_local_base, quantization
+    from rlhf.base_models import load_causal_lm, lora_targets, name_local_base, quantization
 
     load_in_4bit = getattr(ppo_config, "load_in_4bit", False)
     if base is None:

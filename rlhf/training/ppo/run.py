@@ -57,7 +57,7 @@ def load_reward(store, agent, reward_model: Optional[str], device: str):
 def ppo_inputs(config: AppConfig, store, agent_name: Optional[str], reward_model: Optional[str],
                device: str) -> PPOInputs:
     """Resolve the base model, prompts (Store + prompt file, eval held out), reward and starting adapter."""
-    from rlhf.models import resolve_model
+    from rlhf.base_models import resolve_model
 
     agent = store.get_agent(agent_name)
     buffer, eval_prompts = prompt_sets(store, config, agent.id)
@@ -107,7 +107,7 @@ def run_train_ppo(config: AppConfig, args: argparse.Namespace) -> int:
     """The `train-ppo` command: progress bar on stderr, ONE JSON line last on stdout."""
     from tqdm import tqdm
 
-    from rlhf.models import ModelNotFound, pick_device
+    from rlhf.base_models import ModelNotFound, pick_device
     from rlhf.training.ppo.trainer import PPOFailed, train_ppo
     from storage import NotFound, Store
 

@@ -132,7 +132,7 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
 def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev, base=None):
     """Tokenizer, policy (its value head trains only with GAE), optimizer, KL controller and trainer state
     (restored on resume)."""
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
 
     cfg = config.ppo
     checkpoint = find_checkpoint(resume) if resume else None

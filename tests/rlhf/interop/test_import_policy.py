@@ -92,7 +92,7 @@ def test_full_model_becomes_an_exact_lora_when_the_rank_suffices(setup, tmp_path
     assert result.metrics["import/untracked_change"] == pytest.approx(0.0, abs=1e-7)
     assert result.metrics["import/probe_logit_max_abs_diff"] < 1e-3
     assert store.get_policy(result.policy.id).metrics["import/rank"] == 4
-    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
     server = PolicyServer.load(str(tiny_model_dir), "cpu", "tiny", max_context_tokens=256)
     try:  # the serving path loads the published adapter and answers with it

@@ -113,8 +113,8 @@ def test_plain_peft_loads_the_published_adapter_on_the_local_base(shipped, monke
 
 def test_the_app_still_serves_and_trains_on_from_the_local_base(shipped):
     """Serving and PPO never load a base from the adapter's config; a continued run names the local base."""
-    from rlhf.models import resolve_model
-    from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+    from rlhf.base_models import resolve_model
+    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
     from rlhf.training.ppo.rollout import build_policy
 
     config, v1 = shipped["config"], shipped["v1"]

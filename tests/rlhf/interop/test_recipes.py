@@ -29,7 +29,7 @@ from tests.rlhf.interop.engines import (ParseError, command_after, commands, com
                                         parser_from_source, resolve_selects, substitute)
 
 N_CONVERSATIONS = 48  # enough for one global batch (micro-batch 4 x 8 GPUs) in every recipe step
-APP_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # rlhf.models.lora_targets on the tiny Llama
+APP_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # rlhf.base_models.lora_targets on the tiny Llama
 
 
 def fill(store: Store, n: int) -> None:
@@ -310,10 +310,10 @@ def test_import_commands_parse_with_our_cli(exported):
 
 def test_policy_lora_matches_the_app(exported, tiny_model_dir):
     """The recipes train (verl) or import (OpenRLHF) the LoRA the app's PPO trains: ppo.lora_r / lora_alpha on
-    rlhf.models.lora_targets of the base."""
+    rlhf.base_models.lora_targets of the base."""
     from transformers import AutoModelForCausalLM
 
-    from rlhf.models import lora_targets
+    from rlhf.base_models import lora_targets
 
     config = exported["config"]
     targets = lora_targets(AutoModelForCausalLM.from_pretrained(tiny_model_dir))

@@ -8,7 +8,7 @@ import pytest
 from rlhf.analysis.arena import pair_candidates
 from rlhf.config import AppConfig, apply_overrides
 from rlhf.retrain import decisions
-from rlhf.queue.pool import queue_versions
+from rlhf.vote_queue.contexts import queue_versions
 from tests.conftest import vote_on_item
 from rlhf.analysis import arena as pairing
 

@@ -20,7 +20,7 @@ PROMPTS = [[{"role": "user", "content": t}] for t in (
 def peft_model(tmp_path_factory, tokenizer):
     from peft import PeftModel
 
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
 
     base_dir = make_lively_model(tmp_path_factory.mktemp("eval-lively"), tokenizer)
     root = tmp_path_factory.mktemp("eval-adapters")

@@ -49,7 +49,7 @@ def test_length_repetition_and_kl_trip():
 
 
 def test_relevance_runs_on_a_real_tiny_model(tiny_model_dir):
-    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.base_models import load_causal_lm, load_tokenizer
 
     model, tok = load_causal_lm(str(tiny_model_dir), "cpu"), load_tokenizer(str(tiny_model_dir))
     rel = relevance(model, tok, PROMPTS[:3], ANSWERS[:3])
@@ -62,8 +62,8 @@ def test_relevance_runs_on_a_real_tiny_model(tiny_model_dir):
 def test_the_base_model_tells_answers_from_deflections(smol_dir):
     """SmolLM2's own likelihoods: its pool answers are far likelier after their prompt than after another one; a
     polite deflection is about as likely after any prompt."""
-    from rlhf.simulate.pool import load_pool
-    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.simulate.preference_pool import load_pool
+    from rlhf.base_models import load_causal_lm, load_tokenizer
 
     model, tok = load_causal_lm(str(smol_dir), "cpu"), load_tokenizer(str(smol_dir))
     pool = sorted(load_pool(), key=lambda r: r["prompt_id"])[:8]
@@ -103,8 +103,8 @@ def test_a_planted_repetitive_candidate_trips_the_guard_and_is_never_promoted(sm
     import numpy as np
 
     from rlhf.retrain.gate import Evidence, decide
-    from rlhf.models import load_causal_lm, load_tokenizer
-    from rlhf.simulate.pool import load_pool
+    from rlhf.base_models import load_causal_lm, load_tokenizer
+    from rlhf.simulate.preference_pool import load_pool
 
     pool = sorted(load_pool(), key=lambda r: r["prompt_id"])[:12]
     prompts = [[{"role": "user", "content": r["prompt"]}] for r in pool]

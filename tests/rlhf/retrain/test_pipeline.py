@@ -7,7 +7,7 @@ from rlhf.retrain.data import dry_run
 from rlhf.retrain.progress import estimate_minutes
 from rlhf.jobs.runner import JobRunner
 from rlhf.jobs.scheduler import StudioScheduler
-from rlhf.serving.server import AdapterRef, GenParams
+from rlhf.serving.policy_server import AdapterRef, GenParams
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
 

@@ -11,7 +11,7 @@ import pytest
 
 from rlhf.cpu import CpuBudget, plan_threads
 from rlhf.serving.interface import AdapterError, llama_cpp_installed
-from rlhf.serving.server import AdapterRef, Busy, GenParams, PolicyServer
+from rlhf.serving.policy_server import AdapterRef, Busy, GenParams, PolicyServer
 from tests.conftest import make_adapter
 
 LLAMA = pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup`)")
@@ -139,7 +139,7 @@ def test_the_server_says_when_it_is_idle_and_which_requests_are_not_ours(server)
 
 def _request(server, adapter):
     from rlhf.serving.interface import Request
-    from rlhf.serving.server import ReplyStream
+    from rlhf.serving.policy_server import ReplyStream
 
     stream = ReplyStream()
     return Request(server.build_prompt("", HISTORY), adapter, greedy(), stream)
@@ -178,7 +178,7 @@ def test_threads_follow_the_cpu_budget(server):
 
 @pytest.mark.parametrize("kind", ENGINES)
 def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_path):
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
     from rlhf.serving.interface import build_core
     from rlhf.serving.llama_cpp.base import llama_base
     from rlhf.serving.loop import EngineLoop
@@ -203,7 +203,7 @@ def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_p
 @pytest.mark.parametrize("kind", ENGINES)
 def test_the_process_line_keeps_its_queue_bound_and_serves_what_waited(kind, tiny_model_dir, tmp_path):
     """Requests that arrive before the engine process is ready wait (up to the queue size) and are then served."""
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
     from rlhf.serving.llama_cpp.base import llama_base
     from rlhf.serving.process import EngineProcess, EngineSpec
 

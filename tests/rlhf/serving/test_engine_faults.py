@@ -14,7 +14,7 @@ import pytest
 
 from rlhf.config import apply_overrides
 from rlhf.serving.interface import EngineFault, EngineUnavailable, llama_cpp_installed
-from rlhf.serving.server import AdapterRef, GenParams, load_server
+from rlhf.serving.policy_server import AdapterRef, GenParams, load_server
 from tests.rlhf.serving import faulty_llama
 
 pytestmark = [pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed"),

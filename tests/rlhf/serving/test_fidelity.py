@@ -17,7 +17,7 @@ def test_llama_cpp_agrees_with_torch_on_the_base_and_on_a_version(smol_dir, tmp_
 
     from bench.fidelity import agreement, held_out_chats
     from rlhf.retrain.evaluation import encode_prompt, generate_replies
-    from rlhf.models import load_causal_lm, load_tokenizer, shipped_gguf
+    from rlhf.base_models import load_causal_lm, load_tokenizer, shipped_gguf
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
 
     tokenizer = load_tokenizer(str(smol_dir))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlhf.serving.interface import AdapterError, llama_cpp_installed
-from rlhf.serving.server import AdapterRef, GenParams, PolicyServer
+from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
 pytestmark = pytest.mark.skipif(not llama_cpp_installed(),
                                 reason="llama-cpp-python is not installed (`make setup` builds it)")
@@ -62,7 +62,7 @@ def prompt_ids(tokenizer):
 
 
 def test_a_converted_base_computes_what_torch_computes(tiny_model_dir, f32_gguf, prompt_ids):
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
 
     ours, theirs = llama_logits(f32_gguf, prompt_ids), torch_logits(load_causal_lm(str(tiny_model_dir), "cpu"),
                                                                     prompt_ids)
@@ -77,7 +77,7 @@ def test_a_converted_lora_computes_what_peft_computes(tiny_model_dir, f32_gguf, 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
 
     torch.manual_seed(3)
@@ -170,7 +170,7 @@ def test_auto_tries_llama_cpp_then_its_safe_load_then_transformers_on_cpu_and_tr
 
 @pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_the_app_serves_through_llama_cpp_by_default_on_cpu(app_config):
-    from rlhf.serving.server import load_server
+    from rlhf.serving.policy_server import load_server
 
     server = load_server(app_config)
     try:
@@ -182,7 +182,7 @@ def test_the_app_serves_through_llama_cpp_by_default_on_cpu(app_config):
 
 @pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_a_local_gguf_base_serves_and_converts_for_torch(f32_gguf, tmp_path):
-    from rlhf.models import resolve_model
+    from rlhf.base_models import resolve_model
 
     server = PolicyServer.load(str(f32_gguf), "cpu", "tiny", engine="llama_cpp", data_dir=str(tmp_path))
     try:

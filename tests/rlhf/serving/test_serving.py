@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from rlhf.serving.server import AdapterError, AdapterRef, Busy, GenParams, PolicyServer
+from rlhf.serving.policy_server import AdapterError, AdapterRef, Busy, GenParams, PolicyServer
 from tests.conftest import make_adapter
 
 BASE = AdapterRef(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlhf.config import apply_overrides
-from rlhf.queue.refill import QueueRefill
+from rlhf.vote_queue.refill import QueueRefill
 from rlhf.retrain.reward import shared_base
 from rlhf.training.features import reply_features, reward_features
 from rlhf.training.tokens import encode_with_reply

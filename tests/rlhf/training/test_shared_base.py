@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlhf.config import load_config
-from rlhf.models import load_causal_lm
+from rlhf.base_models import load_causal_lm
 from rlhf.training.features import ReplyFeatures
 from rlhf.training.ppo.rollout import build_policy
 

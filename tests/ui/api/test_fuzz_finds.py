@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 @pytest.fixture
 def client(services):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     with TestClient(create_app(services, ui=False)) as c:
         yield c

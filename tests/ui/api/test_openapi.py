@@ -6,7 +6,7 @@ from ui.api.errors import COMMON, PREFIX, WRITE
 
 
 def test_every_route_documents_its_body_and_its_refusals(services):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     doc = create_app(services, ui=False).openapi()
     error_ref = "#/components/schemas/ErrorBody"
@@ -26,7 +26,7 @@ def test_every_route_documents_its_body_and_its_refusals(services):
 
 
 def test_statuses_a_route_answers_beyond_the_common_ones_are_documented(services):
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     doc = create_app(services, ui=False).openapi()["paths"]
     assert "204" in doc[f"{PREFIX}/queue/next"]["get"]["responses"]  # nothing left to vote on

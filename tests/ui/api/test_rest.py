@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from ui.server import create_app
+from ui.webapp import create_app
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tests.conftest import make_adapter
 from ui.tabs import arena
 from ui.flows import arena as flow
 from ui.auth import Auth, sync_users
-from ui.server import create_app
+from ui.webapp import create_app
 from rlhf.analysis import arena as pairing
 from ui.views import arena as arena_views
 from ui.views import text as text_views

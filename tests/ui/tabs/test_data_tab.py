@@ -129,7 +129,7 @@ def test_agents_panel_creates_and_edits(services, tmp_path, tokenizer):
 
 def test_rest_agents_quality_export_and_server_for(services, tmp_path, tokenizer):
     other = make_tiny_model(tmp_path / "other-base", tokenizer, seed=3)
-    from ui.server import create_app
+    from ui.webapp import create_app
 
     with TestClient(create_app(services)) as client:
         made = client.post("/api/v1/agents", json={"name": "second", "system_prompt": "Be terse.",

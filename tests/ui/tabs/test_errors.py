@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from rlhf.serving.server import Busy
+from rlhf.serving.policy_server import Busy
 from storage import Conflict, NotFound, StoreError
 from ui.permissions import Forbidden
 from ui.services import bind

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from rlhf.jobs.scheduler import Rule
 from tests.support.job_kinds import with_selftest
 from ui.tabs import training
-from ui.server import create_app
+from ui.webapp import create_app
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import torch
 
 from rlhf.serving.interface import IncrementalDecoder, Request
 from rlhf.serving.loop import EngineLoop
-from rlhf.serving.server import AdapterRef, Busy, GenParams, PolicyServer, ReplyStream
+from rlhf.serving.policy_server import AdapterRef, Busy, GenParams, PolicyServer, ReplyStream
 from rlhf.serving.transformers.batch import DecodeBatch, GrowingLayer, keep_rows, merge, sample_next
 from rlhf.serving.transformers.engine import TransformersCore
 from tests.conftest import make_adapter
@@ -44,7 +44,7 @@ def lively_dir(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def model(lively_dir):
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
 
     return load_causal_lm(str(lively_dir), "cpu")
 
@@ -59,7 +59,7 @@ def adapter_dirs(lively_dir, tmp_path_factory):
 def peft_model(lively_dir, adapter_dirs):
     from peft import PeftModel
 
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
 
     m = PeftModel.from_pretrained(load_causal_lm(str(lively_dir), "cpu"), adapter_dirs[0], adapter_name="a0")
     m.load_adapter(adapter_dirs[1], adapter_name="a1")
@@ -396,7 +396,7 @@ def test_server_reuses_the_system_prompt_prefix(model, tokenizer):
 
 
 def test_loading_an_adapter_while_a_batch_runs_is_safe(lively_dir, tokenizer, adapter_dirs):
-    from rlhf.models import load_causal_lm
+    from rlhf.base_models import load_causal_lm
 
     server = PolicyServer.from_model(load_causal_lm(str(lively_dir), "cpu"), tokenizer, "cpu", "lively")
     try:

@@ -160,7 +160,7 @@ def test_run_writes_final_best_checkpoints_metrics_and_config(finished_run):
 
 
 def test_the_final_adapter_is_trained_and_servable(finished_run, tiny_server):
-    from rlhf.serving.server import AdapterRef
+    from rlhf.serving.policy_server import AdapterRef
 
     _, result, _ = finished_run
     lora_b = [t for k, t in adapter_tensors(result.final_dir).items() if "lora_B" in k]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from rlhf.config import AppConfig
-from rlhf.models import pick_device
+from rlhf.base_models import pick_device
 from rlhf.prompting import encode_prompt
 from rlhf.serving.interface import AdapterError, Busy, Engine, EngineLoad, GenParams, ReplyStream, Request, build_core
 from rlhf.serving.loop import EngineLoop
@@ -68,7 +68,7 @@ class PolicyServer:
         is a shipped model name, a ``.gguf`` file or a model directory (converted to GGUF once, cached under
         ``data_dir``); ``options`` are the llama.cpp engine's settings (``rlhf.serving.llama_cpp.engine``).
         """
-        from rlhf.models import load_tokenizer
+        from rlhf.base_models import load_tokenizer
 
         options = dict(options or {})
         if engine == "llama_cpp":
@@ -241,7 +241,7 @@ def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",)) -> P
     ``serving.isolation`` is ``thread``), warmed up with the agents' ``system_prompts``; the log says which engine
     serves and why."""
     from rlhf.cpu import thread_plan
-    from rlhf.models import load_tokenizer
+    from rlhf.base_models import load_tokenizer
     from rlhf.serving.startup import Verdicts, engine_specs, loop_settings
 
     t0 = time.perf_counter()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.models import ModelNotFound, cached_model_dir, resolve_model
+from rlhf.base_models import ModelNotFound, cached_model_dir, resolve_model
 
 
 def test_shipped_model_is_converted_once_and_cached(smol_dir, tmp_path):

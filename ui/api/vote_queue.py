@@ -1,4 +1,4 @@
-"""REST for the vote queue (mounted under /api/v1 by ui.server): next item, vote, stats."""
+"""REST for the vote queue (mounted under /api/v1 by ui.webapp): next item, vote, stats."""
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response
 from ui.api.chat import rest_annotator
 from ui.api.errors import PREFIX, errors
 from ui.api.models import QueueItemOut, QueueStats, QueueVote, Strict, ok
-from ui.flows import queue as queueflow
+from ui.flows import vote_queue as queueflow
 from ui.services import Services
 
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rlhf.analysis.decision import BETS, confidence_sequence, decide, log_capital, verdicts, votes_needed
+from rlhf.analysis.confidence_sequence import BETS, confidence_sequence, decide, log_capital, verdicts, votes_needed
 
 
 def test_log_capital_by_hand_for_one_win():

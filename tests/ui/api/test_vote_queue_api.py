@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rlhf.training.data import build_pairs
-from ui.server import create_app
+from ui.webapp import create_app
 from ui.tabs import vote as vote_tab
 
 

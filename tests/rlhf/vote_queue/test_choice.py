@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rlhf.queue.choice import binary_entropy, choose_batch, choose_item, pair_uncertainty
+from rlhf.vote_queue.choice import binary_entropy, choose_batch, choose_item, pair_uncertainty
 from rlhf.training.reward_head import LinearHead
 
 

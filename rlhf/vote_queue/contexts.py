@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from rlhf.config import AppConfig
 from rlhf.retrain.decisions import is_open
-from rlhf.serving.server import GenParams
+from rlhf.serving.policy_server import GenParams
 from rlhf.training.prompts import STARTER_PROMPTS, PromptState, load_prompt_file, state_key, store_states
 from storage import Agent, Policy, Store
 

@@ -1,7 +1,7 @@
 """The vote queue as plain functions (no Gradio, no FastAPI), shared by the Vote tab and the REST router.
 
 Handing out an item and storing a vote are Store queries: items were generated and scored in the background
-(``rlhf.queue.refill``), so nothing here generates or runs a model. Both wake the refill worker, which tops the
+(``rlhf.vote_queue.refill``), so nothing here generates or runs a model. Both wake the refill worker, which tops the
 queue up and refits the reward head on the new pair.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-from rlhf.queue.choice import choose_item
-from rlhf.queue.pool import prompt_pool
+from rlhf.vote_queue.choice import choose_item
+from rlhf.vote_queue.contexts import prompt_pool
 from storage import Comparison, QueueItem, Store
 from ui.services import Services
 

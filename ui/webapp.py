@@ -14,8 +14,8 @@ from rlhf.config import AppConfig
 from rlhf.cpu import apply_torch_threads
 from rlhf.retrain.publish import check_adapters, clean_leftovers
 from rlhf.jobs.scheduler import StudioScheduler
-from rlhf.queue.refill import QueueRefill
-from rlhf.serving.server import PolicyServer, load_server
+from rlhf.vote_queue.refill import QueueRefill
+from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui
 from ui.auth import Auth, RateLimiter
@@ -27,9 +27,9 @@ from ui.api.errors import install_error_handlers
 from ui.api.jobs import build_jobs_router
 from ui.api.middleware import body_size_guard
 from ui.api.policies import build_policies_router
-from ui.api.queue import build_queue_router
+from ui.api.vote_queue import build_queue_router
 from ui.downloads import DOWNLOADS, AdminOnlyFiles, seal_upload_folder
-from ui.guard import GradioCalls, allowed_hosts, gradio_login, install_security, public_events
+from ui.request_guard import GradioCalls, allowed_hosts, gradio_login, install_security, public_events
 from ui.permissions import is_admin
 from ui.services import Services
 

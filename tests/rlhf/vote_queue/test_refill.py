@@ -9,9 +9,9 @@ import time
 import pytest
 
 from rlhf.config import apply_overrides
-from rlhf.queue.pool import prompt_pool, queue_versions
-from rlhf.queue.refill import QueueRefill
-from rlhf.serving.server import AdapterRef, GenParams
+from rlhf.vote_queue.contexts import prompt_pool, queue_versions
+from rlhf.vote_queue.refill import QueueRefill
+from rlhf.serving.policy_server import AdapterRef, GenParams
 from storage import Store
 from tests.conftest import make_adapter, vote_on_item
 

@@ -1,6 +1,6 @@
 """Which vote to ask for next: the pair the reward model is least sure about, with some random pairs mixed in.
 
-Pure functions (numpy only), shared by the app's vote queue (``rlhf.queue.refill`` scores items, the Store
+Pure functions (numpy only), shared by the app's vote queue (``rlhf.vote_queue.refill`` scores items, the Store
 hands them out through ``choose_item``) and by ``rlhf-studio bench reward --active``, which measures them.
 
 The reward model is the linear Bradley–Terry head ensemble (``rlhf.training.reward_head``): every member m gives

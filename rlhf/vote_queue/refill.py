@@ -5,7 +5,7 @@ One thread in the app process. On each tick (every ``queue.poll_seconds``, and a
 1. **Score.** When the Store holds ``reward.min_pairs`` preference pairs, the reward head (the retrain's own fit,
    ``rlhf.training.reward_head.fit_preference_head``, on the same features) is refit on them every
    ``queue.refit_every`` new pairs, and every open
-   item not yet scored by the current fit gets P(A ≻ B) and its uncertainty (``rlhf.queue.choice``) stored
+   item not yet scored by the current fit gets P(A ≻ B) and its uncertainty (``rlhf.vote_queue.choice``) stored
    with it. Handing out an item is then a query: nothing is scored on the request path.
 2. **Refill.** While fewer than ``queue.low_water`` unseen items are open, up to ``queue.target_ready``: take
    prompts from the pool (the starter set or ``queue.prompt_file``, plus contexts users typed, deduplicated by
@@ -32,9 +32,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from rlhf.config import AppConfig
-from rlhf.queue.choice import pair_uncertainty
-from rlhf.queue.pool import PoolPrompt, prompt_pool, queue_params, queue_versions
-from rlhf.serving.server import AdapterError, AdapterRef, Busy, PolicyServer
+from rlhf.vote_queue.choice import pair_uncertainty
+from rlhf.vote_queue.contexts import PoolPrompt, prompt_pool, queue_params, queue_versions
+from rlhf.serving.policy_server import AdapterError, AdapterRef, Busy, PolicyServer
 from storage import Agent, Policy, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -309,7 +309,7 @@ class QueueRefill:
         """The reward features the queue scores with (loaded on first use): the retrain's own
         (``rlhf.training.features.reward_features``, same prompt budget), memoised here in chunks."""
         if self._features is None:
-            from rlhf.models import pick_device, resolve_model
+            from rlhf.base_models import pick_device, resolve_model
             from rlhf.training.features import reward_features
 
             source = resolve_model(self.config.base_model, self.config.data_path)
