@@ -99,6 +99,7 @@ def test_make_pairs_takes_distinct_reply_pairs_when_n_exceeds_prompts():
     assert len(prefs.make_pairs(pool, "shorter", [r["prompt_id"] for r in pool], seed=0)) <= 20
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_noisy_preference_flips_about_fifteen_percent():
     pool = synthetic_pool(3000)
     ids = [r["prompt_id"] for r in pool]

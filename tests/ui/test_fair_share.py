@@ -65,6 +65,7 @@ def test_a_client_that_hangs_up_cancels_its_reply_and_nothing_is_stored(tmp_path
     services.store.close()
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_each_person_has_a_capped_number_of_replies_generating(tmp_path, tiny_model_dir, tiny_server):
     services, server = live(tmp_path, tiny_model_dir, tiny_server, "server.max_replies_per_user=2")
     body = {"messages": [{"role": "user", "content": "Tell me everything."}], "max_new_tokens": LONG}

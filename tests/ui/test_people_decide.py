@@ -75,6 +75,7 @@ def test_the_chat_tab_refuses_a_chosen_version_for_annotators(team):
     assert reply.policy_id == cand.id
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_one_annotator_voting_as_often_as_the_api_allows_never_decides(team):
     """The attack of the issue: 16 arena rounds by one annotator, each voted for whichever side the candidate wrote
     (the reveal after each vote tells them its style); then two more people vote once."""
@@ -93,6 +94,7 @@ def test_one_annotator_voting_as_often_as_the_api_allows_never_decides(team):
     assert board[cand.id]["votes"] == 16  # the leaderboard shows every counted vote; the decision counts people
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_excluding_an_annotator_reopens_the_promotion_that_rested_on_them(team):
     services, client, active, cand = team
     store = services.store

@@ -48,6 +48,7 @@ def test_length_repetition_and_kl_trip():
     assert "off_prompt" not in guard_report(PROMPTS, ANSWERS, ANSWERS, 1.0, CFG)["checks"]  # no relevance given
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_relevance_runs_on_a_real_tiny_model(tiny_model_dir):
     from rlhf.base_models import load_causal_lm, load_tokenizer
 

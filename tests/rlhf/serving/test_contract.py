@@ -15,9 +15,10 @@ from rlhf.serving.policy_server import AdapterRef, Busy, GenParams, PolicyServer
 from tests.conftest import make_adapter
 
 LLAMA = pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup`)")
-ENGINES = ["transformers", pytest.param("llama_cpp", marks=LLAMA)]
-SETUPS = [("transformers", "thread"), ("transformers", "process"), pytest.param(("llama_cpp", "thread"), marks=LLAMA),
-          pytest.param(("llama_cpp", "process"), marks=LLAMA)]
+SLOW = pytest.mark.slow  # starts an engine process or loads llama.cpp: the full suite only (make test-fast < 60 s)
+ENGINES = ["transformers", pytest.param("llama_cpp", marks=[LLAMA, SLOW])]
+SETUPS = [("transformers", "thread"), pytest.param(("transformers", "process"), marks=SLOW),
+          pytest.param(("llama_cpp", "thread"), marks=[LLAMA, SLOW]), pytest.param(("llama_cpp", "process"), marks=[LLAMA, SLOW])]
 BASE = AdapterRef(1)
 HISTORY = [{"role": "user", "content": "Say something."}]
 
@@ -200,6 +201,7 @@ def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_p
     s.close()
 
 
+@SLOW
 @pytest.mark.parametrize("kind", ENGINES)
 def test_the_process_line_keeps_its_queue_bound_and_serves_what_waited(kind, tiny_model_dir, tmp_path):
     """Requests that arrive before the engine process is ready wait (up to the queue size) and are then served."""

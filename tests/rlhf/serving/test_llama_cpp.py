@@ -128,6 +128,7 @@ def lserver(tiny_model_dir, tmp_path_factory):
     s.close()
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_ten_versions_share_one_base_and_one_context(lserver, tiny_model_dir, tmp_path):
     from tests.conftest import make_adapter
 

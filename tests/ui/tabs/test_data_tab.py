@@ -127,6 +127,7 @@ def test_agents_panel_creates_and_edits(services, tmp_path, tokenizer):
     assert "admin" in status and "sneaky" not in [a.name for a in services.store.list_agents()]
 
 
+@pytest.mark.slow  # seconds of real work: the full suite only (make test-fast < 60 s)
 def test_rest_agents_quality_export_and_server_for(services, tmp_path, tokenizer):
     other = make_tiny_model(tmp_path / "other-base", tokenizer, seed=3)
     from ui.webapp import create_app
