@@ -18,7 +18,8 @@ LLAMA = pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python i
 SLOW = pytest.mark.slow  # starts an engine process or loads llama.cpp: the full suite only (make test-fast < 60 s)
 ENGINES = ["transformers", pytest.param("llama_cpp", marks=[LLAMA, SLOW])]
 SETUPS = [("transformers", "thread"), pytest.param(("transformers", "process"), marks=SLOW),
-          pytest.param(("llama_cpp", "thread"), marks=[LLAMA, SLOW]), pytest.param(("llama_cpp", "process"), marks=[LLAMA, SLOW])]
+          pytest.param(("llama_cpp", "thread"), marks=[LLAMA, SLOW]),
+          pytest.param(("llama_cpp", "process"), marks=[LLAMA, SLOW])]
 BASE = AdapterRef(1)
 HISTORY = [{"role": "user", "content": "Say something."}]
 
