@@ -3,6 +3,7 @@ meet only in ui/flows/. The graph is built from the source (ast), so it needs no
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,7 @@ def imports_of(name: str, path: Path, known: dict) -> set[str]:
     return found
 
 
+@lru_cache(maxsize=1)  # the tree does not change during a run; each test only reads the graph
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: imports_of(name, path, known) for name, path in known.items()}

@@ -14,6 +14,8 @@ from rlhf.simulate.preference_pool import load_pool, split_prompts
 from bench.reward import PoolFeatures
 from tests.bench.test_reward_bench import hashed_words
 
+pytestmark = pytest.mark.slow  # runs the benchmark's quick mode over the whole pool: the full suite only
+
 
 @pytest.fixture(scope="module")
 def pool():

@@ -31,6 +31,7 @@ def with_patterns(adapter: Path, target: Path, **patterns) -> Path:
     return target
 
 
+@pytest.mark.slow  # waits out the real 5 s check on a catastrophic pattern: the full suite only
 def test_patterns_are_checked_against_the_adapters_own_modules(adapter, tmp_path):
     keys = module_keys(adapter)
     assert keys and all(k.endswith(("q_proj", "v_proj")) for k in keys)
@@ -44,6 +45,7 @@ def test_patterns_are_checked_against_the_adapters_own_modules(adapter, tmp_path
             check_adapter(with_patterns(adapter, tmp_path / f"bad{len(list(tmp_path.iterdir()))}", **bad))
 
 
+@pytest.mark.slow  # waits out the real 5 s check on a catastrophic pattern: the full suite only
 def test_a_version_with_a_bad_pattern_is_marked_broken_at_start(store, adapter, tmp_path):
     good = store.register_policy_version("assistant", str(with_patterns(adapter, tmp_path / "good")), 1, False)
     slow = store.register_policy_version("assistant", str(with_patterns(adapter, tmp_path / "slow",

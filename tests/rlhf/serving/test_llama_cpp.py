@@ -4,7 +4,6 @@ on one base, and ``auto`` picking it on CPU."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +11,9 @@ import pytest
 from rlhf.serving.interface import AdapterError, llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
-pytestmark = pytest.mark.skipif(not llama_cpp_installed(),
-                                reason="llama-cpp-python is not installed (`make setup` builds it)")
+pytestmark = [pytest.mark.skipif(not llama_cpp_installed(),
+                                reason="llama-cpp-python is not installed (`make setup` builds it)"),
+              pytest.mark.slow]  # loads llama.cpp (another engine): the full suite only
 HISTORY = [{"role": "user", "content": "Say something."}]
 
 
