@@ -37,6 +37,15 @@ def sync_playwright_or_skip():
     return sync_playwright
 
 
+def launched_chromium():
+    """A module fixture's body: Debian's Chromium under Playwright, closed after the module."""
+    sync_playwright = sync_playwright_or_skip()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
 def status_text(page, pattern: str, timeout: int = SLOW) -> str:
     """Wait for a status line matching ``pattern`` and return its text."""
     from playwright.sync_api import expect

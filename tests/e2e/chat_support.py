@@ -5,8 +5,19 @@ from __future__ import annotations
 import threading
 
 from storage import Store
+from tests.e2e.app_process import TEST_APP, AppProcess, write_config
 
 LONG = 1024  # tokens: a reply that streams for seconds on the tiny model
+
+
+def one_reply_at_a_time(root, tiny_model_dir):
+    """A module fixture's body: the app on ``root`` decoding one reply at a time (so replies queued ahead of a
+    turn hold it back for as long as a test needs) and a Store on its database."""
+    config = write_config(root / "app.yaml", TEST_APP, {"serving": {"max_batch_size": 1}})
+    with AppProcess(root / "data", tiny_model_dir, config) as app:
+        store = Store(root / "data" / "studio.db")
+        yield app, store
+        store.close()
 
 
 def user_message(store: Store, text: str):

@@ -19,11 +19,10 @@ import pytest
 
 from rlhf.training.data import build_pairs
 from storage import Store
-from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
-from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status,
-                               open_app, panel_on, save_note, score_reply, send_chat, sync_playwright_or_skip,
-                               tick_flag)
-from tests.e2e.chat_support import QueuedAhead, rating, rating_rows, replies_to, user_message
+from tests.e2e.app_process import wait_until
+from tests.e2e.browser import (MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status, launched_chromium, open_app,
+                               panel_on, save_note, score_reply, send_chat, tick_flag)
+from tests.e2e.chat_support import QueuedAhead, one_reply_at_a_time, rating, rating_rows, replies_to, user_message
 
 pytestmark = pytest.mark.browser
 WRITE = 60  # s: a label click reaches the Store well within this on a loaded machine (an answer, not a timing goal)
@@ -31,22 +30,12 @@ WRITE = 60  # s: a label click reaches the Store well within this on a loaded ma
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("label-cases")
-    # One reply decodes at a time, so replies queued ahead of a turn hold it back for as long as a test needs.
-    config = write_config(root / "app.yaml", TEST_APP, {"serving": {"max_batch_size": 1}})
-    with AppProcess(root / "data", tiny_model_dir, config) as app:
-        store = Store(root / "data" / "studio.db")
-        yield app, store
-        store.close()
+    yield from one_reply_at_a_time(tmp_path_factory.mktemp("label-cases"), tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
 def chromium():
-    sync_playwright = sync_playwright_or_skip()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    yield from launched_chromium()
 
 
 @pytest.fixture

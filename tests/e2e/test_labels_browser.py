@@ -17,34 +17,23 @@ import re
 
 import pytest
 
-from storage import Store
-from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
-from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status,
-                               open_app, open_tab, panel_on, save_note, score_reply, send_chat, set_max_tokens,
-                               status_text, sync_playwright_or_skip, tick_flag, user_bubbles)
-from tests.e2e.chat_support import LONG, QueuedAhead, rating, replies_to, user_message
+from tests.e2e.app_process import wait_until
+from tests.e2e.browser import (MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status, launched_chromium, open_app,
+                               open_tab, panel_on, save_note, score_reply, send_chat, set_max_tokens, status_text,
+                               tick_flag, user_bubbles)
+from tests.e2e.chat_support import LONG, QueuedAhead, one_reply_at_a_time, rating, replies_to, user_message
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("labels")
-    # One reply decodes at a time, so replies queued ahead of a turn hold it back for as long as a test needs.
-    config = write_config(root / "app.yaml", TEST_APP, {"serving": {"max_batch_size": 1}})
-    with AppProcess(root / "data", tiny_model_dir, config) as app:
-        store = Store(root / "data" / "studio.db")
-        yield app, store
-        store.close()
+    yield from one_reply_at_a_time(tmp_path_factory.mktemp("labels"), tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
 def chromium():
-    sync_playwright = sync_playwright_or_skip()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    yield from launched_chromium()
 
 
 def test_a_new_api_tokens_copy_button_copies_the_token_alone(studio, chromium, tmp_path):

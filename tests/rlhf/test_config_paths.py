@@ -16,6 +16,7 @@ from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.jobs.worker import config_of, run_job
 from rlhf.training.ppo.run import resumed_config
 from storage import InvalidInput
+from tests.support.votes import seed_pairs
 
 # (section, key, value): the same bad values on every path, each refused with "section.key" in the message
 BAD = [
@@ -33,14 +34,6 @@ def saved_tree(section: str, key: str, value) -> dict:
     tree = AppConfig().to_dict()
     tree[section][key] = value
     return tree
-
-
-def seed_pairs(store, n: int = 16) -> None:
-    for i in range(n):
-        conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": f"q{i}"}])
-        user = store.leaf(conv.id)
-        a, b = store.record_reply(user.id, "good, thanks", 1), store.record_reply(user.id, "bad", 1)
-        store.record_comparison(a.id, b.id, "a", "ann")
 
 
 @pytest.fixture

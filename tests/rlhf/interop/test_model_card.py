@@ -158,11 +158,7 @@ class FakeHub:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # model_info: what the Hub says about an existing repo
-                hub.requests.append((self.path, self.headers.get("Authorization")))
-                repo = self.path.split("?")[0].removeprefix("/api/models/")
-                status, answer = (200, {"id": repo, "private": hub.repos[repo], "sha": "1" * 40}) \
-                    if repo in hub.repos else (404, {"error": "Repository not found"})
+            def reply(self, status, answer):
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -170,16 +166,18 @@ class FakeHub:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self):  # model_info: what the Hub says about an existing repo
+                hub.requests.append((self.path, self.headers.get("Authorization")))
+                repo = self.path.split("?")[0].removeprefix("/api/models/")
+                status, answer = (200, {"id": repo, "private": hub.repos[repo], "sha": "1" * 40}) \
+                    if repo in hub.repos else (404, {"error": "Repository not found"})
+                self.reply(status, answer)
+
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 hub.requests.append((self.path, self.headers.get("Authorization")))
                 status, answer = hub.answer(self.path.split("?")[0], body)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply(status, answer)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

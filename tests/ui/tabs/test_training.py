@@ -6,6 +6,7 @@ from fastapi.testclient import TestClient
 
 from rlhf.jobs.scheduler import Rule
 from tests.support.job_kinds import with_selftest
+from tests.support.votes import seed_pairs
 from ui.tabs import training
 from ui.webapp import create_app
 
@@ -14,14 +15,6 @@ from ui.webapp import create_app
 def app_config(app_config):
     """The test config with the selftest job kind (it does not ship with the app)."""
     return with_selftest(app_config)
-
-
-def seed_pairs(store, n):
-    for i in range(n):
-        conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": f"q{i}"}])
-        user = store.leaf(conv.id)
-        a, b = store.record_reply(user.id, "good, thanks", 1), store.record_reply(user.id, "bad", 1)
-        store.record_comparison(a.id, b.id, "a", "ann")
 
 
 @pytest.fixture
