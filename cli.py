@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("config", "show the effective config as YAML (show) or the README's reference table (docs)",
+@command("config", "show the effective config as YAML (show) or the manual's reference table (docs)",
          lambda p: p.add_argument("action", choices=["show", "docs"], help="show | docs"))
 def cmd_config(args: argparse.Namespace) -> int:
     from rlhf.config import markdown_table
@@ -195,7 +195,7 @@ def open_data(config: AppConfig):
 def add_export_args(p: argparse.ArgumentParser) -> None:
     from rlhf.interop.export import FORMATS
 
-    p.add_argument("--format", required=True, choices=FORMATS, help="what to write (see the README's Exports)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="what to write (see docs/exports.md)")
     p.add_argument("--out", required=True, metavar="PATH", help="file to write, or a new directory for "
                    "hf / openrlhf / verl")
     p.add_argument("--agent", help="one agent's feedback (default: every agent)")

@@ -1,5 +1,6 @@
 """The README's map of the tree (*How it fits together*) is checked against the tree: every folder and file it names
-exists, and every package folder is on the map. A moved or renamed module fails here until the map follows."""
+exists, and every package folder and every module is on the map. A new, moved or renamed module fails here until
+the map follows."""
 from __future__ import annotations
 
 import re
@@ -65,8 +66,36 @@ def test_every_package_folder_is_on_the_map():
     assert not unmapped, f"package folders missing from the README's map: {unmapped}"
 
 
+def mentions(entries: dict[str, str], path: Path) -> bool:
+    """Whether the map names ``path`` (a module): under its own folder's entry, or as ``sub/name.py`` under an
+    ancestor's entry."""
+    rel = path.relative_to(ROOT)
+    for depth in range(len(rel.parts) - 1, 0, -1):
+        entry = "/".join(rel.parts[:depth]) + "/"
+        tail = "/".join(rel.parts[depth:])
+        if entry in entries and any((ROOT / entry / f) == path for f in FILE.findall(entries[entry])
+                                    if f.endswith(tail)):
+            return True
+    return False
+
+
+def test_every_module_is_on_the_map():
+    entries = layout()
+    unnamed = [p.relative_to(ROOT).as_posix() for top in MAPPED for p in sorted((ROOT / top).rglob("*.py"))
+               if p.name != "__init__.py" and "__pycache__" not in p.parts and not mentions(entries, p)]
+    assert not unnamed, f"modules the README's map does not name: {unnamed}"
+
+
 def test_the_map_checker_catches_a_wrong_name():
     assert [p.name for p in named_files("ui/", "app.py (the Blocks), plots.py")] == ["app.py", "plots.py"]
     assert not (ROOT / "ui" / "plots.py").exists()
     assert FOLDER.findall("config/ (one dataclass), transformers/ and llama_cpp/") == ["config", "transformers",
                                                                                    "llama_cpp"]
+
+
+def test_the_map_checker_catches_an_unnamed_module():
+    entries = {"rlhf/": "prompting.py (the encoder)", "rlhf/serving/": "loop.py"}
+    assert mentions(entries, ROOT / "rlhf" / "prompting.py")
+    assert mentions(entries, ROOT / "rlhf" / "serving" / "loop.py")
+    assert not mentions(entries, ROOT / "rlhf" / "serving" / "process.py")
+    assert not mentions(entries, ROOT / "rlhf" / "cpu.py")

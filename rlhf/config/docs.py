@@ -1,4 +1,4 @@
-"""The config as documentation: every key with its default and help (the README table), and as YAML."""
+"""The config as documentation: every key with its default and help (docs/configuration.md's table), and as YAML."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ from rlhf.config.fields import default_of
 
 
 def describe() -> list[tuple[str, Any, str]]:
-    """(dotted key, default, help) for every field: the README's config table comes from this."""
+    """(dotted key, default, help) for every field: docs/configuration.md's table comes from this."""
     rows = []
     for f in dataclasses.fields(AppConfig):
         if f.name in SECTIONS:
@@ -32,7 +32,7 @@ def to_yaml(cfg: AppConfig) -> str:
 
 
 def markdown_table() -> str:
-    """The README's config reference (``rlhf-studio config docs`` prints it)."""
+    """The manual's config reference (``rlhf-studio config docs`` prints it)."""
     lines = ["| key | default | env | what it does |", "|---|---|---|---|"]
     for key, default, help in describe():
         shown = json.dumps(default) if not isinstance(default, str) else (default or '""')

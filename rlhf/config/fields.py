@@ -45,7 +45,7 @@ def default_of(f: dataclasses.Field) -> Any:
 
 
 def groups(section: type) -> dict[str, str]:
-    """Key -> group of every field of ``section`` that names one (the README table shows it)."""
+    """Key -> group of every field of ``section`` that names one (the config table in docs/configuration.md shows it)."""
     return {f.name: f.metadata["group"] for f in dataclasses.fields(section) if "group" in f.metadata}
 
 

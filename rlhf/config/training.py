@@ -53,7 +53,7 @@ class RewardConfig(Checked):
 
 @dataclass
 class PPOConfig(Checked):
-    """PPO settings; each key names its concern (``group``), which the README table shows."""
+    """PPO settings; each key names its concern (``group``), which the config table (docs/configuration.md) shows."""
     batch_size: int = opt(4, "Prompts per rollout (per process under accelerate launch).", "rollout")
     group_size: int = opt(4, "Replies sampled per prompt (ppo.advantage=group needs at least 2).", "rollout")
     max_new_tokens: int = opt(48, "Reply length during rollouts.", "rollout")

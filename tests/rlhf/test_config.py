@@ -1,4 +1,4 @@
-"""Config precedence (defaults < YAML < env < --set), types, errors, and that the README documents it."""
+"""Config precedence (defaults < YAML < env < --set), types, errors, and that the manual (docs/configuration.md) documents it."""
 from __future__ import annotations
 
 import pytest
@@ -48,11 +48,11 @@ def test_apply_overrides_copies_and_yaml_roundtrip():
     assert "steps: 8" in to_yaml(cfg)
 
 
-def test_every_field_has_help_and_the_readme_table_is_current():
+def test_every_field_has_help_and_the_manual_table_is_current():
     for key, default, help in describe():
         assert help, f"{key} has no help text"
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme, "README config table is stale: paste `rlhf-studio config docs`"
+    manual = (ROOT / "docs" / "configuration.md").read_text()
+    assert markdown_table() in manual, "docs/configuration.md's table is stale: paste `rlhf-studio config docs`"
 
 
 def test_ppo_advantage_is_explicit_and_gae_only_keys_are_refused_under_group():

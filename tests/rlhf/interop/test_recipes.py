@@ -92,11 +92,11 @@ def test_recipes_name_the_verified_versions(exported):
     import trl
 
     assert trl.__version__ == recipes.TRL_VERSION, "the installed trl is not the one the verl recipe names"
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("## Exports and bigger engines", 1)[1].split("\n## ", 1)[0]
+    manual = (Path(__file__).resolve().parents[3] / "docs" / "exports.md").read_text()
+    section = manual.split("## Exports and bigger engines", 1)[1].split("\n## ", 1)[0]
     for name, version in (("OpenRLHF", recipes.OPENRLHF_VERSION), ("verl", recipes.VERL_VERSION),
                           ("TRL", recipes.TRL_VERSION)):
-        assert f"{name} {version}" in section, f"README's 'Exports and bigger engines' does not name {name} {version}"
+        assert f"{name} {version}" in section, f"docs/exports.md does not name {name} {version}"
 
 
 # ---- OpenRLHF -------------------------------------------------------------------------------------------------
