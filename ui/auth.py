@@ -18,115 +18,23 @@ import os
 import secrets
 import threading
 import time
-from collections import deque
-from pathlib import Path
 from typing import Any, Optional
 
 import gradio as gr
-import yaml
 
-from rlhf.config import AppConfig, ConfigError
+from rlhf.config import AppConfig
 from storage import Store
-from storage.credentials import hash_password, is_password_hash, verify_password
+from storage.credentials import hash_password, verify_password
 from ui.permissions import Forbidden, current_user
 from ui.services import Services
+from ui.throttles import LoginThrottle, NameBackoff, login_keys
+from ui.users import AuthConfigError, configured_users, sync_users
 
 log = logging.getLogger(__name__)
 
-ROLES = ("admin", "annotator")
 VERIFIED_TTL = 300.0  # seconds a successful Basic login is remembered (scrypt costs ~50 ms per check)
 # scrypt is CPU-bound: a flood of sign-ins may keep at most half the cores busy, the rest keep serving.
 PASSWORD_CHECKS = max(1, (os.cpu_count() or 2) // 2)
-
-
-class AuthConfigError(ConfigError):
-    """A users spec or users file that cannot be used."""
-
-
-# ---- users from config ------------------------------------------------------------------------------
-def _check_user(name: Any, role: Any, where: str) -> tuple[str, str]:
-    if not isinstance(name, str) or not name.strip() or len(name) > 64 or ":" in name:
-        raise AuthConfigError(f"{where}: user name must be 1-64 characters without ':', got {name!r}")
-    if role not in ROLES:
-        raise AuthConfigError(f"{where}: role must be admin or annotator, got {role!r}")
-    return name.strip(), role
-
-
-def parse_users(spec: str) -> list[dict]:
-    """``'alice:pw:admin,bob:pw'`` → [{name, password, role}]; the role defaults to annotator.
-
-    The password is everything between the first ':' and a trailing ':admin' / ':annotator', so it may
-    contain ':' but not ','; use a users file for anything else.
-    """
-    users = []
-    for i, item in enumerate(p.strip() for p in (spec or "").split(",")):
-        if not item:
-            continue
-        name, sep, rest = item.partition(":")
-        if not sep:
-            raise AuthConfigError(f"users entry {i + 1}: expected name:password[:role], got {name!r}")
-        password, role = rest, "annotator"
-        head, _, tail = rest.rpartition(":")
-        if head and tail in ROLES:
-            password, role = head, tail
-        if not password:
-            raise AuthConfigError(f"users entry {i + 1} ({name}): empty password")
-        name, role = _check_user(name, role, f"users entry {i + 1}")
-        users.append({"name": name, "password": password, "role": role})
-    return users
-
-
-def load_users_file(path: str | Path) -> list[dict]:
-    """Users from a YAML/JSON file: a list (or ``{users: [...]}``) of {name, password | password_hash, role}."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise AuthConfigError(f"users file not found: {p}")
-    try:
-        tree = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise AuthConfigError(f"{p}: cannot parse: {exc}") from None
-    if isinstance(tree, dict):
-        tree = tree.get("users")
-    if not isinstance(tree, list):
-        raise AuthConfigError(f"{p}: expected a list of users (or a mapping with a 'users' list)")
-    users = []
-    for i, entry in enumerate(tree):
-        where = f"{p} entry {i + 1}"
-        if not isinstance(entry, dict):
-            raise AuthConfigError(f"{where}: expected a mapping with name, password|password_hash, role")
-        name, role = _check_user(entry.get("name"), entry.get("role", "annotator"), where)
-        password, hashed = entry.get("password"), entry.get("password_hash")
-        if (password is None) == (hashed is None):
-            raise AuthConfigError(f"{where} ({name}): give exactly one of password or password_hash")
-        if hashed is not None and not is_password_hash(hashed):
-            raise AuthConfigError(f"{where} ({name}): password_hash is not a scrypt hash "
-                                  "(make one with `rlhf-studio token --hash-password`)")
-        if password is not None and (not isinstance(password, str) or not password):
-            raise AuthConfigError(f"{where} ({name}): empty password")
-        users.append({"name": name, "role": role, "password": password, "password_hash": hashed})
-    return users
-
-
-def configured_users(config: AppConfig) -> list[dict]:
-    """Users from ``server.users`` and ``server.users_file`` (the file wins for a name in both)."""
-    users = {u["name"]: u for u in parse_users(config.server.users)}
-    if config.server.users_file:
-        users.update({u["name"]: u for u in load_users_file(config.server.users_file)})
-    return list(users.values())
-
-
-def sync_users(store: Store, users: list[dict]) -> None:
-    """Store each user's role and password hash (kept when the password is unchanged); forget removed users."""
-    for u in users:
-        stored = store.password_hash(u["name"])
-        if u.get("password_hash"):
-            new = u["password_hash"]
-        elif stored and verify_password(u["password"], stored):
-            new = stored  # same password: keep the hash instead of re-salting at every start
-        else:
-            new = hash_password(u["password"])
-        store.set_password_hash(u["name"], new, role=u["role"])
-    store.clear_passwords_except(u["name"] for u in users)
 
 
 # ---- the Auth object ------------------------------------------------------------------------------
@@ -375,145 +283,3 @@ def signed_in_annotator(services: Services, request: Any, typed: Optional[str]) 
     if not name:
         raise Forbidden("sign in first: ratings are stored under your name")
     return name
-
-
-# ---- counting ---------------------------------------------------------------------------------------
-class RateLimiter:
-    """At most ``per_minute`` requests per key in any sliding 60 s window."""
-
-    def __init__(self, per_minute: int, window: float = 60.0):
-        self.per_minute = per_minute
-        self.window = window
-        self._hits: dict[str, deque] = {}
-        self._lock = threading.Lock()
-
-    def retry_after(self, key: str, now: Optional[float] = None) -> Optional[float]:
-        """Count a request; None when allowed, else seconds until the oldest request leaves the window."""
-        if self.per_minute <= 0:
-            return None
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            hits = self._hits.setdefault(key, deque())
-            while hits and hits[0] <= now - self.window:
-                hits.popleft()
-            if len(hits) >= self.per_minute:
-                return max(0.0, hits[0] + self.window - now)
-            hits.append(now)
-            if len(self._hits) > 10_000:  # forget idle keys
-                self._hits = {k: v for k, v in self._hits.items() if v and v[-1] > now - self.window}
-            return None
-
-
-class LoginThrottle:
-    """Failed sign-ins per key (a client address, a user name) in a sliding window.
-
-    ``attempt`` counts an attempt as failed *before* the password is checked, and ``succeeded`` takes that
-    back: parallel guesses cannot overshoot the limit, and while a key is over it every attempt, right or
-    wrong, gets the same answer (the check never runs, so the answer says nothing about the password).
-    """
-
-    def __init__(self, max_failures: int, window: float):
-        self.max_failures = max_failures
-        self.window = window
-        self._fails: dict[str, deque] = {}
-        self._lock = threading.Lock()
-
-    def attempt(self, keys: list[str], now: Optional[float] = None) -> Optional[float]:
-        """Reserve a failure under every key; None to go ahead, else seconds until the lock-out lifts."""
-        if self.max_failures <= 0:
-            return None
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            if len(self._fails) > 10_000:  # forget idle keys
-                self._fails = {k: v for k, v in self._fails.items() if v and v[-1] > now - self.window}
-            queues = [self._fails.setdefault(k, deque()) for k in keys]
-            for q in queues:
-                while q and q[0] <= now - self.window:
-                    q.popleft()
-            full = [q[0] + self.window - now for q in queues if len(q) >= self.max_failures]
-            if full:
-                return max(full)
-            for q in queues:
-                q.append(now)
-            return None
-
-    def succeeded(self, keys: list[str]) -> None:
-        """Take back the failure ``attempt`` reserved: the password was right."""
-        if self.max_failures <= 0:
-            return
-        with self._lock:
-            for k in keys:
-                q = self._fails.get(k)
-                if q:
-                    q.pop()
-
-
-class NameBackoff:
-    """Failed sign-ins for one user name from anywhere: after ``free`` of them within ``window`` seconds, each further
-    attempt for that name waits 1, 2, 4, ... seconds after the last failure, at most ``max_wait``.
-
-    Guesses spread over many addresses (which the per-address throttle cannot see as one) slow down to one per
-    ``max_wait``. The owner is never locked out for good: the wait is capped, a right password resets the count,
-    and an address the name signed in from before is not held back by the name's count at all.
-    """
-
-    KNOWN_PER_NAME = 16
-
-    def __init__(self, free: int, max_wait: float, window: float):
-        self.free = free
-        self.max_wait = max_wait
-        self.window = window
-        self._fails: dict[str, deque] = {}
-        self._known: dict[str, deque] = {}
-        self._lock = threading.Lock()
-
-    def _on(self, name: Optional[str]) -> bool:
-        return self.free > 0 and bool(name)
-
-    def attempt(self, name: Optional[str], client: Optional[str], now: Optional[float] = None) -> Optional[float]:
-        """None to go ahead (a failure is reserved under the name), else seconds to wait."""
-        if not self._on(name):
-            return None
-        name = name.strip()[:128]
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            if len(self._fails) > 10_000:  # forget idle names
-                self._fails = {k: v for k, v in self._fails.items() if v and v[-1] > now - self.window}
-            q = self._fails.setdefault(name, deque())
-            while q and q[0] <= now - self.window:
-                q.popleft()
-            if len(q) >= self.free and client not in self._known.get(name, ()):
-                wait = q[-1] + min(self.max_wait, 2.0 ** (len(q) - self.free)) - now
-                if wait > 0:
-                    return wait
-            q.append(now)
-            return None
-
-    def release(self, name: Optional[str]) -> None:
-        """Take back the failure ``attempt`` reserved (the attempt was refused elsewhere, nothing was checked)."""
-        if self._on(name):
-            with self._lock:
-                q = self._fails.get(name.strip()[:128])
-                if q:
-                    q.pop()
-
-    def succeeded(self, name: Optional[str], client: Optional[str]) -> None:
-        """A right password: the name's count starts again, and ``client`` is known for it."""
-        if not self._on(name):
-            return
-        name = name.strip()[:128]
-        with self._lock:
-            self._fails.pop(name, None)
-            if len(self._known) > 10_000:
-                self._known.clear()
-            known = self._known.setdefault(name, deque(maxlen=self.KNOWN_PER_NAME))
-            if client not in known:
-                known.append(client)
-
-
-def login_keys(client: Optional[str], name: str) -> list[str]:
-    """The throttle keys of one sign-in attempt: the client address, and the user name *from that address*.
-
-    No key is the name alone: counted from every address, wrong guesses by anyone would lock its owner out.
-    """
-    return [f"ip:{client or '?'}", f"user:{name.strip()[:128]}@{client or '?'}"]

@@ -11,8 +11,8 @@ Outermost first:
 3. **CORS** — one allow-list (``server.allowed_origins``, empty = same-origin only) on the parent app,
    which also switches off Gradio's own CORS layer (it echoes any Origin for non-localhost hosts).
 4. **/login** — failed sign-ins counted per client address (and per name from that address) before the password
-   is checked (``ui.auth.LoginThrottle``), and per name from anywhere with a capped backoff that spares addresses the
-   name signed in from before (``ui.auth.NameBackoff``); over a limit every attempt gets the same 429; the sign-in
+   is checked (``ui.throttles.LoginThrottle``), and per name from anywhere with a capped backoff that spares addresses the
+   name signed in from before (``ui.throttles.NameBackoff``); over a limit every attempt gets the same 429; the sign-in
    cookie is made ``SameSite=Lax`` (a Space keeps ``None``: it runs in huggingface.co's iframe, and the
    Origin check carries it).
 5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
@@ -38,7 +38,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from rlhf.config import AppConfig, ConfigError
 from ui.api.errors import HEALTH, PREFIX, PUBLIC_PATHS, error
-from ui.auth import RateLimiter, basic_name
+from ui.auth import basic_name
+from ui.throttles import RateLimiter
 from ui.forwarded import ForwardedHeaders, TrustedProxies
 from ui.services import Services
 

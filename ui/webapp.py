@@ -18,7 +18,8 @@ from rlhf.vote_queue.refill import QueueRefill
 from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Store
 from ui.app import build_ui
-from ui.auth import Auth, RateLimiter
+from ui.auth import Auth
+from ui.throttles import RateLimiter
 from ui.api.admin import build_admin_router
 from ui.api.agents import build_agents_router
 from ui.api.arena import build_arena_router

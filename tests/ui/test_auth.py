@@ -12,7 +12,9 @@ from starlette.requests import Request as StarletteRequest
 from rlhf.config import load_config
 from storage.credentials import hash_password, verify_password
 from tests.conftest import LiveServer
-from ui.auth import Auth, AuthConfigError, RateLimiter, load_users_file, parse_users, signed_in_annotator
+from ui.auth import Auth, signed_in_annotator
+from ui.users import AuthConfigError, load_users_file, parse_users
+from ui.throttles import RateLimiter
 from ui.permissions import Forbidden, is_admin
 
 BASE = ["device=cpu", "serving.warmup=false", "serving.max_new_tokens=8", "scheduler.enabled=false"]

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from tests.ui.test_trust import ALICE, BOB, LOCAL, USERS, build, two_versions
 from rlhf.analysis import arena as pairing
-from ui.auth import NameBackoff
+from ui.throttles import NameBackoff
 
 
 @pytest.fixture

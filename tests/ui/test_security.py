@@ -15,7 +15,7 @@ from starlette.datastructures import Headers
 
 from rlhf.config import ConfigError, load_config
 from tests.conftest import LiveServer
-from ui.auth import LoginThrottle
+from ui.throttles import LoginThrottle
 from ui.downloads import DOWNLOADS
 from ui.request_guard import allowed_hosts, check_origins, foreign_origin, host_name, space_host
 from ui.tabs import data as data_tab

@@ -12,7 +12,8 @@ from storage import Conflict
 from tests.conftest import make_adapter
 from ui.tabs import arena
 from ui.flows import arena as flow
-from ui.auth import Auth, sync_users
+from ui.auth import Auth
+from ui.users import sync_users
 from ui.webapp import create_app
 from rlhf.analysis import arena as pairing
 from ui.views import arena as arena_views
