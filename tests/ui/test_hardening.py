@@ -3,6 +3,7 @@ name (with a backoff that spares the owner), and the leaderboard is fitted once 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -52,8 +53,16 @@ def test_sign_in_is_also_limited_per_name_but_never_locks_the_owner_out(team):
     me = lambda address, password: client.get("/api/v1/me", auth=("alice", password),  # noqa: E731
                                                headers={"X-Forwarded-For": address}).status_code
     assert me("10.0.0.100", "a-pass") == 200  # alice, from her usual address
-    answers = [me(f"10.9.9.{i}", f"guess-{i}-{n}") for i in range(8) for n in range(9)]
-    assert answers.count(401) == 5 and answers.count(429) == 67  # five wrong guesses, then everyone waits
+    answers, failed_at = [], []  # (before the request, after its answer) of each wrong guess that was checked
+    for i in range(8):
+        for n in range(9):
+            before = time.monotonic()
+            answers.append(me(f"10.9.9.{i}", f"guess-{i}-{n}"))
+            if answers[-1] == 401:
+                failed_at.append((before, time.monotonic()))
+    assert set(answers) == {401, 429} and answers[:5] == [401] * 5  # five wrong guesses, then everyone waits ...
+    for k in range(5, len(failed_at)):  # ... and a guess gets through only once the doubling backoff has run out
+        assert failed_at[k][1] - failed_at[k - 1][0] >= min(60.0, 2.0 ** (k - 5)), f"guess {k + 1} came too soon"
     assert me("10.0.0.100", "a-pass") == 200  # the owner, from a known address, is not held back
     assert me("10.0.0.100", "a-pass") == 200 and me("10.9.9.50", "b-pass") == 401  # and the count started again
 
