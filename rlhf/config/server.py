@@ -47,3 +47,8 @@ class ServerConfig(Checked):
     def local_mode(self) -> bool:
         """Single-user local mode: no configured users and no Hugging Face sign-in (everyone is the one admin)."""
         return not (self.users.strip() or self.users_file.strip() or self.space_id.strip())
+
+    @property
+    def hf_sign_in(self) -> bool:
+        """Hugging Face sign-in: a Space id and no configured users (anyone with an HF account signs in)."""
+        return bool(self.space_id.strip()) and not (self.users.strip() or self.users_file.strip())

@@ -40,9 +40,9 @@ def decision_line(d: dict) -> str:
     """One open decision in words: votes, win rate with its always-valid interval, and what happens next."""
     total = d["wins"] + d["ties"] + d["losses"] + d["both_bad"]
     counted = "" if not d["both_bad"] else f" ({d['votes']} count: both-bad votes say neither is better)"
-    people = d.get("people", 0)
+    people = d.get("people", 0)  # accounts: the rule cannot tell one person's several accounts apart
     head = (f"**v{d['version']}** vs active v{d['opponent_version']}: {total} vote{'' if total == 1 else 's'} from "
-            f"{people} {'person' if people == 1 else 'people'} — {d['wins']} won, {d['ties']} tied, {d['losses']} lost, "
+            f"{people} account{'' if people == 1 else 's'} — {d['wins']} won, {d['ties']} tied, {d['losses']} lost, "
             f"{d['both_bad']} both bad · win rate {_pct(d['win_rate'])} [{_pct(d['low'])}–{_pct(d['high'])}]{counted}")
     if d.get("uncounted_votes"):
         head += f" · {d['uncounted_votes']} votes not counted (the voter chose or saw the versions)"
@@ -50,12 +50,15 @@ def decision_line(d: dict) -> str:
     if reopened and d.get("open"):
         head += f" · reopened: was '{reopened.get('previous')}' until {reopened.get('because')}"
     if d.get("awaiting_admin"):
-        return head + f" · **decided: {d['outcome']}** — waiting for an admin to promote or archive it"
+        why = f" ({d['rule_reason']})" if d.get("rule_reason") else ""
+        return head + (f" · **decided by {d.get('decided_by') or people} accounts: {d['outcome']}** — waiting for an "
+                       f"admin to promote or archive it{why}")
     why = ", ".join(d.get("guard_tripped") or []) or "the gate could not tell"
     more = f"about {d['votes_needed']} more votes"
     if d.get("people_needed"):
-        more += f" from at least {d['people_needed']} more people"
-    return head + f" · {more} to decide · sent to people because: {why}"
+        more += f" from at least {d['people_needed']} more accounts"
+    confirm = " · an admin confirms the outcome" if d.get("rule") == "ask" else ""
+    return head + f" · {more} to decide{confirm} · sent to people because: {why}"
 
 
 def decisions_markdown(rows: list[dict]) -> str:
