@@ -184,6 +184,9 @@ def test_leaderboard_tables_follow_votes(services, versions):
     assert list(board["Votes"]) == [0, 0, 0]
     _, _, pair = play(services)
     vote = flow.cast_vote(services.store, pair.id, "a")
+    stale, _ = arena.leaderboard_tables(services, "assistant")  # at once: the last table, refitted behind it
+    assert list(stale["Votes"]) == [0, 0, 0]
+    services.leaderboards.table("assistant", fresh=True)
     board, matrix = arena.leaderboard_tables(services, "assistant")
     winner = f"v{services.store.get_policy(vote.policy_a_id).version}"
     assert board.iloc[0]["Version"] == winner and board.iloc[0]["W / L / T"] == "1 / 0 / 0"
