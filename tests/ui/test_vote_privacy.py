@@ -65,3 +65,16 @@ def test_an_annotator_without_votes_sees_no_ones_stats(team):
     vote(services.store, cand, active, "b", "bob", 0)
     assert client.get("/api/v1/quality", auth=CAROL).json()["annotators"] == []
     assert [r["annotator"] for r in client.get("/api/v1/quality", auth=BOB).json()["annotators"]] == ["bob"]
+
+
+def test_the_vote_queues_votes_per_annotator_are_for_admins(team):
+    from tests.conftest import vote_on_item
+
+    services, client, active, cand = team
+    store = services.store
+    replies = [{"content": "one", "policy_id": cand.id}, {"content": "two", "policy_id": active.id}]
+    item = store.create_queue_item("assistant", [{"role": "user", "content": "q?"}], replies)
+    vote_on_item(store, item.id, "a", "bob")
+    assert client.get("/api/v1/queue/stats", auth=CAROL).json()["votes"] == {}
+    assert client.get("/api/v1/queue/stats", auth=BOB).json()["votes"] == {"bob": 1}
+    assert client.get("/api/v1/queue/stats", auth=ALICE).json()["votes"] == {"bob": 1}
