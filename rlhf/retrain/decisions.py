@@ -12,8 +12,10 @@ on a pair of replies counts, and excluded annotators' votes do not. A verdict ne
 ``gate.decision_min_annotators`` different people. The sequential test (``rlhf.analysis.confidence_sequence``, run at
 ``person_alpha`` so that one person's counted votes cannot lift its error rate) turns the counted votes into a
 verdict; ``settle`` records it in the version's metrics (``decision/*``) and, with
-``gate.decision_rule`` = auto in team and HF modes, promotes or archives it. Local mode is one person: a decided
-comparison waits for the admin's click there.
+``gate.decision_rule`` = auto in team mode, promotes or archives it. Local mode is one person: a decided
+comparison waits for the admin's click there. The rule counts accounts, not people: in team mode an admin made
+every account; under Hugging Face sign-in anyone with an HF account votes, so a decided comparison waits for an
+admin there too, unless ``gate.decision_annotators`` names the accounts whose votes count (only theirs then do).
 
 Excluding (or including) an annotator changes what counts: ``revisit`` recomputes every recorded outcome and
 reopens the ones that no longer hold, undoing an automatic promotion or archiving (``decision/reopened`` says why).

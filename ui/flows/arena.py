@@ -44,7 +44,9 @@ def draw_pair(store: Store, boards: Leaderboards, agent: Agent,
     """The two versions of the next round (A, B), by the arena's pairing rules (``rlhf.analysis.arena``) on votes,
     BT ratings and open decisions."""
     policies = store.list_policies(agent.id)
-    table = boards.table(agent.id, n_boot=0, with_text=False)
+    table = boards.table(agent.id, n_boot=0, with_text=False)  # may be a vote or two behind: ratings, not rules
+    status = {p.id: p.status for p in policies}  # but the statuses are today's (an archived version is never shown)
+    table = table[table["policy_id"].isin(status)].assign(status=lambda t: t["policy_id"].map(status))
     candidates = pair_candidates(table, frozenset(p.id for p in policies if is_open(p)))
     if len(candidates) < 2:
         raise Conflict(need_two_message(agent, len(candidates)))
@@ -126,14 +128,15 @@ def stream_round(rnd: Round) -> Iterator[tuple[str, str]]:
         except BaseException as exc:  # handed to the consumer, which re-raises it
             events.put((side, None, exc))
 
-    running = [2]
+    running = 2
 
     def received() -> Iterator[tuple[int, Optional[str]]]:
-        while running[0]:
+        nonlocal running
+        while running:
             side, delta, exc = events.get()
             if exc is not None:
                 raise exc
-            running[0] -= delta is None
+            running -= delta is None
             yield side, delta
 
     for side, pending in enumerate((rnd.a, rnd.b)):
@@ -141,7 +144,7 @@ def stream_round(rnd: Round) -> Iterator[tuple[str, str]]:
     try:
         yield from lockstep(received())
     finally:
-        if running[0]:  # the consumer went away or a side failed: stop generating the other one
+        if running:  # the consumer went away or a side failed: stop generating the other one
             rnd.cancel()
 
 

@@ -55,7 +55,8 @@ def decision_line(d: dict) -> str:
         head += f" · reopened: was '{reopened.get('previous')}' until {reopened.get('because')}"
     if d.get("awaiting_admin"):
         why = f" ({d['rule_reason']})" if d.get("rule_reason") else ""
-        return head + (f" · **decided by {d.get('decided_by') or people} accounts: {d['outcome']}** — waiting for an "
+        by = d.get("decided_by") or people
+        return head + (f" · **decided by {by} accounts: {d['outcome']}** — waiting for an "
                        f"admin to promote or archive it{why}")
     why = ", ".join(d.get("guard_tripped") or []) or "the gate could not tell"
     more = f"about {d['votes_needed']} more votes"

@@ -79,6 +79,18 @@ def test_pairs_are_two_different_servable_versions(services, versions):
     assert seen == {(v0.id, v1.id)}  # never v2 (archived), never one version twice
 
 
+def test_a_version_archived_after_the_last_fit_is_never_paired(services, versions):
+    """The pairing reads the last leaderboard table (it never waits for a refit), but today's statuses."""
+    v0, v1, v2 = versions
+    agent = services.store.get_agent("assistant")
+    flow.draw_pair(services.store, services.leaderboards, agent, np.random.default_rng(0))  # fits the table
+    services.store.archive_policy(v2.id)
+    rng = np.random.default_rng(1)
+    seen = {tuple(sorted(p.id for p in flow.draw_pair(services.store, services.leaderboards, agent, rng)))
+            for _ in range(40)}
+    assert seen == {(v0.id, v1.id)}
+
+
 def test_a_round_streams_both_sides_and_stores_sibling_replies(services, versions):
     store = services.store
     rnd, updates, pair = play(services)

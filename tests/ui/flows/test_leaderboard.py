@@ -78,7 +78,7 @@ def test_a_reader_gets_the_last_table_while_a_refit_runs_and_many_votes_cause_on
         assert votes_of(boards.table("assistant")) == 1 and fits.full == [1]
         second = store.create_conversation("assistant", "bob", messages=[{"role": "user", "content": "q2"}])
         user = store.leaf(second.id)
-        more = store.record_reply(user.id, "x", board[0].policy_id), store.record_reply(user.id, "y", board[1].policy_id)
+        more = [store.record_reply(user.id, text, reply.policy_id) for text, reply in zip("xy", board)]
         fits.hold()
         store.record_comparison(more[0].id, more[1].id, "a", "bob")
         assert votes_of(boards.table("assistant")) == 1  # the last table, while its refit starts behind it
