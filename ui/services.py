@@ -32,7 +32,7 @@ class Services:
 
     def __post_init__(self) -> None:
         if self.leaderboards is None:
-            self.leaderboards = Leaderboards(self.store)
+            self.leaderboards = Leaderboards(self.store, self.config.server.leaderboard_refit_seconds)
         if self.replies is None:  # local mode is one person: no cap
             server = self.config.server
             self.replies = ReplySlots(0 if server.local_mode else server.max_replies_per_user)

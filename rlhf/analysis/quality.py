@@ -200,6 +200,14 @@ def annotator_stats(rows: dict, cap: float = TIME_CAP_SECONDS) -> pd.DataFrame:
     return pd.DataFrame(records, columns=STAT_COLUMNS)
 
 
+def own_stats(stats: pd.DataFrame, name: Optional[str], admin: bool) -> pd.DataFrame:
+    """The rows of ``annotator_stats`` a caller may see: every annotator's for admins, their own for others (a named
+    annotator's counts, read before and after a vote, would tell how they voted)."""
+    if admin:
+        return stats
+    return stats[stats["annotator"] == name].reset_index(drop=True) if name else stats.iloc[0:0]
+
+
 def _prompt_text(rows_by_id: dict, message: dict) -> str:
     parent = rows_by_id.get(message.get("parent_id"))
     return parent["content"] if parent else ""

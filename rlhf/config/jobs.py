@@ -63,6 +63,9 @@ class GateConfig(Checked):
                                        "modes; local mode is one person: a decided comparison waits for the admin).")
     decision_votes_per_annotator: int = opt(3, "Most votes of one person a decision counts (their first blind votes "
                                             "on it): nobody outvotes the team by voting often.")
+    decision_annotators: list = opt([], "Annotator names whose blind votes people's decisions count (empty = every "
+                                    "signed-in account's). With HF sign-in anyone with an account votes, so an "
+                                    "automatic decision there waits for an admin unless this list is set.")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
@@ -74,6 +77,8 @@ class GateConfig(Checked):
             raise ConfigError(f"gate.decision_alpha must be in (0, 0.5), got {self.decision_alpha}")
         if self.decision_max_votes < 1 or self.min_judge_pairs < 2:
             raise ConfigError("gate.decision_max_votes must be >= 1 and gate.min_judge_pairs >= 2")
+        if not all(isinstance(n, str) and n.strip() for n in self.decision_annotators):
+            raise ConfigError("gate.decision_annotators must be a list of annotator names")
         if self.decision_min_annotators < 1 or self.decision_votes_per_annotator < 1:
             raise ConfigError("gate.decision_min_annotators and gate.decision_votes_per_annotator must be >= 1")
         if not 0 < self.min_length_ratio <= 1 <= self.max_length_ratio:

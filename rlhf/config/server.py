@@ -41,9 +41,16 @@ class ServerConfig(Checked):
                                     "two); more get 429 (0 = no cap; local mode is one person: no cap).")
     shutdown_seconds: float = opt(5.0, "On SIGTERM/SIGINT, replies still generating are cancelled (not stored) and "
                                   "requests still open after this many seconds are dropped.")
+    leaderboard_refit_seconds: float = opt(5.0, "Least time between two background refits of an agent's leaderboard; "
+                                           "readers get the last table at once meanwhile.")
     open_feedback: bool = opt(False, "Let annotators see everyone's ratings, flags and notes (default: their own; admins see all).")
 
     @property
     def local_mode(self) -> bool:
         """Single-user local mode: no configured users and no Hugging Face sign-in (everyone is the one admin)."""
         return not (self.users.strip() or self.users_file.strip() or self.space_id.strip())
+
+    @property
+    def hf_sign_in(self) -> bool:
+        """Hugging Face sign-in: a Space id and no configured users (anyone with an HF account signs in)."""
+        return bool(self.space_id.strip()) and not (self.users.strip() or self.users_file.strip())

@@ -12,8 +12,10 @@ on a pair of replies counts, and excluded annotators' votes do not. A verdict ne
 ``gate.decision_min_annotators`` different people. The sequential test (``rlhf.analysis.confidence_sequence``, run at
 ``person_alpha`` so that one person's counted votes cannot lift its error rate) turns the counted votes into a
 verdict; ``settle`` records it in the version's metrics (``decision/*``) and, with
-``gate.decision_rule`` = auto in team and HF modes, promotes or archives it. Local mode is one person: a decided
-comparison waits for the admin's click there.
+``gate.decision_rule`` = auto in team mode, promotes or archives it. Local mode is one person: a decided
+comparison waits for the admin's click there. The rule counts accounts, not people: in team mode an admin made
+every account; under Hugging Face sign-in anyone with an HF account votes, so a decided comparison waits for an
+admin there too, unless ``gate.decision_annotators`` names the accounts whose votes count (only theirs then do).
 
 Excluding (or including) an annotator changes what counts: ``revisit`` recomputes every recorded outcome and
 reopens the ones that no longer hold, undoing an automatic promotion or archiving (``decision/reopened`` says why).
@@ -91,23 +93,35 @@ def tally(comparisons: list[Comparison], candidate_id: int, opponent_id: int,
 
 @dataclass(frozen=True)
 class Rules:
-    """How people's votes decide here: the effective rule, people a verdict needs, votes counted per person, and
-    the level the test runs at (``rlhf.analysis.confidence_sequence.person_alpha``)."""
+    """How people's votes decide here: the effective rule (and why it differs from ``gate.decision_rule``), people
+    a verdict needs, votes counted per person, the level the test runs at
+    (``rlhf.analysis.confidence_sequence.person_alpha``), and the accounts whose votes count (empty: all)."""
 
     rule: str
     min_people: int
     per_person: int
     alpha: float
+    why: str = ""
+    voters: frozenset = frozenset()
+
+
+HF_ASKS = ("HF sign-in: anyone with a Hugging Face account votes and accounts cost nothing, so the rule counts "
+           "accounts, not people; an admin confirms (gate.decision_annotators names the accounts to trust)")
 
 
 def rules(config: AppConfig) -> Rules:
-    """Team and HF modes: the ``gate.decision_*`` settings. Local mode is one person: every vote counts, one person
-    suffices, and a decided comparison waits for the admin's click."""
+    """Team and HF modes: the ``gate.decision_*`` settings, except that under HF sign-in an automatic decision waits
+    for an admin unless ``gate.decision_annotators`` names whose votes count. Local mode is one person: every vote
+    counts, one person suffices, and a decided comparison waits for the admin's click."""
     g = config.gate
     if config.server.local_mode:
-        return Rules("ask", 1, g.decision_max_votes, g.decision_alpha)
-    return Rules(g.decision_rule, g.decision_min_annotators, g.decision_votes_per_annotator,
-                 person_alpha(g.decision_alpha, g.decision_votes_per_annotator))
+        return Rules("ask", 1, g.decision_max_votes, g.decision_alpha, "local mode is one person")
+    voters = frozenset(n.strip() for n in g.decision_annotators)
+    rule, why = g.decision_rule, ""
+    if rule == "auto" and config.server.hf_sign_in and not voters:
+        rule, why = "ask", HF_ASKS
+    return Rules(rule, g.decision_min_annotators, g.decision_votes_per_annotator,
+                 person_alpha(g.decision_alpha, g.decision_votes_per_annotator), why, voters)
 
 
 def verdict_of(config: AppConfig, t: Tally) -> tuple[Decision, int]:
@@ -121,8 +135,12 @@ def verdict_of(config: AppConfig, t: Tally) -> tuple[Decision, int]:
     return d, short
 
 
-def _excluded(store: Store) -> frozenset:
-    return frozenset(a.id for a in store.list_annotators() if a.excluded)
+def _excluded(store: Store, config: AppConfig) -> frozenset:
+    """Annotator ids whose votes decide nothing: the excluded ones, and (with ``gate.decision_annotators``) every
+    account not on that list, the anonymous one (None) included."""
+    voters = rules(config).voters
+    out = {a.id for a in store.list_annotators() if a.excluded or (voters and a.name not in voters)}
+    return frozenset(out | ({None} if voters else set()))
 
 
 def decision_for(store: Store, config: AppConfig, policy: Policy,
@@ -133,17 +151,20 @@ def decision_for(store: Store, config: AppConfig, policy: Policy,
     other = opponent(store, policy)
     if comparisons is None:
         comparisons = store.list_comparisons(policy.agent_id)
-    t = tally(comparisons, policy.id, other.id, _excluded(store), r.per_person) if other is not None else Tally()
+    excluded = _excluded(store, config)
+    t = tally(comparisons, policy.id, other.id, excluded, r.per_person) if other is not None else Tally()
     d, short = verdict_of(config, t)
     m = policy.metrics or {}
     out = {**d.to_dict(), "policy_id": policy.id, "version": policy.version, "status": policy.status,
            "open": is_open(policy), "opponent_id": other.id if other else None,
-           "opponent_version": other.version if other else None, "rule": r.rule, "alpha": round(r.alpha, 4),
+           "opponent_version": other.version if other else None, "rule": r.rule, "rule_reason": r.why,
+           "alpha": round(r.alpha, 4),
            "people": t.people, "people_needed": short, "min_people": r.min_people,
            "votes_per_person": r.per_person, "blind_votes": t.blind, "uncounted_votes": t.not_blind,
            "gate": m.get("gate/verdict"), "gate_reason": m.get("gate/reason"),
            "guard_tripped": m.get("gate/guard_tripped") or [], "outcome": m.get("decision/verdict"),
-           "awaiting_admin": bool(m.get("decision/awaiting_admin", False)), "reopened": m.get("decision/reopened")}
+           "awaiting_admin": bool(m.get("decision/awaiting_admin", False)),
+           "decided_by": m.get("decision/people"), "reopened": m.get("decision/reopened")}
     if out["outcome"] and not out["open"]:
         out.update(verdict=m.get("decision/verdict"), votes=m.get("decision/votes", d.votes))
     return out
@@ -201,7 +222,7 @@ def revisit(store: Store, config: AppConfig, annotator: str) -> list[dict]:
     if person is None:
         return []
     because = f"{annotator} was {'excluded' if person.excluded else 'included again'}"
-    excluded, per_person = _excluded(store), rules(config).per_person
+    excluded, per_person = _excluded(store, config), rules(config).per_person
     reopened = []
     for agent in store.list_agents():
         comparisons = None

@@ -1,7 +1,8 @@
 """REST for teams: agents, exports, annotation quality, annotator exclusion, API tokens, who am I.
 
 Mounted under /api/v1 by ``ui.webapp.create_app``. Writes here need the admin role (``require_admin``);
-the quality stats are readable by every signed-in user, like the dashboards.
+the quality stats: admins see every annotator's, others their own (per-annotator counts, read before and after a
+vote, would tell how someone voted).
 """
 from __future__ import annotations
 
@@ -112,14 +113,19 @@ def export_route(r: APIRouter, services: Services) -> None:
                             background=BackgroundTask(shutil.rmtree, work, ignore_errors=True))
 
 
+def _viewer(services: Services, request: Request) -> tuple:
+    return current_user(services, request), is_admin(services, request)
+
+
 def quality_routes(r: APIRouter, services: Services) -> None:
-    """GET /quality (everyone), GET /flagged and POST /annotators/{name}/exclude (admins)."""
+    """GET /quality (everyone: admins see every annotator's row, others their own), GET /flagged and
+    POST /annotators/{name}/exclude (admins)."""
     store = services.store
 
     @r.get("/quality", responses=ok(Quality) | errors(404))
-    def quality_stats(agent: Optional[str] = None):
+    def quality_stats(request: Request, agent: Optional[str] = None):
         rows = store.feedback_rows(store.get_agent(agent).id)
-        stats = quality.annotator_stats(rows)
+        stats = quality.own_stats(quality.annotator_stats(rows), *_viewer(services, request))
         return {"annotators": _records(stats), "alpha": quality.alpha_report(rows)}
 
     @r.get("/flagged", responses=ok(list[dict[str, Any]]) | errors(404))

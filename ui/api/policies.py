@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from ui.api.errors import PREFIX, errors
 from ui.api.models import Strict, TrainOut, ok
 from ui.flows import decisions as flow
+from ui.flows.access import caller_of
 from ui.permissions import require_admin
 from ui.services import Services
 
@@ -25,12 +26,12 @@ def build_policies_router(services: Services) -> APIRouter:
     r = APIRouter(prefix=PREFIX)
 
     @r.get("/policies/{policy_id}/decision", responses=ok(dict[str, Any]) | errors(404))
-    def decision(policy_id: int):
-        return flow.decision_json(services, policy_id)
+    def decision(policy_id: int, request: Request):
+        return flow.decision_json(services, policy_id, caller_of(services, request).admin)
 
     @r.get("/decisions", responses=ok(list[dict[str, Any]]) | errors(404))
-    def decisions(agent: Optional[str] = None):
-        return flow.open_decisions(services, agent)
+    def decisions(request: Request, agent: Optional[str] = None):
+        return flow.open_decisions(services, agent, caller_of(services, request).admin)
 
     @r.get("/policies/{policy_id}/lineage", responses=ok(dict[str, Any]) | errors(404))
     def lineage(policy_id: int):

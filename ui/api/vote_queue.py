@@ -9,6 +9,7 @@ from ui.api.chat import rest_annotator
 from ui.api.errors import PREFIX, errors
 from ui.api.models import QueueItemOut, QueueStats, QueueVote, Strict, ok
 from ui.flows import vote_queue as queueflow
+from ui.flows.access import caller_of
 from ui.services import Services
 
 
@@ -35,7 +36,9 @@ def build_queue_router(services: Services) -> APIRouter:
         return {"comparison_id": comparison.id}
 
     @r.get("/queue/stats", responses=ok(QueueStats) | errors(404))
-    def queue_stats(agent: Optional[str] = None):
-        return queueflow.stats(services, agent)
+    def queue_stats(request: Request, agent: Optional[str] = None):
+        """The queue's figures; votes per annotator: every annotator's for admins, the caller's own for others."""
+        caller = caller_of(services, request)
+        return queueflow.stats(services, agent, caller.name, caller.admin)
 
     return r

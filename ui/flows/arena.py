@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -44,7 +44,9 @@ def draw_pair(store: Store, boards: Leaderboards, agent: Agent,
     """The two versions of the next round (A, B), by the arena's pairing rules (``rlhf.analysis.arena``) on votes,
     BT ratings and open decisions."""
     policies = store.list_policies(agent.id)
-    table = boards.table(agent.id, n_boot=0, with_text=False)
+    table = boards.table(agent.id, n_boot=0, with_text=False)  # may be a vote or two behind: ratings, not rules
+    status = {p.id: p.status for p in policies}  # but the statuses are today's (an archived version is never shown)
+    table = table[table["policy_id"].isin(status)].assign(status=lambda t: t["policy_id"].map(status))
     candidates = pair_candidates(table, frozenset(p.id for p in policies if is_open(p)))
     if len(candidates) < 2:
         raise Conflict(need_two_message(agent, len(candidates)))
@@ -90,8 +92,32 @@ def open_round(services: Services, agent_name: Optional[str], messages: list[dic
     return Round(agent, user, a, b)
 
 
+def lockstep(events: Iterable[tuple[int, Optional[str]]]) -> Iterator[tuple[str, str]]:
+    """Both sides' text as the screen may show it, from ``(side, delta)`` events (``delta`` None: that side ended).
+
+    Blind means the pace tells nothing: each version decodes in its own lane, one after the other, so the side whose
+    lane runs first would start first every time. Nothing is shown until both sides have their first delta (or
+    ended); then both advance together, each side showing as many deltas as the slower one has; a side that ended
+    shows all of itself and the other runs on alone."""
+    parts: tuple[list, list] = ([], [])
+    done = [False, False]
+    last = None
+    for side, delta in events:
+        if delta is None:
+            done[side] = True
+        else:
+            parts[side].append(delta)
+        if not all(parts[s] or done[s] for s in (0, 1)):
+            continue
+        both = min(len(parts[0]), len(parts[1]))
+        shown = tuple("".join(parts[s] if done[s] or done[1 - s] else parts[s][:both]) for s in (0, 1))
+        if shown != last:
+            last = shown
+            yield shown
+
+
 def stream_round(rnd: Round) -> Iterator[tuple[str, str]]:
-    """Both replies' text so far, each time either grows (one reader thread per side feeds a queue)."""
+    """Both replies' text so far, in lock-step (``lockstep``): one reader thread per side feeds a queue."""
     events: "queue.Queue[tuple[int, Optional[str], Optional[BaseException]]]" = queue.Queue()
 
     def pump(side: int, pending: chatflow.PendingReply) -> None:
@@ -102,19 +128,21 @@ def stream_round(rnd: Round) -> Iterator[tuple[str, str]]:
         except BaseException as exc:  # handed to the consumer, which re-raises it
             events.put((side, None, exc))
 
-    for side, pending in enumerate((rnd.a, rnd.b)):
-        threading.Thread(target=pump, args=(side, pending), name=f"arena-{'ab'[side]}", daemon=True).start()
-    texts, running = ["", ""], 2
-    try:
+    running = 2
+
+    def received() -> Iterator[tuple[int, Optional[str]]]:
+        nonlocal running
         while running:
             side, delta, exc = events.get()
             if exc is not None:
                 raise exc
-            if delta is None:
-                running -= 1
-                continue
-            texts[side] += delta
-            yield texts[0], texts[1]
+            running -= delta is None
+            yield side, delta
+
+    for side, pending in enumerate((rnd.a, rnd.b)):
+        threading.Thread(target=pump, args=(side, pending), name=f"arena-{'ab'[side]}", daemon=True).start()
+    try:
+        yield from lockstep(received())
     finally:
         if running:  # the consumer went away or a side failed: stop generating the other one
             rnd.cancel()

@@ -11,15 +11,31 @@ from ui.services import Services
 DECISION_KEYS = ("verdict", "votes", "win_rate", "low", "high", "votes_needed")
 
 
-def decision_json(services: Services, policy_id: int) -> dict:
-    """GET /policies/{id}/decision: the people's-vote test of this version against the active one."""
+# How the votes split: read before and after someone votes, it tells how they voted. For admins only.
+LIVE_KEYS = ("wins", "ties", "losses", "both_bad", "win_rate", "low", "high")
+
+
+def for_viewer(d: dict, admin: bool) -> dict:
+    """A decision as the caller may see it: admins see the live tally; others see how many votes and accounts it
+    has and its verdict, not how the votes split (``tally_hidden``)."""
+    counted = sum(d.get(k) or 0 for k in ("wins", "ties", "losses", "both_bad"))
+    if admin:
+        return {**d, "counted_votes": counted, "tally_hidden": False}
+    return {**d, **dict.fromkeys(LIVE_KEYS), "counted_votes": counted, "tally_hidden": True}
+
+
+def decision_json(services: Services, policy_id: int, admin: bool = False) -> dict:
+    """GET /policies/{id}/decision: the people's-vote test of this version against the active one (the live tally
+    for admins only)."""
     store = services.store
-    return decisions.decision_for(store, services.config, store.get_policy(policy_id))
+    return for_viewer(decisions.decision_for(store, services.config, store.get_policy(policy_id)), admin)
 
 
-def open_decisions(services: Services, agent: Optional[str]) -> list[dict]:
-    """Every open decision of an agent (and decided ones awaiting an admin), newest first."""
-    return decisions.open_decisions(services.store, services.config, services.store.get_agent(agent).id)
+def open_decisions(services: Services, agent: Optional[str], admin: bool = False) -> list[dict]:
+    """Every open decision of an agent (and decided ones awaiting an admin), newest first (live tallies for admins
+    only)."""
+    rows = decisions.open_decisions(services.store, services.config, services.store.get_agent(agent).id)
+    return [for_viewer(d, admin) for d in rows]
 
 
 def set_excluded(services: Services, name: str, excluded: bool) -> dict:

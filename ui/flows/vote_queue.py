@@ -73,10 +73,13 @@ def left_for(services: Services, agent_name: Optional[str], annotator: Optional[
     return store.queue_left(store.get_agent(agent_name).id, annotator, _lease(services), _excluded(services))
 
 
-def stats(services: Services, agent_name: Optional[str]) -> dict:
+def stats(services: Services, agent_name: Optional[str], viewer: Optional[str] = None, admin: bool = True) -> dict:
     """Pool size (prompts the queue can ask about), items made, ready (open for a vote), fresh (never shown),
-    scored, expired, and votes per annotator."""
+    scored, expired, and votes per annotator: every annotator's for admins, only ``viewer``'s own for others (a
+    named annotator's count, read before and after a vote, would pick out their vote)."""
     store = services.store
     agent = store.get_agent(agent_name)
     figures = store.queue_stats(agent.id, _lease(services), _excluded(services))
+    if not admin:
+        figures["votes"] = {name: n for name, n in figures["votes"].items() if viewer is not None and name == viewer}
     return {"agent": agent.name, "pool_size": len(prompt_pool(store, services.config, agent)), **figures}

@@ -113,7 +113,7 @@ def leaderboard_tables(services: Services, agent_name: str):
     (excluded annotators' left out)."""
     store = services.store
     agent = store.get_agent(agent_name)
-    table = services.leaderboards.table(agent.id)  # cached per vote, fitted off this thread
+    table = services.leaderboards.table(agent.id)  # the last table at once; a refit runs off this thread
     matrix = win_rate_view(counted_votes(store, agent.id), store.list_policies(agent.id))
     return leaderboard_view(table), matrix
 

@@ -25,7 +25,7 @@ from ui.views.text import literal_html
 
 ALL = "all"
 ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."
-VIEW_ONLY = "You can browse your own feedback and everyone's quality stats; other annotators' feedback, excluding " \
+VIEW_ONLY = "You can browse your own feedback and quality stats; other annotators' feedback and stats, excluding " \
             "annotators, flagged replies and exports need the admin role."
 FEEDBACK_COLUMNS = ["created", "annotator", "kind", "label", "flags", "note", "prompt", "reply", "ids", "excluded"]
 FEEDBACK_WIDTHS = ["10%", "8%", "5%", "8%", "8%", "12%", "19%", "20%", "6%", "4%"]
@@ -128,7 +128,8 @@ def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag
     frame = quality.feedback_frame(rows)
     if not sees_all_feedback(services, request):
         frame = frame[frame["annotator"] == (current_user(services, request) or "")].reset_index(drop=True)
-    stats = quality.annotator_stats(rows)
+    stats = quality.own_stats(quality.annotator_stats(rows), current_user(services, request),
+                              is_admin(services, request))
     names = [ALL] + sorted(frame["annotator"].unique().tolist())
     shown = quality.filter_feedback(frame, annotator, kind, flag, text)
     flagged = quality.flagged_replies(rows)

@@ -12,7 +12,7 @@ from typing import Optional
 import gradio as gr
 
 from ui.flows import decisions as flow
-from ui.permissions import require_admin
+from ui.permissions import is_admin, require_admin
 from ui.services import Services, bind
 from ui.tabs.common import ask, build_question, hide_question
 from ui.tabs.errors import handles_errors
@@ -38,24 +38,32 @@ def guard_html(gate: Optional[dict]) -> str:
 
 def decision_line(d: dict) -> str:
     """One open decision in words: votes, win rate with its always-valid interval, and what happens next."""
-    total = d["wins"] + d["ties"] + d["losses"] + d["both_bad"]
-    counted = "" if not d["both_bad"] else f" ({d['votes']} count: both-bad votes say neither is better)"
-    people = d.get("people", 0)
+    total = sum(d.get(k) or 0 for k in ("wins", "ties", "losses", "both_bad")) or d.get("counted_votes") or 0
+    people = d.get("people", 0)  # accounts: the rule cannot tell one person's several accounts apart
     head = (f"**v{d['version']}** vs active v{d['opponent_version']}: {total} vote{'' if total == 1 else 's'} from "
-            f"{people} {'person' if people == 1 else 'people'} — {d['wins']} won, {d['ties']} tied, {d['losses']} lost, "
-            f"{d['both_bad']} both bad · win rate {_pct(d['win_rate'])} [{_pct(d['low'])}–{_pct(d['high'])}]{counted}")
+            f"{people} account{'' if people == 1 else 's'} — ")
+    if d.get("tally_hidden"):  # how the votes split, read before and after a vote, would tell how someone voted
+        head += "how they split is for admins until the decision is made"
+    else:
+        counted = "" if not d["both_bad"] else f" ({d['votes']} count: both-bad votes say neither is better)"
+        head += (f"{d['wins']} won, {d['ties']} tied, {d['losses']} lost, {d['both_bad']} both bad · win rate "
+                 f"{_pct(d['win_rate'])} [{_pct(d['low'])}–{_pct(d['high'])}]{counted}")
     if d.get("uncounted_votes"):
         head += f" · {d['uncounted_votes']} votes not counted (the voter chose or saw the versions)"
     reopened = d.get("reopened") or {}
     if reopened and d.get("open"):
         head += f" · reopened: was '{reopened.get('previous')}' until {reopened.get('because')}"
     if d.get("awaiting_admin"):
-        return head + f" · **decided: {d['outcome']}** — waiting for an admin to promote or archive it"
+        why = f" ({d['rule_reason']})" if d.get("rule_reason") else ""
+        by = d.get("decided_by") or people
+        return head + (f" · **decided by {by} accounts: {d['outcome']}** — waiting for an "
+                       f"admin to promote or archive it{why}")
     why = ", ".join(d.get("guard_tripped") or []) or "the gate could not tell"
     more = f"about {d['votes_needed']} more votes"
     if d.get("people_needed"):
-        more += f" from at least {d['people_needed']} more people"
-    return head + f" · {more} to decide · sent to people because: {why}"
+        more += f" from at least {d['people_needed']} more accounts"
+    confirm = " · an admin confirms the outcome" if d.get("rule") == "ask" else ""
+    return head + f" · {more} to decide{confirm} · sent to people because: {why}"
 
 
 def decisions_markdown(rows: list[dict]) -> str:
@@ -72,10 +80,11 @@ def tainted_markdown(rows: list[dict]) -> str:
 
 
 @handles_errors(lambda status: (status, "", gr.update(choices=[], value=None)), warn=False)
-def refresh_panel(services: Services, agent_name: str, current=None):
-    """Open decisions, marked versions and the retrain picker's choices (keeping the pick while it is marked: a
-    question asked about it must not change its subject under the admin's hand)."""
-    rows, marked = flow.open_decisions(services, agent_name), flow.tainted(services, agent_name)
+def refresh_panel(services: Services, agent_name: str, current=None, request: gr.Request = None):
+    """Open decisions (live tallies for admins), marked versions and the retrain picker's choices (keeping the pick
+    while it is marked: a question asked about it must not change its subject under the admin's hand)."""
+    rows = flow.open_decisions(services, agent_name, is_admin(services, request))
+    marked = flow.tainted(services, agent_name)
     choices = [(f"v{r['version']}", r["policy_id"]) for r in marked]
     ids = [c[1] for c in choices]
     value = current if current in ids else (ids[0] if ids else None)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import time
 from pathlib import Path
 from typing import Optional
 
 from rlhf.serving.interface import AdapterError, EngineCore, Request
-from rlhf.serving.llama_cpp.lanes import Lane, Seq, sample_token
+from rlhf.serving.llama_cpp.lanes import Lane, Seq, decode_order, sample_token
 from rlhf.serving.llama_cpp.lib import Batch, Context, Lora, Model
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class LlamaCppCore(EngineCore):
         self._lanes: list[Lane] = []
         self._batch = Batch(self.llama.lib, self.max_prefill_tokens + self.max_batch_size)
         self._loras: dict[str, Lora] = {}
+        self._order = random.SystemRandom()  # the lanes' decode order, new every step (lanes.decode_order)
         self.stats = collections.Counter()
         self.timings = collections.defaultdict(float)
 
@@ -76,9 +78,8 @@ class LlamaCppCore(EngineCore):
         return []
 
     def step(self) -> None:
-        for lane in self._lanes:
-            if lane.seqs:
-                self._step(lane)
+        for lane in decode_order(self._lanes, self._order):
+            self._step(lane)
 
     def set_threads(self, threads: int) -> None:
         self.threads = max(1, int(threads))

@@ -11,6 +11,7 @@ admitted can always finish: a full lane makes new requests wait instead of faili
 from __future__ import annotations
 
 import collections
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -36,6 +37,15 @@ def sample_token(logits: np.ndarray, temperature: float, top_p: float, rng: Opti
     probs[(np.cumsum(probs) - probs) >= top_p] = 0.0  # keep a token while the mass before it is below top_p
     cdf = np.cumsum(probs)
     return int(top[min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), k - 1)])
+
+
+def decode_order(lanes: list, rng: random.Random) -> list:
+    """The busy lanes in the order one step decodes them, shuffled every step: lanes decode one after the other, so
+    a fixed order would always let the same version's replies start (and run) first, and an arena round's pace
+    would tell its two blind sides apart."""
+    busy = [lane for lane in lanes if lane.seqs]
+    rng.shuffle(busy)
+    return busy
 
 
 @dataclass

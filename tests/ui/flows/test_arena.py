@@ -80,6 +80,18 @@ def test_pairs_are_two_different_servable_versions(services, versions):
     assert seen == {(v0.id, v1.id)}  # never v2 (archived), never one version twice
 
 
+def test_a_version_archived_after_the_last_fit_is_never_paired(services, versions):
+    """The pairing reads the last leaderboard table (it never waits for a refit), but today's statuses."""
+    v0, v1, v2 = versions
+    agent = services.store.get_agent("assistant")
+    flow.draw_pair(services.store, services.leaderboards, agent, np.random.default_rng(0))  # fits the table
+    services.store.archive_policy(v2.id)
+    rng = np.random.default_rng(1)
+    seen = {tuple(sorted(p.id for p in flow.draw_pair(services.store, services.leaderboards, agent, rng)))
+            for _ in range(40)}
+    assert seen == {(v0.id, v1.id)}
+
+
 def test_a_round_streams_both_sides_and_stores_sibling_replies(services, versions):
     store = services.store
     rnd, updates, pair = play(services)
@@ -185,6 +197,9 @@ def test_leaderboard_tables_follow_votes(services, versions):
     assert list(board["Votes"]) == [0, 0, 0]
     _, _, pair = play(services)
     vote = flow.cast_vote(services.store, pair.id, "a")
+    stale, _ = arena.leaderboard_tables(services, "assistant")  # at once: the last table, refitted behind it
+    assert list(stale["Votes"]) == [0, 0, 0]
+    services.leaderboards.table("assistant", fresh=True)
     board, matrix = arena.leaderboard_tables(services, "assistant")
     winner = f"v{services.store.get_policy(vote.policy_a_id).version}"
     assert board.iloc[0]["Version"] == winner and board.iloc[0]["W / L / T"] == "1 / 0 / 0"

@@ -22,7 +22,8 @@ def test_a_decision_line_adds_up():
     d = {"version": 2, "opponent_version": 1, "votes": 3, "wins": 0, "ties": 1, "losses": 2, "both_bad": 1,
          "win_rate": 1 / 6, "low": 0.0, "high": 0.9, "votes_needed": 12, "guard_tripped": [], "people": 2}
     line = panel.decision_line(d)
-    assert "4 votes from 2 people — 0 won, 1 tied, 2 lost, 1 both bad" in line and "(3 count: both-bad votes" in line
+    assert "4 votes from 2 accounts — 0 won, 1 tied, 2 lost, 1 both bad" in line
+    assert "(3 count: both-bad votes" in line
     assert "count:" not in panel.decision_line({**d, "both_bad": 0})
 
 
@@ -31,7 +32,8 @@ def test_panel_lists_open_decisions_and_marked_versions(services, tmp_path):
     cand = version(store, tmp_path, 1, {**INCONCLUSIVE, "gate/guard_tripped": ["off_prompt"]})
     vote(store, cand, store.active_policy("assistant"), "a", "ann", 0)
     text, marked, pick = panel.refresh_panel(services, "assistant")
-    assert "**v1** vs active v0: 1 vote from 1 person — 1 won" in text and "off_prompt" in text and "more votes" in text
+    assert "**v1** vs active v0: 1 vote from 1 account — 1 won" in text
+    assert "off_prompt" in text and "more votes" in text
     assert marked == "" and pick["choices"] == []
     for i in range(10):
         feedback(store, "mallory", i)
