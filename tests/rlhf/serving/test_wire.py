@@ -173,3 +173,58 @@ def test_a_running_engine_process_holds_none_of_the_apps_secrets(tiny_model_dir,
 def test_messages_are_frozen_dataclasses():
     for cls in wire.KINDS.values():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+
+
+# A stand-in engine process (the test's own, swapped in for ``spawn``): proves itself, then answers a request with
+# a pickle ("hostile") or with a real reply ("good").
+FAKE_CHILD = '''
+import pathlib, pickle, sys
+from multiprocessing.connection import Connection
+from rlhf.serving import wire
+from tests.rlhf.serving.test_wire import Planted
+
+channel, mode, marker = wire.Channel(Connection(int(sys.argv[1]))), sys.argv[2], pathlib.Path(sys.argv[3])
+channel.recv()
+channel.send(wire.Ready("stand-in"))
+while True:
+    try:
+        message = channel.recv()
+    except EOFError:
+        break
+    if isinstance(message, wire.Submit) and mode == "hostile":
+        channel.conn.send_bytes(pickle.dumps(Planted(marker)))
+    elif isinstance(message, wire.Submit):
+        channel.send(wire.Delta(message.rid, "fine", 1))
+        channel.send(wire.Done(message.rid, 1, [5], None, None))
+    elif isinstance(message, wire.Close):
+        break
+'''
+
+
+def test_the_app_refuses_a_pickle_from_its_engine_ends_that_reply_and_starts_a_clean_one(tmp_path, monkeypatch):
+    from rlhf.serving import process
+    from rlhf.serving.interface import EngineFault, GenParams, ReplyStream, Request
+
+    marker, modes = tmp_path / "ran", ["hostile", "good"]
+
+    def stand_in(spec, loop_settings, threads, ready_timeout_s):
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-c", FAKE_CHILD, str(theirs.fileno()), modes.pop(0), str(marker)],
+                                pass_fds=(theirs.fileno(),))
+        theirs.close()
+        channel = wire.Channel(Connection(ours.detach()))
+        channel.send(wire.Start(spec.name, spec.settings, loop_settings, threads))
+        return proc, channel, channel.recv()
+
+    monkeypatch.setattr(process, "spawn", stand_in)
+    engine = process.EngineProcess([process.EngineSpec("transformers", {}, "stand-in")]).start()
+    try:
+        first, second = ReplyStream(), ReplyStream()
+        engine.submit(Request([1, 2], None, GenParams(max_new_tokens=2), first))
+        with pytest.raises(EngineFault, match="broke the engine wire"):
+            first.text()
+        engine.submit(Request([1, 2], None, GenParams(max_new_tokens=2), second))  # served by the clean one
+        assert second.text() == "fine" and "broke the engine wire" in engine.status
+    finally:
+        engine.close()
+    assert not marker.exists() and modes == []
