@@ -74,6 +74,15 @@ class FeedbackExportMixin:
                 WHERE c.agent_id = ?)
             GROUP BY hour, kind ORDER BY hour, kind""", [width, agent_id, width, agent_id])
 
+    def feedback_mark(self) -> tuple:
+        """A cheap mark that changes whenever ``feedback_rows`` of any agent may: the newest id of each table it
+        reads (feedback is append-only, so ids only grow) and who is excluded now. Equal marks, equal rows."""
+        row = self._one("""SELECT (SELECT MAX(id) FROM conversations), (SELECT MAX(id) FROM messages),
+                                  (SELECT MAX(id) FROM ratings), (SELECT MAX(id) FROM comparisons),
+                                  (SELECT MAX(id) FROM rating_withdrawals), (SELECT MAX(id) FROM annotators),
+                                  (SELECT group_concat(id) FROM annotators WHERE excluded = 1)""")
+        return tuple(row.values())
+
     def feedback_rows(self, agent: int | str, until: Optional[dict] = None) -> dict:
         """Everything the data builders need for one agent, as plain rows (dicts).
 

@@ -151,7 +151,7 @@ def test_benchmarks_are_not_in_the_runtime_package():
 
 
 ENGINE_INTERNALS = ("rlhf.serving.transformers", "rlhf.serving.llama_cpp", "rlhf.serving.loop",
-                    "rlhf.serving.process")
+                    "rlhf.serving.process", "rlhf.serving.child", "rlhf.serving.spawn", "rlhf.serving.wire")
 
 
 def engine_reach(path: Path) -> list[str]:

@@ -17,9 +17,9 @@ Outermost first:
    Origin check carries it).
 5. **REST** (``/api/v1``) — the same throttle for HTTP Basic, 401 without valid credentials, 429 over
    ``server.rate_limit_per_minute``.
-6. **Gradio API** (``GradioCalls``, inside the Gradio app where its sign-in is readable) — every call of a public
-   event (``/gradio_api/call|run|api/<name>``, and ``/gradio_api/queue/join`` of an event with an API name) counts
-   against the same per-user limiter as REST: one budget per person, whichever door they use.
+6. **Gradio events** (``GradioCalls``, inside the Gradio app where its sign-in is readable) — every event a user
+   runs (``/gradio_api/call|run|api/<name>``, every ``/gradio_api/queue/join``, public or private) counts against the
+   same per-user limiter as REST: one budget per person, whichever door they use. Timer ticks have their own.
 Password checks run in worker threads, never on the event loop.
 """
 from __future__ import annotations
@@ -238,24 +238,30 @@ def _slow_down(wait: float) -> JSONResponse:
 
 GRADIO_CALLS = re.compile(r"/gradio_api/(?:call(?:/v2)?|run|api)/[^/]+/?$")
 QUEUE_JOIN = re.compile(r"/gradio_api/queue/join/?$")
+COMPONENT_SERVER = re.compile(r"/gradio_api/component_server/?$")
 
 
 class GradioCalls:
-    """Pure ASGI middleware inside the Gradio app: a call of a public Gradio event counts against the per-user
-    rate limit REST uses (the same ``RateLimiter``), 429 over it. The UI's own private events (timers, refreshes)
-    are not counted; they have no API name, and the API reaches none of them by name."""
+    """Pure ASGI middleware inside the Gradio app: every Gradio event a signed-in user runs counts against the
+    per-user rate limit REST uses (the same ``RateLimiter``), 429 over it: an event called by name, and every
+    ``/gradio_api/queue/join`` — public or private (``fn_index``), as the UI's own clicks and refreshes are. A timer's
+    tick (and what it chains) counts against ``timer_limiter`` instead (``server.timer_rate_limit_per_minute``): an
+    open page ticks on its own, and should not eat its user's budget for clicks."""
 
-    def __init__(self, app, services: Services, limiter: RateLimiter, public: Callable[[int], bool]):
+    def __init__(self, app, services: Services, limiter: RateLimiter, timer_limiter: RateLimiter,
+                 timers: Callable[[int], bool]):
         self.app = app
         self.services = services
         self.limiter = limiter
-        self.public = public  # fn_index -> True for an event with an API name
+        self.timer_limiter = timer_limiter
+        self.timers = timers  # fn_index -> True for a timer's tick or an event chained to one
 
     async def __call__(self, scope, receive, send):
         auth = self.services.auth
-        if scope["type"] != "http" or scope["method"] != "POST" or auth is None or self.limiter.per_minute <= 0:
+        if scope["type"] != "http" or scope["method"] != "POST" or auth is None:
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        limiter = None
         if QUEUE_JOIN.search(path):
             body = await _read_body(receive, self.services.config.server.max_body_bytes)
             if body is None:
@@ -265,24 +271,32 @@ class GradioCalls:
                 fn_index = json.loads(body).get("fn_index")
             except (ValueError, AttributeError):
                 fn_index = None
-            counted = not isinstance(fn_index, int) or self.public(fn_index)
-        else:
-            counted = bool(GRADIO_CALLS.search(path))
-        if counted:
+            timer = isinstance(fn_index, int) and not isinstance(fn_index, bool) and self.timers(fn_index)
+            limiter = self.timer_limiter if timer else self.limiter
+        elif GRADIO_CALLS.search(path) or COMPONENT_SERVER.search(path):
+            limiter = self.limiter
+        if limiter is not None and limiter.per_minute > 0:
             user = await run_in_threadpool(auth.user_of, Request(scope, receive))
-            wait = self.limiter.retry_after(limit_key(user, (scope.get("client") or ("?",))[0]))
+            wait = limiter.retry_after(limit_key(user, (scope.get("client") or ("?",))[0]))
             if wait is not None:
                 return await _slow_down(wait)(scope, receive, send)
         return await self.app(scope, receive, send)
 
 
-def public_events(demo) -> Callable[[int], bool]:
-    """fn_index -> True for the Blocks' events with an API name (what a script calls by name)."""
-    def public(fn_index: int) -> bool:
-        fn = demo.fns.get(fn_index)
-        return fn is None or getattr(fn, "api_visibility", "public") == "public"
+def timer_events(demo) -> Callable[[int], bool]:
+    """fn_index -> True for an event a ``gr.Timer`` triggers: its tick, or an event chained (``.then``) to one."""
+    import gradio as gr
 
-    return public
+    def timer(fn_index: int) -> bool:
+        fn, seen = demo.fns.get(fn_index), {fn_index}
+        while fn is not None and getattr(fn, "trigger_after", None) is not None and fn.trigger_after not in seen:
+            seen.add(fn.trigger_after)
+            fn = demo.fns.get(fn.trigger_after)  # a chained event: what started the chain decides
+        if fn is None or not fn.targets:
+            return False
+        return all(event == "tick" and isinstance(demo.blocks.get(block), gr.Timer) for block, event in fn.targets)
+
+    return timer
 
 
 def gradio_login(services: Services):

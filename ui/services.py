@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 from rlhf.config import AppConfig
 from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Conflict, Store
+from ui.feedback_stats import FeedbackStats
 from ui.flows.leaderboard import Leaderboards
 from ui.flows.slots import ReplySlots
 
@@ -28,11 +29,14 @@ class Services:
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
     leaderboards: Optional[Leaderboards] = None  # made from the Store when not given
     replies: Optional[ReplySlots] = None  # replies generating per person (server.max_replies_per_user)
+    feedback_stats: Optional[FeedbackStats] = None  # the Data tab's statistics, once per change of the feedback
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         if self.leaderboards is None:
             self.leaderboards = Leaderboards(self.store, self.config.server.leaderboard_refit_seconds)
+        if self.feedback_stats is None:
+            self.feedback_stats = FeedbackStats(self.store)
         if self.replies is None:  # local mode is one person: no cap
             server = self.config.server
             self.replies = ReplySlots(0 if server.local_mode else server.max_replies_per_user)

@@ -30,7 +30,7 @@ from ui.api.middleware import body_size_guard
 from ui.api.policies import build_policies_router
 from ui.api.vote_queue import build_queue_router
 from ui.downloads import DOWNLOADS, AdminOnlyFiles, seal_upload_folder
-from ui.request_guard import GradioCalls, allowed_hosts, gradio_login, install_security, public_events
+from ui.request_guard import GradioCalls, allowed_hosts, gradio_login, install_security, timer_events
 from ui.permissions import is_admin
 from ui.services import Services
 
@@ -107,8 +107,9 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
                               auth_message="RLHF Studio: sign in with the name and password your admin gave you.")
     gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
     # Innermost in the Gradio app, where its sign-in cookie and the HF session are already readable.
+    timer_limiter = RateLimiter(services.config.server.timer_rate_limit_per_minute)  # open pages tick on their own
     gradio_app.user_middleware.append(Middleware(GradioCalls, services=services, limiter=limiter,
-                                                 public=public_events(demo)))
+                                                 timer_limiter=timer_limiter, timers=timer_events(demo)))
     gradio_app.user_middleware.append(Middleware(AdminOnlyFiles, may_download=lambda r: is_admin(services, r)))
     return app
 

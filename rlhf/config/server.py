@@ -14,6 +14,8 @@ class ServerConfig(Checked):
     users_file: str = opt("", "YAML/JSON file of users {name, password|password_hash, role}.")
     admins: list = opt([], "Hugging Face user names that are admins on Spaces.")
     rate_limit_per_minute: int = opt(120, "Requests a user may make per minute (0 = unlimited).")
+    timer_rate_limit_per_minute: int = opt(600, "UI timer ticks (and the events they chain) a user's open pages may "
+                                           "make per minute, a budget apart from rate_limit_per_minute (0 = unlimited).")
     max_body_bytes: int = opt(1_000_000, "Largest accepted request body.")
     max_file_size: str = opt("5mb", "Largest file a browser may upload to the UI.")
     space_id: str = opt("", "Hugging Face Space id; set from SPACE_ID on Spaces (turns on HF sign-in; the Spaces "

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Protocol, runtime_checkable
 
 # HF ``generate`` applies top-k 50 when a model sets none; the server sampled that way before batching existed,
 # so every engine keeps it: replies keep their character, and a 50-way top-p sort is far cheaper than a 49k-way one.
@@ -88,12 +88,31 @@ class GenParams:
                 "seed": self.seed}
 
 
+@runtime_checkable
+class ReplySink(Protocol):
+    """Where an engine writes one reply: text deltas, then the end (once). It reads ``cancelled`` between steps
+    and keeps ``n_tokens`` (so far) and ``token_ids`` (at the end) up to date."""
+
+    n_tokens: int
+    token_ids: list
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    def emit(self, delta: str) -> None: ...
+
+    def close(self, error: Optional[BaseException] = None) -> None: ...
+
+
 @dataclass
 class ReplyStream:
     """Text deltas of one reply as they are generated; iterate it, or call ``text()`` to wait.
 
-    An engine writes to it with ``_emit`` and ``_close`` and reads ``cancelled``; it sets ``n_tokens`` as it goes
-    and ``token_ids`` (the reply's ids, EOS not included) when the reply ends.
+    It is a ``ReplySink``: an engine writes to it with ``emit`` and ``close`` and reads ``cancelled``; it sets
+    ``n_tokens`` as it goes and ``token_ids`` (the reply's ids, EOS not included) when the reply ends.
     """
 
     prompt_tokens: int = 0
@@ -146,13 +165,15 @@ class ReplyStream:
         end = self.finished_at or time.perf_counter()
         return (end - self.submitted) * 1000.0
 
-    # called by the engine
-    def _emit(self, delta: str) -> None:
+    # the sink side, called by the engine
+    def emit(self, delta: str) -> None:
+        """Add a text delta (the engine's side)."""
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self._queue.put(delta)
 
-    def _close(self, error: Optional[BaseException] = None) -> None:
+    def close(self, error: Optional[BaseException] = None) -> None:
+        """End the reply, with ``error`` when it failed (the engine's side; a second call does nothing)."""
         if self.finished_at is not None:
             return
         self.finished_at = time.perf_counter()
@@ -200,7 +221,7 @@ class Request:
     input_ids: list
     adapter: Optional[str]
     params: GenParams
-    stream: ReplyStream
+    stream: ReplySink
     prefix_len: int = 0
 
 
@@ -222,7 +243,7 @@ class EngineLoad:
 
 class EngineCore(abc.ABC):
     """What a serving backend implements. Every method is called from ONE thread (the loop's), so a core keeps
-    no locks; it finishes a reply by closing its stream (``stream._close(error=None)``)."""
+    no locks; it finishes a reply by closing its sink (``stream.close(error=None)``)."""
 
     name: str = "core"
     tokenizer = None
@@ -270,10 +291,34 @@ class EngineCore(abc.ABC):
         """Free the model (after ``fail_all``)."""
 
 
+class Admission:
+    """Admission, written once for every engine: at most ``queue_size`` requests wait to start, and the busy
+    answer's hint comes from a moving average of how long a reply takes and how many batches are ahead."""
+
+    def __init__(self, queue_size: int = 64, max_batch_size: int = 32):
+        self.queue_size = max(1, int(queue_size))
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.avg_reply_s = 2.0
+
+    def admit(self, waiting: int) -> None:
+        """Raise ``queue.Full`` when ``waiting`` requests already wait to start."""
+        if waiting >= self.queue_size:
+            raise queue.Full
+
+    def learn(self, reply_s: float) -> None:
+        """One reply took ``reply_s`` seconds."""
+        self.avg_reply_s = 0.8 * self.avg_reply_s + 0.2 * reply_s
+
+    def retry_after(self, load: "EngineLoad") -> float:
+        """Seconds until a request queued behind ``load`` would likely start (at least 1)."""
+        return max(1.0, self.avg_reply_s * (1 + (load.waiting + load.running) // self.max_batch_size))
+
+
 class Engine(abc.ABC):
     """What ``PolicyServer`` talks to: a queue in front of a core, in this process or in a child process."""
 
     name: str = "engine"
+    admission: "Admission"  # the queue bound and the busy answer's hint
     threads: Optional[int] = None  # CPU threads the engine decodes with now (None until it applied a budget)
     status: str = ""  # which engine serves and why, for people (health, the Training tab)
 
@@ -302,9 +347,9 @@ class Engine(abc.ABC):
     def profile(self) -> dict:
         """The core's counters plus the queue's."""
 
-    @abc.abstractmethod
     def retry_after(self) -> float:
         """Seconds until a newly queued request would likely start (the busy answer's hint)."""
+        return self.admission.retry_after(self.load())
 
     @abc.abstractmethod
     def use_budget(self, budget) -> None:

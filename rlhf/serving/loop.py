@@ -6,7 +6,7 @@ advance every running reply by one step. The core is best built on that thread t
 runtime keeps one thread team per calling thread, and a second team left spinning beside the first halved
 llama.cpp's decode rate on 2 cores (20 ms a step instead of 8.6). An idle loop waits for work, then a short window for company, so
 replies that arrive together start together. The core is never touched from another thread, so backends keep no
-locks. The same loop runs in this process (``EngineLoop``) or in an engine process (``rlhf.serving.process``).
+locks. The same loop runs in this process (``EngineLoop``) or in an engine process (``rlhf.serving.child``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Callable, Optional
 
 from rlhf.cpu import CpuMeter
-from rlhf.serving.interface import Engine, EngineCore, EngineLoad, Request
+from rlhf.serving.interface import Admission, Engine, EngineCore, EngineLoad, Request
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,7 @@ class EngineLoop(Engine):
         self.core: Optional[EngineCore] = None if factory else core
         self.name = getattr(self.core, "name", "engine")
         self.tokenizer = getattr(self.core, "tokenizer", None)
-        self.queue_size = max(1, int(queue_size))
-        self.max_batch_size = max(1, int(max_batch_size))
+        self.admission = Admission(queue_size, max_batch_size)
         self.batch_window_s = max(0.0, batch_window_ms) / 1000.0
         self.observer = observer
         self.budget = None
@@ -54,7 +53,6 @@ class EngineLoop(Engine):
         self.meter = CpuMeter([os.getpid(), os.getppid()]) if adaptive_threads else None
         self.threads: Optional[int] = None
         self.status = self.name
-        self.avg_reply_s = 2.0  # moving average of a reply's time in the core, for the busy answer's hint
         self._inbox: "queue.Queue" = queue.Queue()
         self._pending: collections.deque[Request] = collections.deque()  # taken off the inbox, not started yet
         self._live: dict[int, tuple[Request, float]] = {}  # started requests -> when they started
@@ -81,8 +79,7 @@ class EngineLoop(Engine):
     # ---- the Engine interface (any thread) -------------------------------------------------------
     def submit(self, request: Request) -> None:
         with self._count:
-            if self._waiting >= self.queue_size:
-                raise queue.Full
+            self.admission.admit(self._waiting)
             self._waiting += 1
             self._submitted += 1
         self._inbox.put(request)
@@ -116,10 +113,6 @@ class EngineLoop(Engine):
     def profile(self) -> dict:
         core = self.call(self.core.profile) if self.thread.is_alive() else self.core.profile()
         return {**core, "submitted": self._submitted, "finished": self._finished}
-
-    def retry_after(self) -> float:
-        load = self.load()
-        return max(1.0, self.avg_reply_s * (1 + (load.waiting + load.running) // self.max_batch_size))
 
     def use_budget(self, budget) -> None:
         """Follow ``budget.serving_threads()`` (read before every step, applied on the loop thread)."""
@@ -209,7 +202,7 @@ class EngineLoop(Engine):
         requests = []
         for req in self._pending:
             if req.stream.cancelled:
-                req.stream._close()
+                req.stream.close()
             else:
                 requests.append(req)
         left = self.core.admit(requests) if requests else []
@@ -229,7 +222,7 @@ class EngineLoop(Engine):
         for key in done:
             req, started = self._live.pop(key)
             self._finished += 1
-            self.avg_reply_s = 0.8 * self.avg_reply_s + 0.2 * (req.stream.finished_at - started)
+            self.admission.learn(req.stream.finished_at - started)
         if self.observer is not None and (self._running, self._waiting) != self._observed:
             self._observed = (self._running, self._waiting)
             self.observer(self.load())
@@ -262,7 +255,7 @@ class EngineLoop(Engine):
             elif item is not None:
                 item[0].set_exception(RuntimeError(SHUTDOWN))
         for req in self._pending:
-            req.stream._close(error)
+            req.stream.close(error)
         self._pending.clear()
         with self._count:
             self._waiting = 0

@@ -59,6 +59,8 @@ def test_a_client_that_hangs_up_cancels_its_reply_and_nothing_is_stored(tmp_path
         hang_up_once_generating(server.url, path, body, services)
         wait_until(lambda: services.server.idle(), 300, "the server to be idle again")
         assert replies(services) == 0  # cancelled before its end: no reply stored
+        if path.endswith("chat"):  # nor the user's turn: it is stored only with its reply
+            assert services.store.count("messages") == 0 and services.store.count("conversations") == 0
         ok = httpx.post(server.url + "/api/v1/chat", auth=BOB, timeout=120,
                         json={"messages": [{"role": "user", "content": "hi"}], "max_new_tokens": 2})
         assert ok.status_code == 200 and replies(services) == 1
@@ -78,7 +80,7 @@ def test_each_person_has_a_capped_number_of_replies_generating(tmp_path, tiny_mo
             third = client.post("/chat", auth=BOB, json=body)
             assert third.status_code == 429 and "max_replies_per_user" in third.json()["error"]
             assert int(third.headers["Retry-After"]) >= 1
-            assert services.store.count("messages") == before + 1  # his turn is kept, like a busy server's
+            assert services.store.count("messages") == before  # refused before anything was stored
             other = client.post("/chat", auth=CAROL, json={**body, "max_new_tokens": 2})
             assert other.status_code == 200  # another person is not held back by bob's share
         finally:
@@ -107,4 +109,34 @@ def test_one_rate_limit_counts_rest_and_gradio_api_calls(tmp_path, tiny_model_di
             assert int(gradio.headers["Retry-After"]) >= 1
         carol = httpx.get(server.url + "/api/v1/me", auth=CAROL)
         assert carol.status_code == 200  # per user
+    services.store.close()
+
+
+def test_every_gradio_event_counts_and_timers_have_their_own_budget(tmp_path, tiny_model_dir, tiny_server):
+    """The UI's private events (called by ``fn_index``, as the browser does) count against the same per-user
+    limit as REST; a timer's tick counts against its own budget (``server.timer_rate_limit_per_minute``)."""
+    services, server = live(tmp_path, tiny_model_dir, tiny_server, "server.rate_limit_per_minute=3",
+                            "server.timer_rate_limit_per_minute=2", ui=True)
+    with server:
+        login = httpx.post(server.url + "/login", data={"username": "bob", "password": "b-pass"})
+        with httpx.Client(base_url=server.url, cookies=login.cookies, timeout=60) as bob:
+            config = bob.get("/config").json()
+            timers = {c["id"] for c in config["components"] if c["type"] == "timer"}
+            deps = config["dependencies"]
+            tick = next(d for d in deps if d["targets"] and all(b in timers for b, _ in d["targets"]))
+            click = next(d for d in deps if d["api_visibility"] == "private" and d["trigger_after"] is None
+                         and d["targets"] and not any(b in timers for b, _ in d["targets"]))
+
+            def join(dep) -> httpx.Response:
+                return bob.post("/gradio_api/queue/join", json={
+                    "data": [None] * len(dep["inputs"]), "event_data": None, "fn_index": dep["id"],
+                    "trigger_id": dep["targets"][0][0], "session_hash": "s-bob"})
+
+            assert [join(click).status_code != 429 for _ in range(3)] == [True] * 3
+            over = join(click)
+            assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1  # a private event counted
+            assert bob.get("/api/v1/me", auth=BOB).status_code == 429  # ... in the budget REST shares
+            assert [join(tick).status_code != 429 for _ in range(2)] == [True] * 2  # ticks: a budget of their own
+            assert join(tick).status_code == 429
+        assert httpx.get(server.url + "/api/v1/me", auth=CAROL).status_code == 200  # per user
     services.store.close()

@@ -150,8 +150,9 @@ def chat_routes(r: APIRouter, services: Services) -> None:
     store = services.store
 
     def user_turn(body: ChatBody, request: Request):
-        """The steps /chat and /chat/stream share: agent, version, settings, and the user turn(s) stored in the
-        caller's conversation (a new one without ``conversation_id``; someone else's is 404)."""
+        """The steps /chat and /chat/stream share: agent, version, settings, the user turn(s) checked for the
+        caller's conversation (a new one without ``conversation_id``; someone else's is 404), the caller's reply
+        slot taken; the turn is stored only with its reply."""
         agent = store.get_agent(body.agent)  # None = the default (first) agent
         policy = chatflow.resolve_policy(store, agent, body.policy_id, access.caller_of(services, request))
         params = chatflow.gen_params(services.config, agent, body.max_new_tokens, body.temperature, body.top_p,
@@ -160,9 +161,9 @@ def chat_routes(r: APIRouter, services: Services) -> None:
         if body.conversation_id is not None:
             access.conversation_for(store, access.caller_of(services, request), body.conversation_id)
         server = services.server_for(agent)
-        user_msg = chatflow.add_user_turn(store, agent, messages, body.conversation_id,
-                                          rest_annotator(services, request, body.annotator), source="api")
-        return chatflow.begin_reply(store, server, user_msg.id, policy, params, services.replies)
+        turn = chatflow.plan_turn(store, agent, messages, body.conversation_id,
+                                  rest_annotator(services, request, body.annotator), source="api")
+        return chatflow.begin_turn(store, server, turn, policy, params, services.replies)
 
     @r.post("/chat", responses=ok(Reply) | errors(404, 409, write=True))
     async def chat(body: ChatBody, request: Request):

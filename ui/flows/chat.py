@@ -1,11 +1,13 @@
-"""The chat flow shared by the Chat tab, the arena and REST: validate → record → generate → record.
+"""The chat flow shared by the Chat tab, the arena and REST: validate → take a slot → generate → record.
 
 Plain functions over a Store and a PolicyServer. The conversation lives in the Store; the model only
-ever sees the full state (system prompt + branch history) of the message it answers.
+ever sees the full state (system prompt + branch history) of the message it answers. A new user turn is
+stored together with its reply, in one transaction (``plan_turn`` + ``begin_turn``): a chat refused for want
+of a slot, cancelled, abandoned by its client or failed stores nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from rlhf.config import AppConfig
@@ -53,28 +55,65 @@ def adapter_for(policy: Policy) -> AdapterRef:
     return AdapterRef(policy.id, policy.adapter_path)
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A user turn checked but not stored yet: where it goes (``conversation_id`` None: a new conversation;
+    ``parent_id``: the message it follows) and the state the model answers (``system_prompt``, ``history``)."""
+
+    agent: Agent
+    messages: list
+    conversation_id: Optional[int]
+    parent_id: Optional[int]
+    annotator: Optional[str]
+    source: str
+    system_prompt: str
+    history: list = field(default_factory=list)
+
+
+class _DryRun(Exception):
+    """Rolls back the write ``plan_turn`` makes to check a turn the Store's way."""
+
+
 @dataclass
 class PendingReply:
-    """A reply being generated for ``parent``; iterate for text deltas, then ``save()`` to store it once."""
+    """A reply being generated for ``parent`` (a stored user message), or for ``turn`` (a user turn stored with
+    the reply); iterate for text deltas, then ``save()`` to store it once."""
 
     store: Store
-    parent: Message
+    parent: Optional[Message]
     policy: Policy
     params: GenParams
     stream: ReplyStream
     saved: Optional[Message] = None
+    turn: Optional[Turn] = None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.stream)
 
+    def keep_turn(self) -> Message:
+        """Store the user turn now, before its reply ends (the Chat tab keeps a typed message through a reload, as
+        an unanswered turn); ``save`` then stores the reply under it. A turn that cannot be stored stops the reply."""
+        if self.turn is not None:
+            try:
+                self.parent = store_turn(self.store, self.turn)
+            except BaseException:
+                self.stream.cancel()
+                raise
+            self.turn = None
+        return self.parent
+
     def save(self) -> Message:
-        """Wait for the end of the reply and record it (idempotent); a cancelled reply is never stored (Conflict)."""
+        """Wait for the end of the reply and record it, with its user turn when that is not stored yet, in one
+        transaction (idempotent); a cancelled reply is never stored, nor is its turn (Conflict)."""
         if self.saved is None:
             text = self.stream.text()
             if self.stream.cancelled:
                 raise Conflict("the reply was cancelled before it ended; nothing was stored")
-            self.saved = self.store.record_reply(self.parent.id, text, self.policy.id, self.params.to_dict(),
-                                                 round(self.stream.latency_ms, 1), self.stream.n_tokens)
+            with self.store.transaction():
+                parent = self.parent if self.turn is None else store_turn(self.store, self.turn)
+                saved = self.store.record_reply(parent.id, text, self.policy.id, self.params.to_dict(),
+                                                round(self.stream.latency_ms, 1), self.stream.n_tokens)
+            self.parent, self.saved = parent, saved
         return self.saved
 
 
@@ -93,13 +132,59 @@ def begin_reply(store: Store, server: PolicyServer, parent_id: int, policy: Poli
     if parent.role != "user":
         raise InvalidInput(f"message {parent_id} is not a user message")
     system_prompt, history = store.state_for(parent_id)
+    stream = _start(store, server, store.conversation_owner(parent.conversation_id), system_prompt, history,
+                    policy, params, slots)
+    return PendingReply(store, parent, policy, params, stream)
+
+
+def _start(store: Store, server: PolicyServer, owner: Optional[str], system_prompt: str, history: list,
+           policy: Policy, params: GenParams, slots: Optional[ReplySlots]) -> ReplyStream:
+    """The stream of one reply, within ``owner``'s share of ``slots``; a version that cannot be served is marked
+    broken (Conflict)."""
     begin = lambda: server.stream(system_prompt, history, adapter_for(policy), params)  # noqa: E731
     try:
-        stream = begin() if slots is None else slots.start(store.conversation_owner(parent.conversation_id), begin)
+        return begin() if slots is None else slots.start(owner, begin)
     except AdapterError as exc:
         store.mark_policy_broken(policy.id, str(exc))
         raise Conflict(f"version {policy.version} cannot be served and was marked broken: {exc}") from exc
-    return PendingReply(store, parent, policy, params, stream)
+
+
+def plan_turn(store: Store, agent: Agent, messages: list, conversation_id: Optional[int] = None,
+              annotator: Optional[str] = None, source: str = "chat", parent_id: Optional[int] = None) -> Turn:
+    """Check a user turn exactly as ``add_user_turn`` would store it, and what the model answers, storing nothing
+    (the write is rolled back at once): bad input raises here, before any slot or generation."""
+    planned = []
+    try:
+        with store.transaction():
+            user = add_user_turn(store, agent, messages, conversation_id, annotator, source, parent_id)
+            branch = store.branch(user.id)
+            planned += [store.get_conversation(user.conversation_id).system_prompt, branch]
+            raise _DryRun
+    except _DryRun:
+        pass
+    system_prompt, branch = planned
+    first = branch[len(branch) - len(messages)]  # the first message of this turn: where it hangs
+    return Turn(agent, list(messages), conversation_id, first.parent_id, annotator, source, system_prompt,
+                [{"role": m.role, "content": m.content} for m in branch])
+
+
+def store_turn(store: Store, turn: Turn) -> Message:
+    """Store a planned user turn where it was planned (call inside the transaction that stores its reply)."""
+    user = add_user_turn(store, turn.agent, turn.messages, turn.conversation_id, turn.annotator, turn.source,
+                         turn.parent_id)
+    if store.get_conversation(user.conversation_id).system_prompt != turn.system_prompt:
+        raise Conflict("the agent's system prompt changed while the reply was generating; nothing was stored: "
+                       "send the message again")
+    return user
+
+
+def begin_turn(store: Store, server: PolicyServer, turn: Turn, policy: Policy, params: GenParams,
+               slots: Optional[ReplySlots] = None) -> PendingReply:
+    """Start generating the reply to a planned turn: the slot first (TooManyReplies beyond the share of the
+    conversation's owner, nothing stored), and the turn is stored only with its reply (``PendingReply.save``)."""
+    owner = turn.annotator if turn.conversation_id is None else store.conversation_owner(turn.conversation_id)
+    stream = _start(store, server, owner, turn.system_prompt, turn.history, policy, params, slots)
+    return PendingReply(store, None, policy, params, stream, turn=turn)
 
 
 def check_turns(config: AppConfig, messages: list) -> list:

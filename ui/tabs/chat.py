@@ -128,11 +128,11 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
         agent = store.get_agent(agent_name)
         policy = chatflow.resolve_policy(store, agent, _policy_id(policy_id), access.caller_of(services, request))
         params = _params(services, agent, max_new_tokens, temperature, top_p, seed)
-        server = services.server_for(agent)
         parent = cv.reply_parent(store, state["ids"]) if state["conversation_id"] else None
-        user_msg = chatflow.add_user_turn(store, agent, [{"role": "user", "content": text}],
-                                          state["conversation_id"], name, parent_id=parent)
-        pending = chatflow.begin_reply(store, server, user_msg.id, policy, params, services.replies)
+        turn = chatflow.plan_turn(store, agent, [{"role": "user", "content": text}], state["conversation_id"],
+                                  name, parent_id=parent)
+        pending = chatflow.begin_turn(store, services.server_for(agent), turn, policy, params, services.replies)
+        user_msg = pending.keep_turn()  # kept through a reload mid-reply (an unanswered turn)
     except Exception as exc:  # nothing started: no reply for ``follow_reply`` to move the panel to
         yield _refused(state, error_status(exc))
         return

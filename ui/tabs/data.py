@@ -124,20 +124,17 @@ def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag
                  request: gr.Request = None):
     """Everything the tab shows for an agent, filtered: flagged replies only for admins, and other annotators'
     feedback events (flags, notes, prompts, replies) only for admins unless ``server.open_feedback``."""
-    rows = services.store.feedback_rows(services.store.get_agent(agent).id)
-    frame = quality.feedback_frame(rows)
+    computed = services.feedback_stats.get(services.store.get_agent(agent).id)  # once per change, not per refresh
+    frame, stats = computed.frame, computed.stats
     if not sees_all_feedback(services, request):
         frame = frame[frame["annotator"] == (current_user(services, request) or "")].reset_index(drop=True)
-    stats = quality.own_stats(quality.annotator_stats(rows), current_user(services, request),
-                              is_admin(services, request))
+    stats = quality.own_stats(stats, current_user(services, request), is_admin(services, request))
     names = [ALL] + sorted(frame["annotator"].unique().tolist())
     shown = quality.filter_feedback(frame, annotator, kind, flag, text)
-    flagged = quality.flagged_replies(rows)
-    if not is_admin(services, request):
-        flagged = flagged.iloc[0:0]  # flagged replies are for admins' eyes
+    flagged = computed.flagged if is_admin(services, request) else computed.flagged.iloc[0:0]  # admins' eyes only
     count = f"{len(shown)} of {len(frame)} feedback events" + (" (newest 500 shown)" if len(shown) > 500 else "")
     return (feedback_view(shown), count, gr.Dropdown(choices=names, value=annotator if annotator in names else ALL),
-            stats_view(stats), agreement_chart(stats), speed_chart(stats), alpha_markdown(quality.alpha_report(rows)),
+            stats_view(stats), agreement_chart(stats), speed_chart(stats), alpha_markdown(computed.alpha),
             flagged,
             gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)]))
 

@@ -152,14 +152,14 @@ class LlamaCppCore(EngineCore):
             return False
         need = len(req.input_ids) + int(req.params.max_new_tokens)
         if need > self.kv_cache_tokens or not req.input_ids:
-            req.stream._close(ValueError(f"prompt ({len(req.input_ids)} tokens) + max_new_tokens do not fit "
+            req.stream.close(ValueError(f"prompt ({len(req.input_ids)} tokens) + max_new_tokens do not fit "
                                          f"serving.kv_cache_tokens={self.kv_cache_tokens}"))
             return None
         lora = None
         if req.adapter is not None:
             lora = self._loras.get(req.adapter)
             if lora is None:
-                req.stream._close(KeyError(f"adapter not loaded: {req.adapter}"))
+                req.stream.close(KeyError(f"adapter not loaded: {req.adapter}"))
                 return None
         key = tuple(req.input_ids[:req.prefix_len]) if self.max_prefixes and 0 < req.prefix_len < need else None
         lane = self._lane_for(req.adapter, lora, need, key)
@@ -257,7 +257,7 @@ class LlamaCppCore(EngineCore):
         stream.n_tokens += 1
         delta = seq.decoder.push(token)
         if delta:
-            stream._emit(delta)
+            stream.emit(delta)
         seq.last = token
         if seq.generated >= params.max_new_tokens or stream.cancelled:
             self._finish(lane, seq)
@@ -268,7 +268,7 @@ class LlamaCppCore(EngineCore):
         seq.done = True
         lane.release(seq)
         seq.req.stream.token_ids = seq.decoder.tokens
-        seq.req.stream._close(error)
+        seq.req.stream.close(error)
 
     def _fail_lane(self, lane: Lane, error: BaseException) -> None:
         for seq in list(lane.seqs):

@@ -2,7 +2,7 @@
 LoRA adapters, and a reusable multi-sequence batch. No scheduling here: ``rlhf.serving.llama_cpp.engine`` does it.
 
 Every call into the library releases the GIL (ctypes does). Native code can fault on a user's CPU, so this module
-is only imported in the engine's own process (``rlhf.serving.process``), never in the app's.
+is only imported in the engine's own process (``rlhf.serving.child``), never in the app's.
 """
 from __future__ import annotations
 

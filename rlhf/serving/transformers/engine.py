@@ -331,7 +331,7 @@ class TransformersCore(EngineCore):
             stream.n_tokens += 1
             delta = row.decoder.push(tok)
             if delta:
-                stream._emit(delta)
+                stream.emit(delta)
             if row.generated >= row.req.params.max_new_tokens or stream.cancelled:
                 self._finish(row)
             else:
@@ -352,7 +352,7 @@ class TransformersCore(EngineCore):
             return
         row.done = True
         row.req.stream.token_ids = row.decoder.tokens
-        row.req.stream._close(error)
+        row.req.stream.close(error)
 
 
 def build(model_source: str, device: str = "cpu", tokenizer_source: Optional[str] = None, load_in_4bit: bool = False,

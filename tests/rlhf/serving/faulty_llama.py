@@ -3,7 +3,8 @@
 ``install(root)`` writes a ``llama_cpp`` package into ``root``; a process with ``root`` first on its PYTHONPATH imports
 it instead of the real one. It imports the real bindings, wraps ``llama_model_load_from_file`` and
 ``llama_decode``, and dereferences a null pointer (a genuine segmentation fault of the whole process, as a kernel
-bug would) when ``RLHF_TEST_FAULT`` says so:
+bug would) when the file ``mode`` beside the package says so (the engine process gets a minimal environment, so
+the mode travels in a file, not in a variable):
 
 * ``extra_buffers``: every decode of a model loaded with extra buffer types (what AMX repacking faults on);
 * ``always``: every decode;
@@ -11,7 +12,7 @@ bug would) when ``RLHF_TEST_FAULT`` says so:
   engine that starts again serves normally);
 * ``every:N``: the N-th decode call of every process.
 
-Nothing in the app knows about it: the variable is read by this wrapper alone.
+Nothing in the app knows about it: the file is read by this wrapper alone.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _root]
 del sys.modules["llama_cpp"]
 _real = importlib.import_module("llama_cpp")  # the real bindings; `import llama_cpp` returns this module
 
-_mode = os.environ.get("RLHF_TEST_FAULT", "")
+_mode_file = os.path.join(_root, "mode")
+_mode = open(_mode_file).read().strip() if os.path.exists(_mode_file) else ""
 _extra = [False]
 _calls = [0]
 _load = _real.llama_model_load_from_file
@@ -70,7 +72,8 @@ _real.llama_decode = llama_decode
 
 
 def install(root: Path) -> Path:
-    """Write the wrapper package under ``root``; put ``root`` first on PYTHONPATH to use it."""
+    """Write the wrapper package under ``root``; put ``root`` first on PYTHONPATH to use it, and write its mode
+    to ``root / "mode"``."""
     package = Path(root) / "llama_cpp"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text(SHIM)

@@ -29,7 +29,7 @@ def faulty(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
     def mode(value: str) -> None:
-        monkeypatch.setenv("RLHF_TEST_FAULT", value)
+        (root / "mode").write_text(value)
     return mode
 
 
