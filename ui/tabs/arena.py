@@ -137,7 +137,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     with gr.Row():
         buttons = [gr.Button(label, interactive=False, elem_id=f"arena-{winner}") for winner, label in VOTES]
     status = gr.Markdown(HINT)
-    gr.Markdown(KEYS)
+    gr.Markdown(KEYS, elem_id="arena-keys")  # hidden on a touch screen (ui.tabs.vote_page.CSS)
     with gr.Row():
         text = gr.Textbox(placeholder="Type a prompt (or a follow-up after voting) and press Enter", show_label=False,
                           scale=5)  # no max_length: a long paste is refused with a reason, never cut

@@ -44,8 +44,10 @@ def test_next_vote_stats_contracts(client, services):
     comparison = services.store.list_comparisons("assistant")[-1]
     assert comparison.id == vote.json()["comparison_id"] and comparison.winner == "b"
     assert (comparison.message_a_id, comparison.message_b_id) == (item.message_a_id, item.message_b_id)
-    again = client.post(f"/api/v1/queue/{body['item_id']}/vote", json={"winner": "a", "annotator": "alice"})
-    assert again.status_code == 200 and again.json() == vote.json()  # the first vote counts
+    again = client.post(f"/api/v1/queue/{body['item_id']}/vote", json={"winner": "b", "annotator": "alice"})
+    assert again.status_code == 200 and again.json() == vote.json()  # a retry: the first vote
+    other = client.post(f"/api/v1/queue/{body['item_id']}/vote", json={"winner": "a", "annotator": "alice"})
+    assert other.status_code == 409 and "already voted" in other.json()["error"]  # the first vote counts
     pairs = build_pairs(services.store.feedback_rows("assistant"))
     assert [p["chosen"] for p in pairs] == [f"second answer {items.index(item)}"]
     second = client.get("/api/v1/queue/next", params={"annotator": "alice"}).json()
