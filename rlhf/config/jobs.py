@@ -122,8 +122,8 @@ class QueueConfig(Checked):
     lease_minutes: float = opt(10.0, "An item shown to an annotator is held for them this long; unvoted, it goes "
                                "to others (never back to them).")
     poll_seconds: float = opt(5.0, "How often the refill worker looks at the queue (votes also wake it).")
-    read_ms: int = opt(400, "The Vote tab ignores votes until a new pair has been on screen this long (ms), so a "
-                            "double click, tap or key cannot vote on a pair nobody read.")
+    read_ms: int = opt(400, "After a vote, the Vote tab ignores input until the next pair has been on screen this long "
+                            "(ms), so a double click, tap or key cannot vote on a pair nobody read.")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""

@@ -13,7 +13,7 @@ import gradio as gr
 from storage import Conflict
 from ui.views.arena import BT_VS_ELO, leaderboard_view, reveal_text, win_rate_view
 from ui.views.text import literal_chat, literal_html, status_label
-from ui.flows.arena import cast_vote, close_round, open_round, stream_round
+from ui.flows.arena import cast_vote, close_round, open_round, renamed_since, stream_round
 from ui.flows.leaderboard import counted_votes
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
@@ -52,6 +52,8 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
         check_message(services, text)
         if pair_id is not None and store.arena_vote(pair_id) is None:
             raise Conflict("Vote on the current round first (or Start over).")
+        if pair_id is not None and renamed_since(store, pair_id, name) is not None:
+            raise Conflict(renamed_since(store, pair_id, name))
         rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
     except Exception as exc:  # nothing started: the text stays in the box, the vote buttons as they were
         status = error_status(exc)
@@ -92,7 +94,11 @@ def submit_vote(services: Services, winner: str, state: dict, annotator: str, re
     pair_id = (state or {}).get("pair_id")
     if pair_id is None:
         return (gr.Chatbot(), gr.Chatbot(), "Play a round first: ask something.", *_vote_buttons(False))
-    vote = cast_vote(store, pair_id, winner, labeller(services, request, annotator))
+    name = labeller(services, request, annotator)
+    renamed = renamed_since(store, pair_id, name)
+    if renamed is not None:  # refused like REST refuses someone else's round; the buttons stay for the player
+        return (gr.Chatbot(), gr.Chatbot(), error_status(Conflict(renamed)), *_vote_buttons(True))
+    vote = cast_vote(store, pair_id, winner, name)
     pol_a = store.get_policy(vote.policy_a_id) if vote.policy_a_id is not None else None
     pol_b = store.get_policy(vote.policy_b_id) if vote.policy_b_id is not None else None
     label = lambda side, p: f"Model {side} · {status_label(p)}" if p else f"Model {side}"  # noqa: E731

@@ -20,7 +20,7 @@ from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
 from ui.tabs.common import guidelines_markdown, labeller
 from ui.tabs.errors import error_status
-from ui.tabs.vote_page import SHOWN
+from ui.tabs.vote_page import LOADED, SHOWN
 
 VOTES = (("a", "A is better"), ("b", "B is better"), ("tie", "Tie"), ("both_bad", "Both bad"))
 EMPTY = ("Nothing to vote on right now: new pairs are generated in the background while nobody is chatting. "
@@ -143,18 +143,18 @@ def build_vote(services: Services, annotator: Optional[gr.Textbox] = None, tab: 
     load = bind(load_next, services)
     guidelines = bind(guidelines_markdown, services)
 
-    def shown(event) -> None:  # a pair is on screen: the page takes input once it was read; guidelines as saved now
-        event.then(None, None, None, js=SHOWN, api_name=False, show_progress="hidden") \
-            .then(guidelines, [agent], [guide], api_name=False, show_progress="hidden")
+    def shown(event, js: str = LOADED) -> None:  # a pair is on screen: the page takes input once it was read
+        event.then(None, None, None, js=js, api_name=False, show_progress="hidden") \
+            .then(guidelines, [agent], [guide], api_name=False, show_progress="hidden")  # as an admin saved them
 
     for (winner, _), button in zip(VOTES, buttons):
         shown(button.click(bind(submit_vote, services, winner), [state, agent, annotator], outputs,
-                           api_name=f"queue_vote_{winner}", concurrency_limit=None, concurrency_id="queue"))
+                           api_name=f"queue_vote_{winner}", concurrency_limit=None, concurrency_id="queue"), SHOWN)
     shown(skip_button.click(bind(skip, services), [state, agent, annotator], outputs, api_name=False,
-                            concurrency_limit=None, concurrency_id="queue"))
+                            concurrency_limit=None, concurrency_id="queue"), SHOWN)
     shown(refresh.click(load, [state, agent, annotator], outputs, api_name="queue_next", concurrency_limit=None,
                         concurrency_id="queue"))
     shown(agent.change(load, [state, agent, annotator], outputs, api_name=False))
     gr.on(None, guidelines, [agent], [guide], api_name=False)
-    if tab is not None:  # the next item, and the guidelines as an admin last saved them
+    if tab is not None:  # the next item when the tab is shown
         shown(tab.select(load, [state, agent, annotator], outputs, api_name=False))

@@ -173,6 +173,21 @@ def test_tab_asks_for_the_vote_before_continuing(services, versions):
     assert [m["content"] for m in chat_a][::2] == ["First", "Second"]
 
 
+def test_a_name_change_is_refused_like_rest_and_says_what_to_do(services, versions):
+    store = services.store
+    state = drain(arena.play_round(services, "Which?", arena.empty_state(), "assistant", "kim"))[-1][2]
+    with pytest.warns(UserWarning):
+        _, _, status, *buttons = arena.submit_vote(services, "a", state, "lou")
+    assert "played as kim, and the name is now lou: nothing was stored" in status and "Start over" in status
+    assert store.arena_vote(state["pair_id"]) is None and all(b.interactive for b in buttons)
+    arena.submit_vote(services, "b", state, "kim")  # back to the player's name: the vote is stored
+    vote = store.arena_vote(state["pair_id"])
+    assert vote.winner == "b" and vote.annotator_id == store.annotator_id("kim")
+    before = store.count("messages")
+    *_, status, a, b, tie, bad = drain(arena.play_round(services, "More", state, "assistant", "lou"))[-1]
+    assert "played as kim" in status and store.count("messages") == before  # no follow-up under lou either
+
+
 def test_tab_warns_when_there_is_one_version(services):
     updates = drain(arena.play_round(services, "hi", arena.empty_state(), "assistant", "alice"))
     *_, status, a, b, tie, bad = updates[-1]
