@@ -126,16 +126,6 @@ def close_round(store: Store, rnd: Round) -> ArenaPair:
     return store.create_arena_pair(rnd.agent.id, a.id, b.id)
 
 
-def renamed_since(store: Store, pair_id: str, name: Optional[str]) -> Optional[str]:
-    """Why ``name`` may not vote on or continue a round played under another name (None when they may): a vote
-    is the word of the person who read both replies, as REST keeps someone else's round from a caller."""
-    player = store.conversation_owner(store.get_message(store.get_arena_pair(pair_id).message_a_id).conversation_id)
-    if player is None or player == name:
-        return None
-    return (f"This round was played as {player}, and the name is now {name}: nothing was stored. Change the name "
-            f"back to {player} to vote on it, or Start over to play a round as {name}.")
-
-
 def cast_vote(store: Store, pair_id: str, winner: str, annotator: Optional[str] = None) -> Comparison:
     """Record the vote of a round (a second vote returns the first)."""
     return store.vote_arena_pair(pair_id, winner, annotator)
