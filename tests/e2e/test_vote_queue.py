@@ -55,7 +55,8 @@ def test_vote_through_three_queue_items_in_a_browser(studio):
                 expect(button).to_be_enabled(timeout=SLOW)
                 ready(page)
                 button.click()
-                text = status_text(page, rf"Stored as comparison #\d+: .* on item #{item_id}\. Item #(?!{item_id}\b)\d+")
+                text = status_text(page, rf"Stored as comparison #\d+: .* on item #{item_id}\. "
+                                         rf"Item #(?!{item_id}\b)\d+")
                 comparisons.append((item_id, winner, int(re.search(r"comparison #(\d+)", text).group(1))))
             page.screenshot(path=str(app.data_dir.parent / "vote.png"), full_page=True)
         finally:

@@ -66,9 +66,8 @@ def show(item: Optional[dict], note: str = "", left: Optional[int] = None, store
 
     count = f" · {left} left for you" if left is not None else ""
     status = f"{note}Item #{item['item_id']}{count} · {WHY.get(item['reason'], item['reason'])}. Which reply is better?"
-    return (literal_chat(item["messages"]), reply("a"), reply("b"), {"item_id": item["item_id"], "shown_to": name},
-            status,
-            *_buttons(True))
+    state = {"item_id": item["item_id"], "shown_to": name}
+    return (literal_chat(item["messages"]), reply("a"), reply("b"), state, status, *_buttons(True))
 
 
 def load_next(services: Services, state: dict, agent_name: str, annotator: str, request: gr.Request = None,

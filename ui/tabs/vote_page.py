@@ -61,7 +61,8 @@ GUARD = """() => {
     setTimeout(() => { if (stamp === shownAt) { until = 0; mark(true); } }, 30000);
   }, true);
   if (navigator.maxTouchPoints > 0 || "ontouchstart" in window) document.body.classList.add("rlhf-touch");
-  window.addEventListener("touchstart", () => document.body.classList.add("rlhf-touch"), {capture: true, once: true});
+  const touched = () => document.body.classList.add("rlhf-touch");
+  window.addEventListener("touchstart", touched, {capture: true, once: true});
 }"""
 
 SHOWN = "() => { window.rlhfVoteShown?.(true); }"  # after a vote or skip
