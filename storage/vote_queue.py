@@ -39,6 +39,10 @@ def iso_after(seconds: float) -> str:
     return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds")
 
 
+# A refused vote's words (REST and the Vote tab show them as they are).
+VERDICTS = {"a": "A is better", "b": "B is better", "tie": "a tie", "both_bad": "both bad"}
+NEXT = "Vote on the next item instead."
+
 Chooser = Callable[[list[dict]], Optional[tuple[int, str]]]
 
 
@@ -147,12 +151,13 @@ class QueueMixin:
         return self.get_queue_item(item_id), QueueAssignment.from_row(row)
 
     def vote_queue_item(self, item_id: int, winner: str, annotator: Optional[str], lease_seconds: float,
-                        exclude_annotators: Iterable[str] = ()) -> Comparison:
+                        exclude_annotators: Iterable[str] = (), retry: bool = True) -> Comparison:
         """Record ``annotator``'s vote on an item as a comparison of its two replies.
 
-        A second vote by the same annotator returns the first (the first vote counts). Only an annotator the item
-        was shown to (``next_queue_item``) may vote on it: a vote on an item never shown to them, or on an expired
-        one, is refused (Conflict) and stores nothing.
+        Only the item on the annotator's screen takes their vote: an item never shown to them (``next_queue_item``),
+        one they skipped, an expired one, or one they already voted on with another answer is refused (Conflict,
+        saying what was stored) and stores nothing. ``retry``: the same vote sent again (a client's retry) returns
+        the first; without it, any second vote is refused (a page that votes twice on one item shows a stale pair).
         """
         if winner not in WINNERS:
             raise InvalidInput(f"winner must be one of {list(WINNERS)}, got {winner!r}")
@@ -162,18 +167,22 @@ class QueueMixin:
             row = self._one("SELECT * FROM queue_assignments WHERE item_id = ? AND annotator_id IS ?",
                             [item.id, annotator_id])
             if row is not None and row["comparison_id"] is not None:
-                return Comparison.from_row(self._one("SELECT * FROM comparisons WHERE id = ?", [row["comparison_id"]]))
+                first = Comparison.from_row(self._one("SELECT * FROM comparisons WHERE id = ?", [row["comparison_id"]]))
+                if retry and first.winner == winner:
+                    return first
+                raise Conflict(f"You already voted on item #{item.id}: {VERDICTS[first.winner]} (stored as comparison "
+                               f"#{first.id}). That vote counts; this one was not stored. {NEXT}")
             if item.expires <= utcnow():
-                raise Conflict(f"queue item {item.id} expired at {item.expires}; nothing was stored. Ask for the "
-                               "next item (GET /api/v1/queue/next).")
+                raise Conflict(f"Item #{item.id} expired at {item.expires}; nothing was stored. {NEXT}")
+            if row is not None and row["skipped"] is not None:
+                raise Conflict(f"You skipped item #{item.id}; nothing was stored. {NEXT}")
             if row is None:
                 is_open = self._one(f"SELECT i.id FROM queue_items i WHERE i.id = ? AND {_OPEN}",
                                     [item.id] + self._open_params(item.agent_id, lease_seconds, exclude_annotators))
                 state = "open" if is_open is not None else \
                     "closed (it has the votes it needs, or a version of it was archived)"
-                raise Conflict(f"queue item {item.id} was not shown to you and is {state}: items are voted by the "
-                               "annotators they are shown to; nothing was stored. Ask for your next item "
-                               "(GET /api/v1/queue/next).")
+                raise Conflict(f"Item #{item.id} was not shown to you and is {state}: items are voted by the "
+                               f"annotators they are shown to; nothing was stored. {NEXT}")
             comparison = self.record_comparison(item.message_a_id, item.message_b_id, winner, annotator,
                                                 queue_item_id=item.id)
             db.execute("UPDATE queue_assignments SET comparison_id = ?, voted = ? WHERE id = ?",

@@ -16,6 +16,8 @@ from ui.permissions import current_user, is_admin
 from ui.services import Services, bind
 from ui.tabs.training import build_training
 from ui.tabs.vote import build_vote
+from ui.tabs.vote_page import CSS as VOTE_CSS
+from ui.tabs.vote_page import guard_js
 
 TITLE = "RLHF Studio"
 EPHEMERAL = ("\n\n> ⚠️ **Data is NOT persistent here.** This Space has no persistent storage mounted at `{mount}`, "
@@ -73,7 +75,7 @@ PHONE_CSS = """
 
 def page_css() -> str:
     """The tabs' layout rules (label panel beside the reply, phone widths), one style sheet for the page."""
-    return CHAT_CSS + PHONE_CSS
+    return CHAT_CSS + PHONE_CSS + VOTE_CSS
 
 
 def oauth_available() -> bool:
@@ -133,6 +135,7 @@ def build_ui(services: Services) -> gr.Blocks:
         with gr.Tab("Data") as data_tab:
             build_data_tab(services, data_tab)
         demo.load(None, None, None, js=SHORTCUTS.replace("STYLE", json.dumps(page_css())), api_name=False)
+        demo.load(None, None, None, js=guard_js(services.config.queue.read_ms), api_name=False)
         if team:
             demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
         else:

@@ -214,7 +214,8 @@ def _prompt_text(rows_by_id: dict, message: dict) -> str:
 
 
 def feedback_frame(rows: dict, max_chars: int = 200) -> pd.DataFrame:
-    """Every feedback event as one table row (ratings and votes), newest first, for filtering."""
+    """Every feedback event as one table row (ratings and votes), newest first, for filtering; ``withdrawn`` names
+    a rating event's fields taken back since ("thumb", "score")."""
     messages = {m["id"]: m for m in rows["messages"]}
     excluded = set(rows.get("excluded_annotators") or [])
     out = []
@@ -224,15 +225,16 @@ def feedback_frame(rows: dict, max_chars: int = 200) -> pd.DataFrame:
                     "message_id": r["message_id"], "other_id": None, "thumb": r.get("thumb"),
                     "score": r.get("score"), "flags": ", ".join(r.get("flags") or []), "note": r.get("note") or "",
                     "winner": "", "prompt": _prompt_text(messages, msg)[:max_chars],
-                    "reply": (msg.get("content") or "")[:max_chars]})
+                    "reply": (msg.get("content") or "")[:max_chars], "withdrawn": ", ".join(r.get("withdrawn") or [])})
     for c in rows["comparisons"]:
         a, b = messages.get(c["message_a_id"], {}), messages.get(c["message_b_id"], {})
         out.append({"kind": "vote", "id": c["id"], "created": c["created"], "annotator": _name(c.get("annotator")),
                     "message_id": c["message_a_id"], "other_id": c["message_b_id"], "thumb": None, "score": None,
                     "flags": "", "note": "", "winner": c["winner"], "prompt": _prompt_text(messages, a)[:max_chars],
-                    "reply": f"A: {(a.get('content') or '')[:max_chars // 2]} | B: {(b.get('content') or '')[:max_chars // 2]}"})
+                    "reply": f"A: {(a.get('content') or '')[:max_chars // 2]} | B: {(b.get('content') or '')[:max_chars // 2]}",
+                    "withdrawn": ""})
     frame = pd.DataFrame(out, columns=["kind", "id", "created", "annotator", "message_id", "other_id", "thumb",
-                                       "score", "flags", "note", "winner", "prompt", "reply"])
+                                       "score", "flags", "note", "winner", "prompt", "reply", "withdrawn"])
     frame["excluded"] = frame["annotator"].isin(excluded)
     return frame.sort_values("created", ascending=False, kind="stable").reset_index(drop=True)
 

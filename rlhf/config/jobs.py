@@ -127,9 +127,13 @@ class QueueConfig(Checked):
     lease_minutes: float = opt(10.0, "An item shown to an annotator is held for them this long; unvoted, it goes "
                                "to others (never back to them).")
     poll_seconds: float = opt(5.0, "How often the refill worker looks at the queue (votes also wake it).")
+    read_ms: int = opt(400, "After a vote, the Vote tab ignores input until the next pair has been on screen this long "
+                            "(ms), so a double click, tap or key cannot vote on a pair nobody read.")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
+        if self.read_ms < 0:
+            raise ConfigError(f"queue.read_ms must be >= 0, got {self.read_ms}")
         if not 0 <= self.random_share <= 1:
             raise ConfigError(f"queue.random_share must be in [0, 1], got {self.random_share}")
         if min(self.batch_size, self.refit_every) < 1 or self.low_water < 0 or self.target_ready < self.low_water:

@@ -34,6 +34,18 @@ def chat_and_label(page) -> None:
     save_note(page, "Short and practical.")
 
 
+def vote_picture(page, path: Path) -> None:
+    """The Vote tab with a pair; on a phone scrolled to the context, the buttons stuck under the replies."""
+    from playwright.sync_api import expect
+
+    open_tab(page, "Vote")
+    expect(page.get_by_text("Which reply is better?").or_(page.get_by_text("Nothing to vote on")).first) \
+        .to_be_visible(timeout=SLOW)
+    if page.viewport_size["width"] < 640:
+        page.locator("#vote-context").evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=str(path))
+
+
 def desktop(page, out: Path) -> None:
     """Every tab at 1400×1000: the annotation tabs as the screen shows them, the others as a whole page."""
     from playwright.sync_api import expect
@@ -42,10 +54,7 @@ def desktop(page, out: Path) -> None:
     page.screenshot(path=str(out / "chat.png"))
     arena_vote_a(page, "Give me one tip for learning to cook.")
     page.screenshot(path=str(out / "arena.png"))
-    open_tab(page, "Vote")
-    expect(page.get_by_text("Which reply is better?").or_(page.get_by_text("Nothing to vote on")).first) \
-        .to_be_visible(timeout=SLOW)
-    page.screenshot(path=str(out / "vote.png"))
+    vote_picture(page, out / "vote.png")
     ready = {"Dashboard": 'svg[aria-label="ratings per version"]', "Training": "text=/Job \\d+ ·/",
              "Data": "text=/\\d+ of \\d+ feedback events/"}
     for tab, selector in ready.items():
@@ -61,11 +70,7 @@ def phone(page, out: Path) -> None:
     chat_and_label(page)
     page.locator("#chat-conversation").evaluate("e => e.scrollIntoView({block: 'start'})")  # the reply at the top
     page.screenshot(path=str(out / "chat-phone.png"))
-    open_tab(page, "Vote")
-    expect(page.get_by_text("Which reply is better?").or_(page.get_by_text("Nothing to vote on")).first) \
-        .to_be_visible(timeout=SLOW)
-    page.locator("#vote-a").scroll_into_view_if_needed()
-    page.screenshot(path=str(out / "vote-phone.png"))
+    vote_picture(page, out / "vote-phone.png")
     open_tab(page, "Dashboard")
     versions = page.get_by_text("Versions (newest first)")
     expect(versions).to_be_visible(timeout=SLOW)
@@ -73,8 +78,8 @@ def phone(page, out: Path) -> None:
     page.screenshot(path=str(out / "dashboard-phone.png"))
 
 
-def shoot(url: str, out: Path) -> None:
-    """Both sizes, each on its own page (own name, own session)."""
+def shoot(url: str, out: Path, only_vote: bool = False) -> None:
+    """Both sizes, each on its own page (own name, own session; the phone a touch screen)."""
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -82,11 +87,16 @@ def shoot(url: str, out: Path) -> None:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             for size, name, walk in ((DESKTOP, "alice", desktop), (PHONE, "bo", phone)):
-                page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+                if only_vote:
+                    walk = lambda page, out, shot=("vote.png" if size == DESKTOP else "vote-phone.png"): \
+                        vote_picture(page, out / shot)  # noqa: E731
+                touch = size == PHONE
+                page = browser.new_context(viewport={"width": size[0], "height": size[1]}, has_touch=touch,
+                                           is_mobile=touch).new_page()
                 page.goto(url + "/", timeout=SLOW)
                 page.get_by_placeholder("e.g. alice").fill(name)
                 walk(page, out)
-                page.close()
+                page.context.close()
         finally:
             browser.close()
 
@@ -96,6 +106,7 @@ def main(argv=None) -> None:
     parser.add_argument("--data", required=True, type=Path, help="a data dir that went around the loop once")
     parser.add_argument("--out", default=Path("assets/screenshots"), type=Path)
     parser.add_argument("--base-model", default="smollm2-135m-instruct")
+    parser.add_argument("--only-vote", action="store_true", help="only the Vote tab's two pictures (any data dir)")
     args = parser.parse_args(argv)
     if not (args.data / "studio.db").is_file():
         parser.error(f"{args.data} has no studio.db; fill one with `rlhf-studio simulate --retrain` first")
@@ -105,8 +116,8 @@ def main(argv=None) -> None:
         config = write_config(Path(tmp) / "app.yaml", TEST_APP, {"serving": {"max_new_tokens": 96},
                                                                    "queue": {"refill": True}})
         with AppProcess(data, args.base_model, config) as app:
-            shoot(app.url, args.out)
-    print("\n".join(str(args.out / f"{t}.png") for t in SHOTS))
+            shoot(app.url, args.out, args.only_vote)
+    print("\n".join(str(args.out / f"{t}.png") for t in SHOTS if not args.only_vote or t.startswith("vote")))
 
 
 if __name__ == "__main__":

@@ -151,11 +151,13 @@ def test_an_annotators_day_stores_every_label_as_clicked(studio, tmp_path):
             for key in QUEUE_VOTES + ("s",):
                 item = int(re.search(r"Item #(\d+)", status_text(page, r"Item #\d+ · \d+ left for you")).group(1))
                 expect(page.locator("#vote-a")).to_be_enabled()
+                page.locator("#vote-buttons:not([data-ready='0'])").wait_for(timeout=SLOW)  # the pair was read
                 page.keyboard.press(key)
                 if key == "s":
                     status_text(page, rf"Skipped item #{item}\b")
                     continue
-                status_text(page, rf"Stored as comparison #\d+\. (Item #(?!{item}\b)\d+|Nothing to vote on)")
+                status_text(page, rf"Stored as comparison #\d+: .* on item #{item}\. "
+                                  rf"(Item #(?!{item}\b)\d+|Nothing to vote on)")
                 queued = store.get_queue_item(item)
                 votes.append((queued.message_a_id, queued.message_b_id, KEY_WINNER[key]))
 

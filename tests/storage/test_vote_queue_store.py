@@ -69,12 +69,12 @@ def test_no_item_is_shown_twice_to_one_annotator(store):
     assert store.next_queue_item("assistant", "alice", first, LEASE) is None  # all voted: nothing left for her
 
 
-def test_a_vote_is_an_ordinary_comparison_and_a_second_vote_returns_the_first(store):
+def test_a_vote_is_an_ordinary_comparison_and_a_retry_returns_the_first(store):
     make_items(store, 1)
     item, assignment = store.next_queue_item("assistant", "alice", first, LEASE)
     assert assignment.reason == "random" and assignment.comparison_id is None
     vote = store.vote_queue_item(item.id, "b", "alice", LEASE)
-    again = store.vote_queue_item(item.id, "a", "alice", LEASE)
+    again = store.vote_queue_item(item.id, "b", "alice", LEASE)  # the same vote sent again: a client's retry
     assert again.id == vote.id and again.winner == "b"
     assert (vote.message_a_id, vote.message_b_id, vote.pair_id) == (item.message_a_id, item.message_b_id, None)
     assert store.queue_assignments(item.id)[0].comparison_id == vote.id
@@ -248,3 +248,21 @@ def test_a_queue_reply_keeps_its_token_count_so_a_cut_one_is_marked(store):
                                     {"content": "done.", "gen_params": {"max_new_tokens": 8}, "n_tokens": 3}])
     a, b = store.get_message(item.message_a_id), store.get_message(item.message_b_id)
     assert (a.n_tokens, b.n_tokens) == (8, 3)  # the Vote tab marks a reply with n_tokens >= max_new_tokens ✂️
+
+
+def test_a_second_vote_on_a_stale_item_is_refused_and_says_what_was_stored(store):
+    make_items(store, 2)
+    item, _ = store.next_queue_item("assistant", "alice", first, LEASE)
+    vote = store.vote_queue_item(item.id, "a", "alice", LEASE)
+    before = store.count("comparisons")
+    # another answer (a second tab still showing the item), or any second vote from a page (retry=False)
+    for winner, retry in (("b", True), ("a", False)):
+        with pytest.raises(Conflict, match=rf"already voted on item #{item.id}: A is better \(stored as comparison "
+                                           rf"#{vote.id}\)\..*not stored"):
+            store.vote_queue_item(item.id, winner, "alice", LEASE, retry=retry)
+    # an item skipped (in another tab) takes no vote either
+    skipped, _ = store.next_queue_item("assistant", "alice", first, LEASE)
+    store.skip_queue_item(skipped.id, "alice")
+    with pytest.raises(Conflict, match=rf"skipped item #{skipped.id}; nothing was stored"):
+        store.vote_queue_item(skipped.id, "b", "alice", LEASE)
+    assert store.count("comparisons") == before and store.queue_assignments(skipped.id)[0].comparison_id is None

@@ -94,6 +94,19 @@ def test_versions_table_metrics_lineage_and_dashes():
     assert r2["BT [95% CI]"] == "1000 (no votes)"  # no votes: no interval to show
 
 
+def test_rm_accuracy_from_two_held_out_pairs_is_too_few_to_tell():
+    def row(accuracy, pairs):
+        rm = RewardModel(id=7, agent_id=1, path="/rm", mode="pointwise", data_snapshot={}, config={},
+                         metrics={"reward/eval_accuracy": accuracy, "reward/pairs_eval": pairs,
+                                  "reward/cv_accuracy": None}, job_id=None, created=T0)
+        v1 = pol(2, 1, parent=1, rm=7, metrics={"reward_model/eval_accuracy": accuracy})
+        return dashboard_views.versions_table([V0, v1], {7: rm}, pairing.board([], [V0, v1], n_boot=0)).iloc[0]
+    assert row(1.0, 2)["RM accuracy"] == "too few to tell (100%, 34%–100%)"  # not "100%"
+    assert row(0.9, 60)["RM accuracy"] == "90% [80%–95%]"  # enough pairs: the interval clears chance
+    assert dashboard_views.rm_accuracy_text({"cv_accuracy": 0.6, "cv_low": 0.4, "cv_high": 0.8}).startswith(
+        "too few to tell")
+
+
 def test_rating_rows_have_an_interval_only_when_the_votes_vary():
     table = pairing.board([comp(2, 1, "a"), comp(1, 2, "b"), comp(1, 2, "a")], [V0, V1, V2], n_boot=50)
     rows = {r["label"]: r for r in dashboard_views.rating_rows(table)}

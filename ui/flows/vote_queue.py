@@ -54,9 +54,12 @@ def next_item(services: Services, agent_name: Optional[str], annotator: Optional
     return item_json(store, item, assignment.reason)
 
 
-def cast_vote(services: Services, item_id: int, winner: str, annotator: Optional[str]) -> Comparison:
-    """Store the vote as a comparison of the item's replies (a second vote by the same annotator returns the first)."""
-    comparison = services.store.vote_queue_item(item_id, winner, annotator, _lease(services), _excluded(services))
+def cast_vote(services: Services, item_id: int, winner: str, annotator: Optional[str],
+              retry: bool = True) -> Comparison:
+    """Store the vote as a comparison of the item's replies. Only the item on the annotator's screen takes it
+    (``Store.vote_queue_item``): ``retry`` lets the same vote sent again return the first."""
+    comparison = services.store.vote_queue_item(item_id, winner, annotator, _lease(services), _excluded(services),
+                                                retry)
     _poke(services)
     return comparison
 

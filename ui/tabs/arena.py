@@ -41,6 +41,16 @@ def _sides(shared: list[dict], text_a: str, text_b: str, mark_a: str = "", mark_
             shared + [{"role": "assistant", "content": literal_html(text_b) + mark_b}])
 
 
+def renamed_since(state: dict, name: str) -> Optional[str]:
+    """Why ``name`` may not vote on or continue the round on screen, played under another name (None when they
+    may): a vote is the word of the person who read both replies, as REST keeps someone else's round from them."""
+    player = (state or {}).get("player")
+    if (state or {}).get("pair_id") is None or player is None or player == name:
+        return None
+    return (f"This round was played as {player}, and the name is now {name}: nothing was stored. Change the name "
+            f"back to {player} to vote on it, or Start over to play a round as {name}.")
+
+
 def play_round(services: Services, text: str, state: dict, agent_name: str, annotator: str,
                request: gr.Request = None):
     """Start (or continue) a round: both replies stream side by side, then the vote buttons open."""
@@ -52,6 +62,8 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
         check_message(services, text)
         if pair_id is not None and store.arena_vote(pair_id) is None:
             raise Conflict("Vote on the current round first (or Start over).")
+        if renamed_since(state, name) is not None:
+            raise Conflict(renamed_since(state, name))
         rnd = open_round(services, agent_name, [{"role": "user", "content": text}], name, continue_pair_id=pair_id)
     except Exception as exc:  # nothing started: the text stays in the box, the vote buttons as they were
         status = error_status(exc)
@@ -78,7 +90,7 @@ def play_round(services: Services, text: str, state: dict, agent_name: str, anno
         status = error_status(exc, lead="generation failed: ")
         yield (chat_a, chat_b, state, text, f"{status}. Start over to try again.", *_vote_buttons(False))
         return
-    state["pair_id"] = pair.id
+    state["pair_id"], state["player"] = pair.id, name
     chat_a, chat_b = _sides(shared, rnd.a.saved.content, rnd.b.saved.content, cut_badge(rnd.a.saved),
                             cut_badge(rnd.b.saved))
     yield (chat_a, chat_b, state, "", "Which reply is better? Your vote reveals the versions.", *_vote_buttons(True))
@@ -92,7 +104,11 @@ def submit_vote(services: Services, winner: str, state: dict, annotator: str, re
     pair_id = (state or {}).get("pair_id")
     if pair_id is None:
         return (gr.Chatbot(), gr.Chatbot(), "Play a round first: ask something.", *_vote_buttons(False))
-    vote = cast_vote(store, pair_id, winner, labeller(services, request, annotator))
+    name = labeller(services, request, annotator)
+    renamed = renamed_since(state, name)
+    if renamed is not None:  # refused like REST refuses someone else's round; the buttons stay for the player
+        return (gr.Chatbot(), gr.Chatbot(), error_status(Conflict(renamed)), *_vote_buttons(True))
+    vote = cast_vote(store, pair_id, winner, name)
     pol_a = store.get_policy(vote.policy_a_id) if vote.policy_a_id is not None else None
     pol_b = store.get_policy(vote.policy_b_id) if vote.policy_b_id is not None else None
     label = lambda side, p: f"Model {side} · {status_label(p)}" if p else f"Model {side}"  # noqa: E731
@@ -137,7 +153,7 @@ def build_arena(services: Services, annotator: Optional[gr.Textbox] = None, tab:
     with gr.Row():
         buttons = [gr.Button(label, interactive=False, elem_id=f"arena-{winner}") for winner, label in VOTES]
     status = gr.Markdown(HINT)
-    gr.Markdown(KEYS)
+    gr.Markdown(KEYS, elem_id="arena-keys")  # hidden on a touch screen (ui.tabs.vote_page.CSS)
     with gr.Row():
         text = gr.Textbox(placeholder="Type a prompt (or a follow-up after voting) and press Enter", show_label=False,
                           scale=5)  # no max_length: a long paste is refused with a reason, never cut

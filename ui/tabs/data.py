@@ -96,10 +96,11 @@ def _label(row) -> str:
     if row["kind"] == "vote":
         return WINNER_WORDS.get(row["winner"], row["winner"])
     parts = []
+    taken_back = str(row.get("withdrawn") or "").split(", ")  # a value taken back since: shown, never as live
     if row["thumb"] in (1, -1):
-        parts.append("👍" if row["thumb"] == 1 else "👎")
+        parts.append(("👍" if row["thumb"] == 1 else "👎") + (" (withdrawn)" if "thumb" in taken_back else ""))
     if row["score"] is not None and not pd.isna(row["score"]):
-        parts.append(f"{int(row['score'])}/5")
+        parts.append(f"{int(row['score'])}/5" + (" (withdrawn)" if "score" in taken_back else ""))
     return " ".join(parts)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Optional
 import pandas as pd
 
 from rlhf.analysis.leaderboard import ELIGIBLE_STATUSES
+from rlhf.training.reward_head import wilson_interval
 from storage import Job, Policy, RewardModel
 from ui.charts import PALETTE
 from ui.views.arena import has_interval
@@ -19,13 +20,22 @@ VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "R
 
 
 def rm_accuracy_text(m: dict) -> Optional[str]:
-    """Cross-validated reward-model accuracy with its 95% interval; "too few votes" when it includes chance."""
+    """Cross-validated reward-model accuracy with its 95% interval; "too few to tell" when it includes chance."""
     acc, low, high = m.get("cv_accuracy"), m.get("cv_low"), m.get("cv_high")
     if missing(acc) or missing(low) or missing(high):
         return None
     if low <= 0.5 <= high:
-        return f"too few votes to tell ({acc:.0%}, {low:.0%}–{high:.0%})"
+        return f"too few to tell ({acc:.0%}, {low:.0%}–{high:.0%})"
     return f"{acc:.0%} [{low:.0%}–{high:.0%}]"
+
+
+def heldout_accuracy_text(acc: Any, pairs: Any) -> str:
+    """Accuracy on ``pairs`` held-out pairs (a reward model without cross-validation, e.g. pointwise) with its Wilson
+    interval, "too few to tell" when that includes chance: 100% of 2 pairs says nothing. Unknown size: as stored."""
+    if missing(acc) or missing(pairs) or int(pairs) <= 0:
+        return fmt(acc, 0, percent=True)
+    low, high = wilson_interval(float(acc) * int(pairs), int(pairs))
+    return rm_accuracy_text({"cv_accuracy": float(acc), "cv_low": low, "cv_high": high})
 
 
 def gate_text(m: dict) -> str:
@@ -78,7 +88,9 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
         rows.append({"Version": version_label(p), "Parent": f"v{parent.version}" if parent else DASH,
                      "Created": short_time(p.created), "Status": p.status,
                      "Feedback used": str(int(used)) if not missing(used) else DASH,
-                     "RM accuracy": cv or fmt(rm_acc, 0, percent=True), "Gate": gate_text(m),
+                     "RM accuracy": cv or heldout_accuracy_text(rm_acc, rm_metrics.get("reward/pairs_eval",
+                                                                                   rm_metrics.get("pairs_eval"))),
+                     "Gate": gate_text(m),
                      "Eval reward": fmt(m.get("eval/reward") if not missing(m.get("eval/reward"))
                                         else eval_rewards.get(p.id), 3),
                      "KL to base": fmt(m.get("eval/kl"), 2), "Elo": fmt(r.get("elo"), 0), "BT [95% CI]": bt,

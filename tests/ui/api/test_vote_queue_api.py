@@ -44,8 +44,10 @@ def test_next_vote_stats_contracts(client, services):
     comparison = services.store.list_comparisons("assistant")[-1]
     assert comparison.id == vote.json()["comparison_id"] and comparison.winner == "b"
     assert (comparison.message_a_id, comparison.message_b_id) == (item.message_a_id, item.message_b_id)
-    again = client.post(f"/api/v1/queue/{body['item_id']}/vote", json={"winner": "a", "annotator": "alice"})
-    assert again.status_code == 200 and again.json() == vote.json()  # the first vote counts
+    again = client.post(f"/api/v1/queue/{body['item_id']}/vote", json={"winner": "b", "annotator": "alice"})
+    assert again.status_code == 200 and again.json() == vote.json()  # a retry: the first vote
+    other = client.post(f"/api/v1/queue/{body['item_id']}/vote", json={"winner": "a", "annotator": "alice"})
+    assert other.status_code == 409 and "already voted" in other.json()["error"]  # the first vote counts
     pairs = build_pairs(services.store.feedback_rows("assistant"))
     assert [p["chosen"] for p in pairs] == [f"second answer {items.index(item)}"]
     second = client.get("/api/v1/queue/next", params={"annotator": "alice"}).json()
@@ -138,3 +140,27 @@ def test_the_vote_tab_skips_counts_what_is_left_and_needs_a_name(services):
     other = [vote_tab.load_next(services, vote_tab.empty_state(), "assistant", f"o{i}")[3]["item_id"] for i in range(3)]
     assert first in other
     assert services.store.count("comparisons") == 0 and len(items) == 3
+
+
+def test_the_vote_tab_refuses_a_stale_pair_and_a_changed_name_in_plain_words(services):
+    add_items(services, 3)
+    first = vote_tab.load_next(services, vote_tab.empty_state(), "assistant", "tam")[3]
+    second = vote_tab.load_next(services, vote_tab.empty_state(), "assistant", "tam")[3]  # a second tab
+    assert first == second == {"item_id": first["item_id"], "shown_to": "tam"}
+    out = vote_tab.submit_vote(services, "a", first, "assistant", "tam")
+    stored = services.store.list_comparisons("assistant")[-1]
+    assert f"Stored as comparison #{stored.id}: A is better on item #{first['item_id']}." in out[4]
+    with pytest.warns(UserWarning):
+        out = vote_tab.submit_vote(services, "b", second, "assistant", "tam")  # the stale tab
+    assert (f"You already voted on item #{first['item_id']}: A is better (stored as comparison #{stored.id})"
+            in out[4]) and "Stored as" not in out[4] and out[3]["item_id"] != first["item_id"]
+    shown = out[3]
+    with pytest.warns(UserWarning):
+        out = vote_tab.submit_vote(services, "b", shown, "assistant", "uma")  # the name changed meanwhile
+    assert f"Item #{shown['item_id']} was shown to tam, and the name is now uma: nothing was stored" in out[4]
+    assert "GET" not in out[4] and out[3]["shown_to"] == "uma"
+    with pytest.warns(UserWarning):
+        out = vote_tab.skip(services, out[3], "assistant", "tam")  # a skip under a changed name: refused too
+    assert "was shown to uma" in out[4]
+    assert [(c.winner, c.annotator_id) for c in services.store.list_comparisons("assistant", history=True)] == \
+        [("a", services.store.annotator_id("tam"))]

@@ -155,7 +155,7 @@ def test_tab_is_blind_until_the_vote_then_reveals(services, versions):
     for chat_a, chat_b, state, _, status, *buttons in updates:
         # the browser gets texts and fixed labels only; the state holds nothing but the pair id
         assert label(chat_a, "Model A") == "Model A" and label(chat_b, "Model B") == "Model B"
-        assert set(state) == {"pair_id"} and not any(name in status for name in labels.values())
+        assert set(state) <= {"pair_id", "player"} and not any(name in status for name in labels.values())
         for msg in shown(chat_a) + shown(chat_b):
             assert set(msg) == {"role", "content"}
     chat_a, chat_b, state, box, status, *buttons = updates[-1]
@@ -184,6 +184,21 @@ def test_tab_asks_for_the_vote_before_continuing(services, versions):
     chat_a, chat_b, state2, *_ = drain(arena.play_round(services, "Second", state, "assistant", "alice"))[-1]
     assert state2["pair_id"] != state["pair_id"]
     assert [m["content"] for m in chat_a][::2] == ["First", "Second"]
+
+
+def test_a_name_change_is_refused_like_rest_and_says_what_to_do(services, versions):
+    store = services.store
+    state = drain(arena.play_round(services, "Which?", arena.empty_state(), "assistant", "kim"))[-1][2]
+    with pytest.warns(UserWarning):
+        _, _, status, *buttons = arena.submit_vote(services, "a", state, "lou")
+    assert "played as kim, and the name is now lou: nothing was stored" in status and "Start over" in status
+    assert store.arena_vote(state["pair_id"]) is None and all(b.interactive for b in buttons)
+    arena.submit_vote(services, "b", state, "kim")  # back to the player's name: the vote is stored
+    vote = store.arena_vote(state["pair_id"])
+    assert vote.winner == "b" and vote.annotator_id == store.annotator_id("kim")
+    before = store.count("messages")
+    *_, status, a, b, tie, bad = drain(arena.play_round(services, "More", state, "assistant", "lou"))[-1]
+    assert "played as kim" in status and store.count("messages") == before  # no follow-up under lou either
 
 
 def test_tab_warns_when_there_is_one_version(services):

@@ -170,3 +170,16 @@ def test_rest_agents_quality_export_and_server_for(services, tmp_path, tokenizer
     for server in services.servers.values():
         server.close()
     services.servers.clear()
+
+
+def test_a_thumb_taken_back_is_listed_as_withdrawn_not_live(rated):
+    store = rated.store
+    rows = store.feedback_rows(store.get_agent("assistant").id)
+    target = next(m["id"] for m in rows["messages"] if m["content"] == "good 0")
+    store.record_rating(target, "dana", thumb=1, score=4)
+    store.withdraw_rating(target, "dana", "thumb")
+    table = data_tab.refresh_data(rated, "assistant", "dana", "all", "all", "", None)[0]
+    assert list(table["label"]) == ["👍 (withdrawn) 4/5"]  # the score stands, the thumb was taken back
+    store.withdraw_rating(target, "dana", "score")
+    table = data_tab.refresh_data(rated, "assistant", "dana", "all", "all", "", None)[0]
+    assert list(table["label"]) == ["👍 (withdrawn) 4/5 (withdrawn)"]
