@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from rlhf.config import AppConfig, ConfigError, apply_overrides, from_dict, load_config
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.jobs.worker import config_of, run_job
+from rlhf.plugins import code_settings
 from rlhf.training.ppo.run import resumed_config
 from storage import InvalidInput
 from tests.support.votes import seed_pairs
@@ -86,7 +87,7 @@ def test_every_construction_path_refuses_the_same_bad_value_naming_its_key(
         with pytest.raises(ConfigError, match=field):
             config_of(job)
         store.claim_job(os.getpid())
-        done = run_job(store, job.id)
+        done = run_job(store, job.id, code_settings(app_config))
         assert done.status == "failed" and field in done.error and done.progress == 0
     assert {t: store.count(t) for t in ("reward_models", "policies")} == {
         t: nothing_stored[t] for t in ("reward_models", "policies")}

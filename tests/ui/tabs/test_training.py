@@ -152,3 +152,16 @@ def test_promote_is_rollback(client, services, tmp_path):
     assert r == {"id": 1, "version": 0, "status": "active"}
     assert services.store.get_policy(v1.id).status == "candidate"
     assert client.post("/api/v1/policies/999/promote").status_code == 404
+
+
+@pytest.mark.parametrize("config", [
+    {"scheduler.job_kinds": {"pwn": "data.policies.pwn:run"}}, {"scheduler": {"job_kinds": {"pwn": "pwn:run"}}},
+    {"ppo.reward_functions": {"data.policies.pwn:score": 1.0}}, {"ppo": {"reward_functions": {"pwn:score": 1}}},
+])
+def test_train_rest_refuses_code_overrides(client, services, config):
+    """Code to import is set in the app's own config only: a REST override naming any gets 422, nothing queued."""
+    seed_pairs(services.store, 16)
+    for dry in (True, False):
+        r = client.post("/api/v1/train", json={"config": config, "dry_run": dry})
+        assert r.status_code == 422 and "never per job" in r.json()["error"], r.text
+    assert services.store.count("jobs") == 0
