@@ -165,3 +165,12 @@ def test_train_rest_refuses_code_overrides(client, services, config):
         r = client.post("/api/v1/train", json={"config": config, "dry_run": dry})
         assert r.status_code == 422 and "never per job" in r.json()["error"], r.text
     assert services.store.count("jobs") == 0
+
+
+def test_engine_status_is_shown_as_plain_text(services, monkeypatch):
+    """The engine status quotes recorded faults (data in the data dir): the tab's Markdown shows it as text."""
+    monkeypatch.setattr(type(services.server), "engine_status",
+                        property(lambda self: "<img src=x onerror=alert(1)> [x](javascript:alert(1)) **b**"))
+    estimate = training.refresh(services, "assistant", None)[0]
+    assert "<img" not in estimate and "&lt;img" in estimate
+    assert "\\[x\\]\\(javascript:alert\\(1\\)\\)" in estimate and "\\*\\*b\\*\\*" in estimate
