@@ -23,8 +23,8 @@ from rlhf.config import AppConfig, from_dict
 from rlhf.jobs.context import JobCancelled, JobContext
 from rlhf.jobs.kinds import job_kind, register_builtin_kinds
 from rlhf.plugins import refuse_imports_under, with_app_code
-from storage.paths import DataDir
 from storage import Job, Store
+from storage.paths import DataDir
 
 __all__ = ["config_of", "run_job", "main"]
 
