@@ -6,6 +6,7 @@ import sys
 from cli import config_from_args, serve_parser
 from rlhf.config import ConfigError
 from rlhf.cpu import export_thread_env, thread_plan
+from rlhf.serving.interface import EngineUnavailable
 
 
 def build(argv: list[str] | None = None):
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a config that cannot run safely: one clear line, no traceback
         print(f"config error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except EngineUnavailable as exc:  # no engine serves here, every reason given: one clear line, no traceback
+        print(f"serving error: {exc}", file=sys.stderr, flush=True)
+        return 3
     return 0
 
 

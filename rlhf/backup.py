@@ -27,6 +27,7 @@ from rlhf.files import atomic_file, is_temp_dir
 from storage.backup import backup_database, check_database, revoked_tokens, strip_credentials
 from storage.errors import StorageUnavailable
 from storage.paths import DataDir
+from storage.rebuild import rebuild_database
 from storage.util import utcnow
 
 FORMAT = "rlhf-studio-backup"
@@ -102,6 +103,9 @@ def backup(config: AppConfig, out: str | Path) -> dict:
         with atomic_file(out) as tmp, tarfile.open(tmp, _write_mode(out)) as tar:
             files[DATABASE] = _add(tar, db_copy, DATABASE)
             for path, name in _files(data.root):
+                if not DataDir.is_artefact(name):  # not a file the app wrote: a restore would refuse it
+                    vanished.append(name)
+                    continue
                 try:
                     files[name] = _add(tar, path, name)
                 except FileNotFoundError:  # an unregistered leftover removed while we read (never a version)
@@ -140,6 +144,10 @@ def read_manifest(tar: tarfile.TarFile) -> dict:
         p = PurePosixPath(name)
         if p.is_absolute() or ".." in p.parts or (name != DATABASE and p.parts[0] not in FILE_TREES):
             raise BackupError(f"the backup names an unsafe or unknown path {name!r}; refusing to restore it")
+        if not DataDir.is_artefact(name):
+            raise BackupError(f"the backup holds {name!r}, which is not a file the app writes (a restore brings back "
+                              f"{DATABASE} and, under {' and '.join(FILE_TREES)}/, files ending in "
+                              f"{', '.join(DataDir.ARTEFACT_SUFFIXES)}); refusing to restore it")
         size = entry.get("size") if isinstance(entry, dict) else None
         if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
                 or not SHA256.fullmatch(entry["sha256"]) or not isinstance(size, int) or isinstance(size, bool) \
@@ -199,11 +207,25 @@ def _clear_target(target: Path) -> None:
             shutil.rmtree(aside, ignore_errors=True)
 
 
+def _rebuild(staging: Path) -> dict:
+    """Replace the staged database with its rows copied into a fresh schema (``storage.rebuild``): the archive's
+    own triggers, views and tables are left behind, its queued and running jobs failed."""
+    rebuilt = staging.parent / f".{staging.name}.rebuilt.db"
+    try:
+        out = rebuild_database(staging / DATABASE, rebuilt)
+        os.replace(rebuilt, staging / DATABASE)
+    finally:
+        rebuilt.unlink(missing_ok=True)
+    return {"jobs_failed": out["jobs_failed"], "schema_dropped": out["dropped"]}
+
+
 def restore(archive: str | Path, target: str | Path, force: bool = False, keep_tokens: bool = False) -> dict:
     """Verify every checksum of ``archive`` and restore it into the data dir ``target``.
 
     A non-empty ``target`` is refused unless ``force``: then its database, adapters, reward models and PPO runs
     are replaced (converted base models stay). Nothing in ``target`` changes unless every file checks out.
+    Only data comes back: files the app writes (``DataDir.is_artefact``; a ``.py`` is refused), and the database's
+    rows, copied into a freshly migrated schema; its queued and running jobs are failed with the reason.
     The archive cannot vouch for sign-in secrets: stored password hashes are cleared (the users config sets them
     at the next start) and API tokens removed, unless ``keep_tokens``; then a token the replaced database had
     revoked stays revoked. Stop the app that uses ``target`` first."""
@@ -230,6 +252,7 @@ def restore(archive: str | Path, target: str | Path, force: bool = False, keep_t
                               + ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
         try:
             check_database(staging / DATABASE)
+            rebuilt = _rebuild(staging)
             revoked = revoked_tokens(DataDir(target).db) if force else set()
             credentials = strip_credentials(staging / DATABASE, keep_tokens, revoked)
             db_info = check_database(staging / DATABASE)
@@ -243,4 +266,4 @@ def restore(archive: str | Path, target: str | Path, force: bool = False, keep_t
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"data_dir": str(target), "files": len(manifest["files"]), "backup_created": manifest.get("created"),
-            "schema_version": db_info["schema_version"], "tables": db_info["tables"], **credentials}
+            "schema_version": db_info["schema_version"], "tables": db_info["tables"], **rebuilt, **credentials}

@@ -111,6 +111,8 @@ def strip_credentials(path: str | Path, keep_tokens: bool = False, revoked: set[
                 out["tokens_kept"] = conn.execute("SELECT COUNT(*) FROM api_tokens WHERE revoked = 0").fetchone()[0]
             else:
                 out["tokens_removed"] = conn.execute("DELETE FROM api_tokens").rowcount
+                if conn.execute("SELECT COUNT(*) FROM api_tokens").fetchone()[0]:  # a trigger put rows back
+                    raise StorageUnavailable(f"{path}: API tokens remain after they were removed")
         conn.commit()
         return out
     except sqlite3.Error as exc:

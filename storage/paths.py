@@ -34,6 +34,18 @@ class DataDir:
     STORED_TREES = (POLICIES, REWARD_MODELS, RUNS)
     # The sub-directories that travel in a backup (with the database); a restore also replaces ``runs``.
     BACKED_UP = (POLICIES, REWARD_MODELS)
+    # The kinds of file the app writes into those trees (adapters, reward models, tokenizers, model cards): data a
+    # restore may bring back. Anything else (``.py``, pickles such as ``.bin``/``.pt``, libraries) is not ours.
+    ARTEFACT_SUFFIXES = (".json", ".jsonl", ".safetensors", ".npz", ".md", ".txt", ".jinja", ".model")
+
+    @classmethod
+    def is_artefact(cls, name: str) -> bool:
+        """True for the archive name (POSIX, relative) of a file the app writes: the database, or a data file
+        under a backed-up tree."""
+        parts = PurePosixPath(name).parts
+        if name == cls.DATABASE:
+            return True
+        return len(parts) > 1 and parts[0] in cls.BACKED_UP and PurePosixPath(name).suffix in cls.ARTEFACT_SUFFIXES
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)

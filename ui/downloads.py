@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from urllib.parse import unquote
 
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # every route Gradio serves a file by its path at
+UPLOAD_ROUTE = "/gradio_api/upload"  # Gradio's file upload: no component of this UI takes a file
 TTL = 300.0  # seconds an undownloaded export stays on disk
 
 
@@ -154,3 +155,19 @@ class AdminOnlyFiles:
         complete = seen["last"] or (seen["length"] is not None and seen["sent"] >= seen["length"])
         if scope["method"] == "GET" and seen["status"] == 200 and complete:
             self.downloads.remove(folder)
+
+
+class NoUploads:
+    """Pure ASGI middleware (in the Gradio app): ``/gradio_api/upload`` answers 403 before a byte of the body is
+    read. Nothing in the UI uploads a file, so the route would only let anyone fill the disk (issue 41)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and unquote(scope.get("path", "")).rstrip("/").endswith(UPLOAD_ROUTE):
+            from starlette.responses import JSONResponse
+
+            return await JSONResponse({"error": "this app takes no file uploads"}, status_code=403)(
+                scope, receive, send)
+        return await self.app(scope, receive, send)

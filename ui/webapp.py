@@ -29,7 +29,7 @@ from ui.api.jobs import build_jobs_router
 from ui.api.middleware import body_size_guard
 from ui.api.policies import build_policies_router
 from ui.api.vote_queue import build_queue_router
-from ui.downloads import DOWNLOADS, AdminOnlyFiles, seal_upload_folder
+from ui.downloads import DOWNLOADS, AdminOnlyFiles, NoUploads, seal_upload_folder
 from ui.request_guard import GradioCalls, allowed_hosts, gradio_login, install_security, timer_events
 from ui.permissions import is_admin
 from ui.services import Services
@@ -111,6 +111,7 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     gradio_app.user_middleware.append(Middleware(GradioCalls, services=services, limiter=limiter,
                                                  timer_limiter=timer_limiter, timers=timer_events(demo)))
     gradio_app.user_middleware.append(Middleware(AdminOnlyFiles, may_download=lambda r: is_admin(services, r)))
+    gradio_app.user_middleware.append(Middleware(NoUploads))
     return app
 
 

@@ -172,6 +172,23 @@ def apply_overrides(cfg: AppConfig, values: Mapping[str, Any]) -> AppConfig:
     return new
 
 
+def override_keys(values: Mapping[str, Any]) -> list[str]:
+    """The dotted keys that ``values`` (dotted or nested by section, as ``apply_overrides`` takes them) would set."""
+    return [dotted.strip() for dotted, _ in _flatten(values)]
+
+
+def job_overrides(cfg: AppConfig, values: Mapping[str, Any]) -> AppConfig:
+    """``apply_overrides`` for one job's settings (a REST body, the UI): a key that names code to import
+    (``rlhf.plugins.CODE_KEYS``) is refused, since code is set only in the app's own config file or environment."""
+    from rlhf.plugins import code_keys_in
+
+    code = code_keys_in(override_keys(values))
+    if code:
+        raise ConfigError(f"{', '.join(code)}: code to import is set only in the app's config file or environment, "
+                          "never per job")
+    return apply_overrides(cfg, values)
+
+
 def from_dict(tree: Mapping[str, Any]) -> AppConfig:
     """Rebuild and check a config saved with ``to_dict`` (unknown keys and values that cannot work are errors)."""
     return apply_overrides(AppConfig(), tree)

@@ -1,6 +1,7 @@
 """The app-side job runner: claims queued jobs one at a time and runs each in its own OS process."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -13,6 +14,7 @@ from typing import Optional
 from rlhf.config import AppConfig
 from rlhf.cpu import CpuBudget, THREAD_VARIABLES, thread_env, thread_plan
 from rlhf.jobs.worker import config_of
+from rlhf.plugins import code_settings
 from storage import Job, Store
 
 log = logging.getLogger(__name__)
@@ -91,9 +93,12 @@ class JobRunner:
             job_config = self.config
         env, threads = worker_env(job_config, dict(os.environ), root)
         self.store.log_job(job.id, "job process environment: " + ", ".join(f"{k}={env[k]}" for k in THREAD_VARIABLES))
-        self._proc = subprocess.Popen([sys.executable, "-m", "rlhf.jobs.worker", str(self.store.path), str(job.id),
-                                       str(os.getpid())], stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, cwd=root, env=env, start_new_session=True)
+        # Code comes from this app's config, never the job row; the process works in the data dir's jobs area
+        # (not the project root, which may hold ./data) and, with -P, does not put that directory on sys.path.
+        argv = [sys.executable, "-P", "-m", "rlhf.jobs.worker", os.path.abspath(self.store.path), str(job.id),
+                str(os.getpid()), json.dumps(code_settings(self.config))]
+        self._proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      cwd=log_file.parent, env=env, start_new_session=True)
         out.close()
         self.budget.job_started(threads)  # serving drops to its share before the job's torch has loaded
         self._job_id = job.id

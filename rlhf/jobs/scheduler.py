@@ -7,6 +7,7 @@ at once on enqueue), one evaluates each agent's trigger rule, and per-agent cron
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,7 +16,7 @@ from typing import Optional
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 
-from rlhf.config import AppConfig, apply_overrides
+from rlhf.config import AppConfig, job_overrides
 from rlhf.jobs.runner import JobRunner
 from storage import InvalidInput, Job, Store
 
@@ -48,6 +49,16 @@ def validate_cron(expr: str) -> str:
         except ValueError as exc:
             raise InvalidInput(f"invalid cron expression {expr!r}: {exc}") from None
     return expr
+
+
+def _pin_local_paths(cfg: AppConfig) -> AppConfig:
+    """Local files the config names relative to the app's working directory, made absolute: the job process
+    works elsewhere (its data dir's jobs area)."""
+    for section, key in ((cfg, "base_model"), (cfg.ppo, "prompt_file")):
+        value = getattr(section, key)
+        if value and not os.path.isabs(value) and os.path.exists(os.path.expanduser(value)):
+            setattr(section, key, os.path.abspath(os.path.expanduser(value)))
+    return cfg
 
 
 class StudioScheduler:
@@ -97,10 +108,10 @@ class StudioScheduler:
                 key: Optional[str] = None, **extra) -> Job:
         """Queue a job that carries the full effective config; a duplicate of a queued/running one is returned."""
         try:
-            cfg = apply_overrides(self.config, overrides or {})
+            cfg = job_overrides(self.config, overrides or {})
         except ValueError as exc:
             raise InvalidInput(f"config: {exc}") from None
-        job = self.store.enqueue_job(kind, agent, {"app": cfg.to_dict(), **extra}, key=key)
+        job = self.store.enqueue_job(kind, agent, {"app": _pin_local_paths(cfg).to_dict(), **extra}, key=key)
         self.wake()
         return job
 

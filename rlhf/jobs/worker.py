@@ -1,24 +1,30 @@
 """Background jobs: each runs in its own OS process, reports through the Store, and can be cancelled.
 
 The app's runner (rlhf/jobs/runner.py) claims a queued job and starts ``python -m rlhf.jobs.worker DB JOB_ID``.
-That process rebuilds the job's config from the JSON stored with the job, heartbeats into the Store,
+That process rebuilds the job's config from the JSON stored with the job, except the settings that name code
+(``rlhf.plugins.CODE_KEYS``): those the runner hands over from the running app's own config, so a job row (a
+restored database, an old queue) never decides what is imported. It runs in the data dir's ``jobs/`` area, imports
+nothing from the data dir (``rlhf.plugins.refuse_imports_under``), heartbeats into the Store,
 and ends the job as succeeded, failed or cancelled. It dies with the app (a crash of the app leaves
 a 'running' row that the next start sweeps; the job notices within a heartbeat and exits), and it never
 takes the UI down with it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
 import traceback
-from typing import Optional
+from typing import Mapping, Optional
 
 from rlhf.config import AppConfig, from_dict
 from rlhf.jobs.context import JobCancelled, JobContext
 from rlhf.jobs.kinds import job_kind, register_builtin_kinds
+from rlhf.plugins import refuse_imports_under, with_app_code
 from storage import Job, Store
+from storage.paths import DataDir
 
 __all__ = ["config_of", "run_job", "main"]
 
@@ -58,11 +64,14 @@ def claim_cpu(config: AppConfig, lower_priority: bool = False) -> str:
     return f"CPU budget: {threads} torch thread(s), nice {os.nice(0)} — {plan.describe()}"
 
 
-def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool = False) -> Job:
-    """Run one claimed job to its end in this process and record the outcome."""
+def run_job(store: Store, job_id: int, code: Mapping[str, dict], parent_pid: int = 0,
+            lower_priority: bool = False) -> Job:
+    """Run one claimed job to its end in this process and record the outcome. ``code``: the running app's code
+    settings (``rlhf.plugins.code_settings``), which replace whatever the job's saved config names."""
     job = store.get_job(job_id)
     try:
         config = config_of(job)
+        with_app_code(config, code)
     except ValueError as exc:  # e.g. saved before a rule existed: the job fails naming the key, before any work
         store.log_job(job_id, f"config: {exc}", "warning")
         return store.finish_job(job_id, "failed", error=f"{type(exc).__name__}: {exc}")
@@ -92,16 +101,17 @@ def run_job(store: Store, job_id: int, parent_pid: int = 0, lower_priority: bool
 
 
 def main(argv: list[str]) -> int:
-    """``python -m rlhf.jobs.worker DB_PATH JOB_ID [PARENT_PID]``: run one job in this process."""
+    """``python -m rlhf.jobs.worker DB_PATH JOB_ID PARENT_PID CODE_JSON``: run one job in this process
+    (``CODE_JSON``: the app's ``rlhf.plugins.code_settings``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s job %(levelname)s %(name)s: %(message)s")
-    db_path, job_id = argv[0], int(argv[1])
-    parent = int(argv[2]) if len(argv) > 2 else 0
+    db_path, job_id, parent, code = argv[0], int(argv[1]), int(argv[2]), json.loads(argv[3])
     if parent and os.getppid() != parent:
         return 3
+    refuse_imports_under(DataDir.of_database(db_path).root)
     register_builtin_kinds()
     store = Store(db_path)
     try:
-        job = run_job(store, job_id, parent, lower_priority=True)
+        job = run_job(store, job_id, code, parent, lower_priority=True)
     finally:
         store.close()
     return 0 if job.status == "succeeded" else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlhf.config import AppConfig, ConfigError, apply_overrides
+from rlhf.config import AppConfig, ConfigError, job_overrides
 from rlhf.retrain.progress import estimate_minutes, measured_rates
 from storage import InvalidInput, Store
 
@@ -28,7 +28,7 @@ def dry_run(store: Store, config: AppConfig, agent: str, overrides: Optional[dic
     from rlhf.training.reward import prepare_data, reward_rows
 
     try:
-        cfg = apply_overrides(config, overrides or {})
+        cfg = job_overrides(config, overrides or {})
     except ConfigError as exc:
         raise InvalidInput(f"config: {exc}") from None
     snapshot = FeedbackSnapshot.take(store, agent)

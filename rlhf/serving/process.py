@@ -82,12 +82,17 @@ class EngineProcess(Engine):
         self._reader: Optional[threading.Thread] = None
 
     # ---- starting, and starting again -------------------------------------------------------------
-    def start(self) -> "EngineProcess":
-        """Start the first spec that works here (blocking); EngineUnavailable with every reason when none does."""
+    def start(self, trust_verdicts: bool = True) -> "EngineProcess":
+        """Start the first spec that works here (blocking); EngineUnavailable with every reason when none does.
+
+        When no engine starts and some were skipped only for a fault recorded earlier, those are proved again, once:
+        a verdict file that faults every engine (stale, or written by someone else) never keeps the app down."""
+        skipped = []
         while self.specs:
             spec = self.specs[0]
-            recorded = self.verdicts.fault(spec) if self.verdicts is not None else None
+            recorded = self.verdicts.fault(spec) if self.verdicts is not None and trust_verdicts else None
             if recorded:
+                skipped.append(spec)
                 self._give_up(spec, f"{recorded} (recorded earlier on this CPU with this build)", record=False)
                 continue
             try:
@@ -102,6 +107,11 @@ class EngineProcess(Engine):
                 self.verdicts.record(spec, None)
             self._serving(spec, ready)
             return self
+        if skipped:
+            log.warning("no serving engine left but %d skipped for a recorded fault: proving them again", len(skipped))
+            self.history.append("no engine left to try: proving again those skipped for a recorded fault")
+            self.specs = skipped
+            return self.start(trust_verdicts=False)
         raise EngineUnavailable("no serving engine works here: " + "; ".join(self.history))
 
     def _give_up(self, spec: EngineSpec, reason: str, record: bool = True) -> None:

@@ -25,6 +25,9 @@ from rlhf.serving.interface import ENGINE_CHOICES, EngineUnavailable, llama_cpp_
 from rlhf.serving.process import EngineSpec
 
 
+MAX_FAULT_CHARS = 300  # a recorded fault is one line naming a signal or an error
+
+
 def cpu_fingerprint() -> str:
     """This CPU as the kernel describes it (vendor, model, feature flags) plus the machine type, hashed: a
     virtual machine on another host, or with other flags, is another CPU."""
@@ -92,8 +95,14 @@ class Verdicts:
         return data if isinstance(data, dict) else {}
 
     def fault(self, spec: EngineSpec) -> Optional[str]:
+        """The fault recorded for ``spec`` as one line of plain printable text (at most ``MAX_FAULT_CHARS``), or
+        None. The file is data anyone with the data dir may have written: its text is cleaned before it is shown."""
         entry = self.read().get(self.key(spec))
-        return entry.get("fault") if isinstance(entry, dict) else None
+        fault = entry.get("fault") if isinstance(entry, dict) else None
+        if not fault:
+            return None
+        text = " ".join("".join(c if c.isprintable() else " " for c in str(fault)).split())
+        return text[:MAX_FAULT_CHARS] or "a fault"
 
     def record(self, spec: EngineSpec, fault: Optional[str]) -> None:
         with self._lock:

@@ -240,3 +240,73 @@ def test_restore_brings_back_no_sign_in_secrets_it_cannot_vouch_for(filled, app_
     copy = Store(target / "studio.db")
     assert copy.token_owner(revoked_since) is None and copy.token_owner(planted) == "alice"
     copy.close()
+
+
+def craft(archive: Path, out: Path, db: Path, extra: dict[str, bytes]) -> Path:
+    """A copy of ``archive`` whose database is ``db`` and which holds ``extra`` files, with a manifest to match."""
+    import hashlib
+
+    with tarfile.open(archive) as src:
+        blobs = {m.name: src.extractfile(m).read() for m in src.getmembers()}
+    manifest = json.loads(blobs.pop(MANIFEST))
+    blobs.update({"studio.db": db.read_bytes(), **extra})
+    manifest["files"] = {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b)} for n, b in blobs.items()}
+    with tarfile.open(out, "w") as dst:
+        for name, blob in [*blobs.items(), (MANIFEST, json.dumps(manifest).encode())]:
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            dst.addfile(info, io.BytesIO(blob))
+    return out
+
+
+def test_a_crafted_archive_restores_as_data_only(filled, app_config, tmp_path):
+    """Issue #41: a trigger kept API tokens through restore, a queued job named code in its config, and restore
+    accepted any file under policies/. Restore rebuilds the database from its rows, fails its jobs, refuses files
+    that the app does not write."""
+    import sqlite3
+
+    from storage.credentials import hash_password
+
+    store = filled["store"]
+    store.set_password_hash("alice", hash_password("planted"), role="admin")
+    tokens = [store.create_api_token("alice", "planted"), store.create_api_token("alice", "second")]
+    archive = tmp_path / "b.tar"
+    backup(app_config, archive)
+    db = tmp_path / "hostile.db"
+    with tarfile.open(archive) as tar:
+        db.write_bytes(tar.extractfile("studio.db").read())
+    conn = sqlite3.connect(db)
+    conn.executescript("""
+        CREATE TRIGGER keep_tokens AFTER DELETE ON api_tokens BEGIN
+            INSERT INTO api_tokens (annotator_id, token_hash, label, created, revoked, expires)
+            VALUES (old.annotator_id, old.token_hash, old.label, old.created, 0, NULL);
+        END;
+        CREATE TABLE extra (x TEXT);
+        CREATE VIEW spy AS SELECT token_hash FROM api_tokens;
+    """)
+    hostile = {"app": {"scheduler": {"job_kinds": {"pwn": "data.policies.pwn:run"}}}}
+    conn.execute("INSERT INTO jobs (kind, status, config, created) VALUES ('pwn', 'queued', ?, '2026-01-01')",
+                 [json.dumps(hostile)])
+    conn.commit()
+    conn.close()
+    planted = b"open('/tmp/pwned', 'w')\ndef run(ctx):\n    return {}\n"
+    with_code = craft(archive, tmp_path / "code.tar", db, {"policies/pwn.py": planted})
+    with pytest.raises(BackupError, match="'policies/pwn.py', which is not a file the app writes"):
+        restore(with_code, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+    target = tmp_path / "restored"
+    out = restore(craft(archive, tmp_path / "rows.tar", db, {}), target)
+    assert out["tokens_removed"] == 2 and out["jobs_failed"] == 1
+    assert {"keep_tokens", "extra", "spy"} <= set(out["schema_dropped"])
+    check = sqlite3.connect(target / "studio.db")
+    names = {r[0] for r in check.execute("SELECT name FROM sqlite_master")}
+    check.close()
+    assert not names & {"keep_tokens", "extra", "spy"}
+    copy = Store(target / "studio.db")
+    assert all(copy.token_owner(t) is None for t in tokens) and copy.list_api_tokens() == []
+    job = next(j for j in copy.list_jobs() if j.kind == "pwn")
+    assert job.status == "failed" and "restored backup" in job.error
+    assert counts(copy) == counts(store)
+    copy.close()
+    assert not list(target.rglob("*.py"))

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from rlhf.config import AppConfig, ConfigError, apply_overrides, from_dict, load_config
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.jobs.worker import config_of, run_job
+from rlhf.plugins import code_settings
 from rlhf.training.ppo.run import resumed_config
 from storage import InvalidInput
 from tests.support.votes import seed_pairs
@@ -86,7 +87,7 @@ def test_every_construction_path_refuses_the_same_bad_value_naming_its_key(
         with pytest.raises(ConfigError, match=field):
             config_of(job)
         store.claim_job(os.getpid())
-        done = run_job(store, job.id)
+        done = run_job(store, job.id, code_settings(app_config))
         assert done.status == "failed" and field in done.error and done.progress == 0
     assert {t: store.count(t) for t in ("reward_models", "policies")} == {
         t: nothing_stored[t] for t in ("reward_models", "policies")}
@@ -109,3 +110,16 @@ def test_the_good_values_still_pass_every_path(tmp_path, app_config):
     path = tmp_path / "good.yaml"
     path.write_text(yaml.safe_dump({"ppo": {"mini_batch_size": 16}, "serving": {"engine": "transformers"}}))
     assert load_config(path, env={}).serving.engine == "transformers"
+
+
+def test_a_resumed_runs_saved_config_names_no_code(tmp_path, app_config):
+    """Issue #41: what code to import comes from the running config, never from a run dir's saved config.json."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-1").mkdir(parents=True)
+    (run / "checkpoints" / "step-1" / "trainer_state.json").write_text("{}")
+    hostile = {"scheduler.job_kinds": {"pwn": "data.policies.pwn:run"}, "ppo.reward_functions": {"pwn:score": 1.0}}
+    (run / "config.json").write_text(json.dumps(apply_overrides(AppConfig(), hostile).to_dict()))
+    config, _ = resumed_config(app_config, str(run), ["ppo.temperature=0.5"])
+    assert config.scheduler.job_kinds == app_config.scheduler.job_kinds == {}
+    assert config.ppo.reward_functions == app_config.ppo.reward_functions == {}
+    assert config.ppo.temperature == 0.5

@@ -5,12 +5,15 @@ process imports it from here through ``scheduler.job_kinds`` like any kind a plu
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 from rlhf.config import AppConfig, apply_overrides
 from rlhf.jobs.context import JobContext
 
-SELFTEST = {"selftest": "tests.support.job_kinds:selftest"}  # scheduler.job_kinds entry
+SELFTEST = {"selftest": "tests.support.job_kinds:selftest",  # scheduler.job_kinds entries
+            "whereami": "tests.support.job_kinds:whereami"}
 
 
 def selftest(ctx: JobContext) -> dict:
@@ -27,6 +30,12 @@ def selftest(ctx: JobContext) -> dict:
         while True:  # ignores cancel on purpose: the runner must kill it
             time.sleep(0.2)
     return {"steps": steps}
+
+
+def whereami(ctx: JobContext) -> dict:
+    """Where the job process works and imports from, and the code settings its config holds."""
+    return {"cwd": os.getcwd(), "sys_path": list(sys.path), "job_kinds": ctx.config.scheduler.job_kinds,
+            "reward_functions": ctx.config.ppo.reward_functions}
 
 
 def with_selftest(config: AppConfig) -> AppConfig:

@@ -205,3 +205,21 @@ def test_ui_export_is_private_and_deleted(noted):
     assert not folder.exists() and DOWNLOADS.owner_dir(path) is None
     refused, status = data_tab.run_export(services, "assistant", "jsonl", gr.Request(username="bob"))
     assert "admin" in status and refused.visible is False
+
+
+# ---- uploads -----------------------------------------------------------------------------------------------
+def test_gradio_uploads_are_refused_and_store_nothing(services):
+    """Issue #41: /gradio_api/upload took 263 MB in 4.4 s from one annotator; nothing in the UI uploads a file."""
+    from ui.downloads import upload_folder
+    from ui.webapp import create_app
+
+    def stored() -> set:
+        return {p for p in upload_folder().rglob("*") if p.is_file()}
+
+    before = stored()
+    with LiveServer(create_app(services)) as live:
+        assert httpx.get(live.url + "/", timeout=60).status_code == 200  # the UI itself still loads
+        for path in ("/gradio_api/upload", "/gradio_api/upload/", "/gradio_api/upload?upload_id=x"):
+            r = httpx.post(live.url + path, files={"files": ("big.bin", b"\0" * 100_000)}, timeout=60)
+            assert r.status_code == 403 and "no file uploads" in r.json()["error"], (path, r.text)
+    assert stored() == before

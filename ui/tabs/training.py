@@ -3,6 +3,7 @@ curves, cancel (running jobs only), scheduler rules."""
 from __future__ import annotations
 
 import html
+import re
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -41,6 +42,7 @@ def _duration(job: Job) -> str:
     return "" if seconds is None else _clock(seconds)
 
 
+MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")  # what CommonMark lets a backslash escape
 RELIABLE_PROGRESS = 0.3  # below this the phases move unevenly: the pace so far says little about what is left
 
 
@@ -120,6 +122,12 @@ def estimate_markdown(estimate: dict) -> str:
     return text
 
 
+def plain_markdown(text: str) -> str:
+    """``text`` shown as itself in a ``gr.Markdown``: no HTML, no Markdown (engine status quotes recorded faults,
+    which are data anyone with the data dir may have written)."""
+    return MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(str(text), quote=False))
+
+
 # ---- handlers ---------------------------------------------------------------------------------
 def refresh(services: Services, agent: str, job_id):
     """Everything the tab shows, re-read from the Store (Cancel only for a job that has not ended): the job picked
@@ -128,7 +136,7 @@ def refresh(services: Services, agent: str, job_id):
     store = services.store
     jobs = store.list_jobs(limit=30)
     estimate = _estimate(services, agent)
-    estimate += f"\n\n**Serving engine:** {services.server.engine_status}"
+    estimate += f"\n\n**Serving engine:** {plain_markdown(services.server.engine_status)}"
     if services.scheduler is not None:  # how the cores are split between chat and a running job
         estimate += "\n\n" + services.scheduler.runner.budget.status()
     job = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from rlhf.config import AppConfig, ConfigError, apply_overrides, from_dict
+from rlhf.plugins import code_settings, with_app_code
 from rlhf.training.prompts import PromptBuffer, prompt_sets
 
 
@@ -78,7 +79,8 @@ def add_train_ppo_args(p: argparse.ArgumentParser) -> None:
 
 
 def resumed_config(config: AppConfig, resume: str, overrides: list[str]) -> tuple[AppConfig, Path]:
-    """The saved config of the run being resumed (with this call's --set applied) and its run dir."""
+    """The saved config of the run being resumed (with this call's --set applied) and its run dir; the settings that
+    name code (``rlhf.plugins.CODE_KEYS``) stay this call's own."""
     from rlhf.training.checkpoint import find_checkpoint, run_dir_of
 
     checkpoint = find_checkpoint(Path(resume))
@@ -87,7 +89,9 @@ def resumed_config(config: AppConfig, resume: str, overrides: list[str]) -> tupl
     run_dir = run_dir_of(checkpoint)
     saved = run_dir / "config.json"
     if saved.is_file():
+        code = code_settings(config)  # what code to import is this command's config's, never the run dir's
         config = from_dict(json.loads(saved.read_text()))
+        with_app_code(config, code)
         config = apply_overrides(config, dict(o.split("=", 1) for o in overrides if "=" in o))
     return config, run_dir
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from rlhf.config import AppConfig
 from rlhf.jobs.runner import JobRunner
+from rlhf.plugins import code_settings
 from rlhf.jobs.scheduler import Rule, StudioScheduler, should_trigger
 from storage import InvalidInput
 from tests.support.job_kinds import with_selftest
@@ -218,7 +220,7 @@ def test_a_job_queued_before_its_data_dir_moved_writes_where_the_store_is_now(tm
     old = apply_overrides(app_config, {"data_dir": str(tmp_path / "original")})
     job = store.enqueue_job("where_am_i", "assistant", {"app": old.to_dict()})
     store.claim_job(os.getpid())
-    done = run_job(store, job.id)
+    done = run_job(store, job.id, code_settings(app_config))
     assert done.status == "succeeded" and done.result["data_dir"] == str(tmp_path / "moved")
     store.close()
 
@@ -246,9 +248,9 @@ def test_a_kind_named_in_the_config_is_imported_by_the_job_that_runs_it(tmp_path
     for cfg, status, error in ((wrong, "failed", "scheduler.job_kinds.selftest: 'tests.support.job_kinds' has no "
                                 "attribute 'nothing'"), (app_config, "succeeded", None)):
         JOB_KINDS.pop("selftest", None)
-        job = store.enqueue_job("selftest", "assistant", {"app": cfg.to_dict(), "selftest": {"steps": 1}})
+        job = store.enqueue_job("selftest", "assistant", {"app": AppConfig().to_dict(), "selftest": {"steps": 1}})
         store.claim_job(os.getpid())
-        done = run_job(store, job.id)
+        done = run_job(store, job.id, code_settings(cfg))  # the app's config decides, not the job's saved one
         assert done.status == status and (error is None or error in done.error)
     with pytest.raises(ValueError, match="unknown job kind 'nope'"):
         job_kind("nope", app_config.scheduler.job_kinds)

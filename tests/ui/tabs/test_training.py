@@ -152,3 +152,25 @@ def test_promote_is_rollback(client, services, tmp_path):
     assert r == {"id": 1, "version": 0, "status": "active"}
     assert services.store.get_policy(v1.id).status == "candidate"
     assert client.post("/api/v1/policies/999/promote").status_code == 404
+
+
+@pytest.mark.parametrize("config", [
+    {"scheduler.job_kinds": {"pwn": "data.policies.pwn:run"}}, {"scheduler": {"job_kinds": {"pwn": "pwn:run"}}},
+    {"ppo.reward_functions": {"data.policies.pwn:score": 1.0}}, {"ppo": {"reward_functions": {"pwn:score": 1}}},
+])
+def test_train_rest_refuses_code_overrides(client, services, config):
+    """Code to import is set in the app's own config only: a REST override naming any gets 422, nothing queued."""
+    seed_pairs(services.store, 16)
+    for dry in (True, False):
+        r = client.post("/api/v1/train", json={"config": config, "dry_run": dry})
+        assert r.status_code == 422 and "never per job" in r.json()["error"], r.text
+    assert services.store.count("jobs") == 0
+
+
+def test_engine_status_is_shown_as_plain_text(services, monkeypatch):
+    """The engine status quotes recorded faults (data in the data dir): the tab's Markdown shows it as text."""
+    monkeypatch.setattr(type(services.server), "engine_status",
+                        property(lambda self: "<img src=x onerror=alert(1)> [x](javascript:alert(1)) **b**"))
+    estimate = training.refresh(services, "assistant", None)[0]
+    assert "<img" not in estimate and "&lt;img" in estimate
+    assert "\\[x\\]\\(javascript:alert\\(1\\)\\)" in estimate and "\\*\\*b\\*\\*" in estimate
