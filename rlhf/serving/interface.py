@@ -226,6 +226,7 @@ class EngineCore(abc.ABC):
 
     name: str = "core"
     tokenizer = None
+    build: str = ""  # what its native code runs on, for people (the CPU variant of a portable llama.cpp)
 
     @abc.abstractmethod
     def admit(self, requests: list[Request]) -> list[Request]:
@@ -276,6 +277,7 @@ class Engine(abc.ABC):
     name: str = "engine"
     threads: Optional[int] = None  # CPU threads the engine decodes with now (None until it applied a budget)
     status: str = ""  # which engine serves and why, for people (health, the Training tab)
+    build: str = ""  # what the serving core's native code runs on (``EngineCore.build``), for people
 
     @abc.abstractmethod
     def submit(self, request: Request) -> None:

@@ -45,6 +45,7 @@ class EngineLoop(Engine):
         self.core: Optional[EngineCore] = None if factory else core
         self.name = getattr(self.core, "name", "engine")
         self.tokenizer = getattr(self.core, "tokenizer", None)
+        self.build = getattr(self.core, "build", "")
         self.queue_size = max(1, int(queue_size))
         self.max_batch_size = max(1, int(max_batch_size))
         self.batch_window_s = max(0.0, batch_window_ms) / 1000.0
@@ -144,6 +145,7 @@ class EngineLoop(Engine):
             try:
                 self.core = factory()
                 self.name, self.tokenizer, self.status = self.core.name, self.core.tokenizer, self.core.name
+                self.build = self.core.build
             except BaseException as exc:  # the constructor raises it
                 self._build_error = exc
                 return

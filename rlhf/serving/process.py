@@ -44,11 +44,14 @@ SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGILL: "illegal instruc
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """One engine to try: the backend (``rlhf.serving.interface.ENGINES``), its factory's keyword settings
-    (picklable) and a label for people (``llama.cpp``, ``llama.cpp, safe load``, ``transformers``)."""
+    (picklable) and a label for people (``llama.cpp``, ``llama.cpp, safe load``, ``transformers``).
+    ``unavailable``: why it cannot run here, known before trying it: it is passed over with that reason, which the
+    status and the log show (an engine is never dropped silently)."""
 
     name: str
     settings: dict
     label: str
+    unavailable: str = ""
 
 
 def describe_exit(code: Optional[int]) -> str:
@@ -119,6 +122,9 @@ class EngineProcess(Engine):
         """Start the first spec that works here (blocking); EngineUnavailable with every reason when none does."""
         while self.specs:
             spec = self.specs[0]
+            if spec.unavailable:
+                self._give_up(spec, spec.unavailable, record=False)
+                continue
             recorded = self.verdicts.fault(spec) if self.verdicts is not None else None
             if recorded:
                 self._give_up(spec, f"{recorded} (recorded earlier on this CPU with this build)", record=False)
@@ -189,10 +195,11 @@ class EngineProcess(Engine):
             except subprocess.TimeoutExpired:
                 self._proc.kill()
             return
-        self.spec, self.name = spec, spec.name
+        self.spec, self.name, self.build = spec, spec.name, info.get("build", "")
         why = f"; {'; '.join(self.history)}" if self.history else ""
         again = (f"; started again {len(self.restarts)}x (last: {self.restarts[-1]})" if self.restarts else "")
-        self.status = f"{spec.label} (proved in its own process: {info.get('proof', 'decoded')}){again}{why}"
+        on = f"; {self.build}" if self.build else ""
+        self.status = f"{spec.label} (proved in its own process: {info.get('proof', 'decoded')}{on}){again}{why}"
         log.info("serving engine: %s", self.status)
         self._running = 0
         self._reader = threading.Thread(target=self._read, args=(self._conn, self._proc), name="engine-process",
@@ -498,7 +505,7 @@ def child_main(fd: int) -> int:
         logging.getLogger(__name__).exception("the engine could not start")
         send(("error", type(exc).__name__, f"{type(exc).__name__}: {exc}"))
         return 1
-    send(("ready", {"proof": proof}))
+    send(("ready", {"proof": proof, "build": loop.build}))
     streams: dict[int, _ChildStream] = {}
     while True:
         try:

@@ -125,6 +125,7 @@ def engine_specs(config, device: str) -> tuple[list[EngineSpec], str]:
         except (EngineUnavailable, OSError) as exc:  # OSError: e.g. no room in the data dir for a converted base
             if s.engine == "llama_cpp":
                 raise EngineUnavailable(f"serving.engine=llama_cpp cannot run here: {exc}") from exc
+            specs.append(EngineSpec("llama_cpp", {}, "llama.cpp", unavailable=str(exc)))  # passed over, with why
         else:
             settings = {"gguf": str(gguf), "tokenizer_source": tokenizer_source, **llama_options(config)}
             specs.append(EngineSpec("llama_cpp", {**settings, "extra_buffers": True}, "llama.cpp"))
