@@ -239,18 +239,24 @@ GRADIO_CALLS = re.compile(r"/gradio_api/(?:call(?:/v2)?|run|api)/[^/]+/?$")
 QUEUE_JOIN = re.compile(r"/gradio_api/queue/join/?$")
 
 
-class GradioCalls:
-    """Pure ASGI middleware inside the Gradio app: a call of a public Gradio event counts against the per-user
-    rate limit REST uses (the same ``RateLimiter``), 429 over it. The UI's own private events (timers, refreshes)
-    are not counted; they have no API name, and the API reaches none of them by name."""
+NO_GRADIO_API = "the Gradio API is off: scripts use the REST API under /api/v1 (its documentation: /api/v1/docs)"
 
-    def __init__(self, app, services: Services, limiter: RateLimiter, public: Callable[[int], bool]):
+
+class GradioCalls:
+    """Pure ASGI middleware inside the Gradio app. Gradio's by-name call routes (``/gradio_api/call/<name>``, ...)
+    are refused (404): the UI's events are no API (``hide_gradio_api``), REST is. The page's own calls (queue/join
+    by event index) of an event that had an API name count against the per-user rate limit REST uses (the same
+    ``RateLimiter``), 429 over it; the UI's other events (timers, refreshes) are not counted."""
+
+    def __init__(self, app, services: Services, limiter: RateLimiter, counted: Callable[[int], bool]):
         self.app = app
         self.services = services
         self.limiter = limiter
-        self.public = public  # fn_index -> True for an event with an API name
+        self.counted = counted  # fn_index -> True for an event that had an API name (``hide_gradio_api``)
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and GRADIO_CALLS.search(scope.get("path", "")):
+            return await error(404, NO_GRADIO_API)(scope, receive, send)
         auth = self.services.auth
         if scope["type"] != "http" or scope["method"] != "POST" or auth is None or self.limiter.per_minute <= 0:
             return await self.app(scope, receive, send)
@@ -264,9 +270,9 @@ class GradioCalls:
                 fn_index = json.loads(body).get("fn_index")
             except (ValueError, AttributeError):
                 fn_index = None
-            counted = not isinstance(fn_index, int) or self.public(fn_index)
+            counted = not isinstance(fn_index, int) or self.counted(fn_index)
         else:
-            counted = bool(GRADIO_CALLS.search(path))
+            counted = False
         if counted:
             user = await run_in_threadpool(auth.user_of, Request(scope, receive))
             wait = self.limiter.retry_after(limit_key(user, (scope.get("client") or ("?",))[0]))
@@ -275,13 +281,15 @@ class GradioCalls:
         return await self.app(scope, receive, send)
 
 
-def public_events(demo) -> Callable[[int], bool]:
-    """fn_index -> True for the Blocks' events with an API name (what a script calls by name)."""
-    def public(fn_index: int) -> bool:
-        fn = demo.fns.get(fn_index)
-        return fn is None or getattr(fn, "api_visibility", "public") == "public"
-
-    return public
+def hide_gradio_api(demo) -> Callable[[int], bool]:
+    """Take every event of the Blocks out of the Gradio API (its page, ``/gradio_api/info``, gradio_client): the
+    UI's events take and return widgets, not data, and REST is the API for scripts. Call before mounting (Gradio
+    reads the config then). Returns fn_index -> True for the events that had an API name (chat, votes, ...): the
+    page's own calls of those still count against the per-user rate limit."""
+    named = frozenset(i for i, fn in demo.fns.items() if getattr(fn, "api_visibility", "public") == "public")
+    for fn in demo.fns.values():
+        fn.api_visibility = "private"
+    return lambda fn_index: fn_index in named or fn_index not in demo.fns
 
 
 def gradio_login(services: Services):
