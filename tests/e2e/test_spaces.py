@@ -150,19 +150,13 @@ def session_cookie(secret: str, username: str) -> str:
 def test_a_space_signs_in_with_a_signed_session_and_refuses_forged_ones(tmp_path, tiny_model_dir):
     from pathlib import Path
 
-    from gradio_client import Client
-
     from tests.conftest import SPACE_OAUTH
+    from tests.support.gradio_page import page_call
 
     app = space_process(tmp_path, tiny_model_dir).start()
     try:
-        def export_as(cookie: str):
-            client = Client(app.url + "/", headers={"Cookie": f"session={cookie}"}, download_files=False,
-                            verbose=False)
-            try:
-                return client.predict("assistant", "jsonl", api_name="/export")
-            finally:
-                client.close()
+        def export_as(cookie: str):  # the Data tab's Export, as the page calls it
+            return page_call(app.url, "export", "assistant", "jsonl", headers={"Cookie": f"session={cookie}"})
 
         button, status = export_as(session_cookie(SPACE_OAUTH["OAUTH_CLIENT_SECRET"], "boss"))
         assert "Exported" in status  # boss (RLHF_ADMINS) signed in through the signed session

@@ -21,23 +21,35 @@ def event(config: dict, name: str) -> dict:
     return found[0]
 
 
-def page_call(url: str, name: str, *data, headers: Optional[dict] = None, timeout: float = 120.0) -> list:
-    """Run the UI event ``name`` with ``data`` (its inputs less the ``gr.State`` ones) as the page would; its
-    outputs less the ``gr.State`` ones (as gradio_client gave them). AssertionError with Gradio's message when the
-    event fails."""
-    with httpx.Client(base_url=url.rstrip("/"), headers=headers or {}, timeout=timeout) as http:
-        config = http.get("/config").json()
-        dep = event(config, name)
-        kinds = {c["id"]: c.get("type") for c in config["components"]}
+class Page:
+    """One page load: a session (its ``gr.State`` values live on the server under it) and the app's ``/config``."""
+
+    def __init__(self, url: str, headers: Optional[dict] = None, timeout: float = 120.0):
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers or {}, timeout=timeout)
+        self.config = self.http.get("/config").json()
+        self.kinds = {c["id"]: c.get("type") for c in self.config["components"]}
+        self.session = uuid.uuid4().hex[:10]
+
+    def join(self, name: str, *data) -> httpx.Response:
+        """Queue the UI event ``name`` with ``data`` (its inputs less the ``gr.State`` ones); Gradio's answer."""
+        dep = event(self.config, name)
         values = iter(data)
-        inputs = [None if kinds.get(i) == "state" else next(values) for i in dep["inputs"]]
-        session = uuid.uuid4().hex[:10]
-        join = http.post("/gradio_api/queue/join", json={
+        inputs = [None if self.kinds.get(i) == "state" else next(values) for i in dep["inputs"]]
+        return self.http.post("/gradio_api/queue/join", json={
             "data": inputs, "fn_index": dep["id"], "trigger_id": dep["targets"][0][0], "event_data": None,
-            "session_hash": session})
+            "session_hash": self.session})
+
+    def call(self, name: str, *data) -> list:
+        """Run the UI event ``name`` as the page would; its outputs less the ``gr.State`` ones (as gradio_client
+        gave them). AssertionError with Gradio's message when the event fails."""
+        return self.result(name, self.join(name, *data))
+
+    def result(self, name: str, join: httpx.Response) -> list:
+        """The outputs of the event ``join`` queued (``join(name, ...)``), once it completes."""
+        dep = event(self.config, name)
         assert join.status_code == 200, join.text
         event_id = join.json()["event_id"]
-        with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:
+        with self.http.stream("GET", "/gradio_api/queue/data", params={"session_hash": self.session}) as stream:
             for line in stream.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -46,5 +58,20 @@ def page_call(url: str, name: str, *data, headers: Optional[dict] = None, timeou
                     continue
                 output = message.get("output", {})
                 assert message.get("success"), output.get("error") or message
-                return [v for i, v in zip(dep["outputs"], output["data"]) if kinds.get(i) != "state"]
-    raise AssertionError(f"the event stream ended before {name!r} completed")
+                return [v for i, v in zip(dep["outputs"], output["data"]) if self.kinds.get(i) != "state"]
+        raise AssertionError(f"the event stream ended before {name!r} completed")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "Page":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def page_call(url: str, name: str, *data, headers: Optional[dict] = None, timeout: float = 120.0) -> list:
+    """``Page(url, headers).call(name, *data)`` on a fresh page load."""
+    with Page(url, headers, timeout) as page:
+        return page.call(name, *data)
