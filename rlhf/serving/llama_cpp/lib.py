@@ -34,13 +34,19 @@ def library():
     with _init_lock:
         if not _initialised:
             logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C log callback reads this level
-            lib_dir = Path(getattr(llama_cpp.llama_cpp, "_lib")._name).parent  # where libllama was loaded from
+            lib_dir = llama_lib_dir(llama_cpp)
             load_cpu_variants(lib_dir)
             llama_cpp.llama_backend_init()
             CPU_BACKEND = cpu_backend()
             log.info("llama.cpp runs on %s (%s)", CPU_BACKEND, lib_dir)
             _initialised = True
     return llama_cpp
+
+
+def llama_lib_dir(llama_cpp) -> Path:
+    """The folder libllama was loaded from (llama-cpp-python's ``lib/``, or its ``LLAMA_CPP_LIB_PATH``)."""
+    loaded = getattr(getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None), "_name", None)
+    return Path(loaded).parent if loaded else Path(llama_cpp.__file__).parent / "lib"
 
 
 def cpu_variants(lib_dir: Path) -> list[Path]:
