@@ -242,7 +242,8 @@ def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, t
         raise EngineUnavailable("no serving engine works here" + skipped)
     spec = usable[0]
     loop = EngineLoop(lambda: build_core(spec.name, **spec.settings), **loop_settings)
-    loop.status = f"{spec.label} (in the app's process){skipped}"
+    on = f"; {loop.build}" if loop.build else ""
+    loop.status = f"{spec.label} (in the app's process{on}){skipped}"
     return loop
 
 
