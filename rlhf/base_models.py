@@ -139,6 +139,23 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
+# What a base model needs from its hub repository: config, weights, tokenizer, chat template (not ONNX, GGUF, ...).
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+
+
+def hub_snapshot(hub_id: str) -> Path:
+    """The local folder of a hub model in the Hugging Face cache, fetched there on first use (huggingface_hub reads
+    HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE, HF_ENDPOINT and HF_TOKEN itself); ModelNotFound with the reason when
+    it can be neither fetched nor found in the cache."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(hub_id, allow_patterns=HUB_FILES))
+    except Exception as exc:  # no network, offline mode with an empty cache, unknown or gated repo, ...
+        raise ModelNotFound(f"cannot fetch {hub_id} from the Hugging Face Hub nor find it in the Hugging Face "
+                            f"cache: {type(exc).__name__}: {exc}") from exc
+
+
 def hub_id_of(name: str, local_path: Optional[str], data_dir: str | Path) -> Optional[str]:
     """The Hugging Face id a base model is known by: a shipped model's hub id (also when only its converted copy
     under the data dir is named), or ``name`` itself when it is a hub id and no local path; None for a local model."""

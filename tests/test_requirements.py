@@ -6,10 +6,13 @@ file falls outside the other's range, the Space extras are there, and the enviro
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
+
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -23,7 +26,7 @@ def space_lines() -> list[tuple[str, list[str]]]:
     """(requirement, its per-requirement options) of every line of requirements.txt."""
     out = []
     for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+        line = re.sub(r"(^|\s+)#.*$", "", line).strip()  # pip's comment rule: a URL's #sha256= is not one
         if not line:
             continue
         assert not line.startswith("-"), f"requirements.txt: global options are not used on Spaces here: {line!r}"
@@ -41,6 +44,20 @@ def space_requirements() -> dict[str, Requirement]:
         assert name not in reqs, f"requirements.txt lists {req.name} twice"
         reqs[name] = req
     return reqs
+
+
+def pinned_version(req: Requirement) -> Version | None:
+    """The one version a requirement allows: its ``==`` pin, or the version in a direct URL's sdist file name."""
+    if req.url:
+        name = req.url.split("#")[0].split("?")[0].rsplit("/", 1)[-1]
+        return Version(name.removesuffix(".tar.gz").rsplit("-", 1)[1])
+    pins = [s for s in req.specifier if s.operator == "=="]
+    return Version(pins[0].version) if len(pins) == 1 else None
+
+
+def allows(req: Requirement, have: Version) -> bool:
+    """True when ``have`` satisfies ``req`` (a direct URL allows only the version its file name carries)."""
+    return have == pinned_version(req) if req.url else req.specifier.contains(have, prereleases=True)
 
 
 def project() -> tuple[dict[str, Requirement], dict[str, Requirement]]:
@@ -81,17 +98,42 @@ def test_every_app_dependency_is_on_the_space_with_an_agreeing_pin():
     for name, req in space.items():
         declared = runtime.get(name) or optional.get(name)
         if declared is None:  # a Space-only package must be pinned: nothing else constrains it
-            assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", \
-                f"requirements.txt: {req} is not in pyproject.toml, so pin it exactly"
+            assert pinned_version(req) is not None, f"requirements.txt: {req} is not in pyproject.toml, so pin it exactly"
             continue
-        assert can_agree(req, declared), f"requirements.txt {req} conflicts with pyproject.toml {declared}"
+        agree = allows(declared, pinned_version(req)) if req.url else can_agree(req, declared)
+        assert agree, f"requirements.txt {req} conflicts with pyproject.toml {declared}"
         assert declared.extras <= req.extras, f"requirements.txt {req} drops pyproject's extras {declared.extras}"
 
 
 def test_the_space_signs_in_and_serves_on_cpu():
     space = space_requirements()
     assert "oauth" in space["gradio"].extras, "a Space needs gradio[oauth] for 'Sign in with Hugging Face'"
-    assert str(space["llama-cpp-python"].specifier) == "==0.3.36", "the CPU serving engine"
+    assert pinned_version(space["llama-cpp-python"]) == Version("0.3.36"), "the CPU serving engine"
+
+
+def test_the_portable_llama_cpp_never_reuses_a_cached_native_wheel(tmp_path):
+    """pip keys its wheel cache by the sdist's URL (and hash), not by --config-settings: a native llama-cpp-python
+    built from the index (``make setup``) is cached under the index URL's key. The Space's line names the same
+    sdist by a URL of its own, so pip's own cache lookup finds the native wheel for the index link, and nothing for
+    the Space's (it builds the portable wheel, and caches that under its own key)."""
+    cache_mod = pytest.importorskip("pip._internal.cache")
+    from pip._internal.models.link import Link
+    from pip._internal.utils.compatibility_tags import get_supported
+
+    req = space_requirements()["llama-cpp-python"]
+    assert req.url and "#sha256=" in req.url, "the Space's llama-cpp-python line names its sdist by URL and hash"
+    url, digest = req.url.split("#", 1)
+    index_link = Link(url.split("?", 1)[0] + "#" + digest)  # what the index (or `make setup`) resolves to
+    space_link = Link(req.url)
+    assert space_link.hash == index_link.hash and space_link.filename == index_link.filename  # the same sdist
+    cache = cache_mod.SimpleWheelCache(str(tmp_path))  # the persistent wheel cache (pip's `wheels/` folder)
+    native = Path(cache.get_path_for_link(index_link))
+    native.mkdir(parents=True)
+    tags = get_supported()
+    wheel = native / f"llama_cpp_python-0.3.36-{tags[0].interpreter}-{tags[0].abi}-{tags[0].platform}.whl"
+    wheel.write_bytes(b"native")
+    assert cache.get(index_link, "llama-cpp-python", tags).file_path == str(wheel)  # the trap, as pip sees it
+    assert cache.get(space_link, "llama-cpp-python", tags) is space_link  # not cached: pip builds it, portable
 
 
 def test_the_space_builds_llama_cpp_for_any_cpu_it_may_run_on():
@@ -115,7 +157,9 @@ def test_this_environment_satisfies_both_files(tmp_path):
         except PackageNotFoundError:
             assert name not in runtime, f"{req.name} is an app dependency but is not installed"
             continue  # Space-only and not built here (llama-cpp-python is a 10-minute C++ build)
-        assert req.specifier.contains(have, prereleases=True), f"installed {req.name} {have} breaks requirements.txt"
+        assert allows(req, have), f"installed {req.name} {have} breaks requirements.txt"
+        if req.url:  # a direct URL: pip would fetch it to compare; the version in its file name was checked
+            continue
         if name in runtime:
             assert runtime[name].specifier.contains(have, prereleases=True), f"installed {req.name} {have} breaks " \
                                                                              "pyproject.toml"

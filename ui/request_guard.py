@@ -241,9 +241,13 @@ QUEUE_JOIN = re.compile(r"/gradio_api/queue/join/?$")
 COMPONENT_SERVER = re.compile(r"/gradio_api/component_server/?$")
 
 
+NO_GRADIO_API = "the Gradio API is off: scripts use the REST API under /api/v1 (its documentation: /api/v1/docs)"
+
+
 class GradioCalls:
-    """Pure ASGI middleware inside the Gradio app: every Gradio event a signed-in user runs counts against the
-    per-user rate limit REST uses (the same ``RateLimiter``), 429 over it: an event called by name, and every
+    """Pure ASGI middleware inside the Gradio app. Gradio's by-name call routes (``/gradio_api/call/<name>``, ...)
+    are refused (404): the UI's events are no API (``hide_gradio_api``), REST is. Every Gradio event a signed-in
+    user runs counts against the per-user rate limit REST uses (the same ``RateLimiter``), 429 over it: every
     ``/gradio_api/queue/join`` — public or private (``fn_index``), as the UI's own clicks and refreshes are. A timer's
     tick (and what it chains) counts against ``timer_limiter`` instead (``server.timer_rate_limit_per_minute``): an
     open page ticks on its own, and should not eat its user's budget for clicks."""
@@ -257,6 +261,8 @@ class GradioCalls:
         self.timers = timers  # fn_index -> True for a timer's tick or an event chained to one
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and GRADIO_CALLS.search(scope.get("path", "")):
+            return await error(404, NO_GRADIO_API)(scope, receive, send)
         auth = self.services.auth
         if scope["type"] != "http" or scope["method"] != "POST" or auth is None:
             return await self.app(scope, receive, send)
@@ -297,6 +303,17 @@ def timer_events(demo) -> Callable[[int], bool]:
         return all(event == "tick" and isinstance(demo.blocks.get(block), gr.Timer) for block, event in fn.targets)
 
     return timer
+
+
+def hide_gradio_api(demo) -> Callable[[int], bool]:
+    """Take every event of the Blocks out of the Gradio API (its page, ``/gradio_api/info``, gradio_client): the
+    UI's events take and return widgets, not data, and REST is the API for scripts. Call before mounting (Gradio
+    reads the config then). Returns fn_index -> True for the events that had an API name (chat, votes, ...): the
+    page's own calls of those still count against the per-user rate limit."""
+    named = frozenset(i for i, fn in demo.fns.items() if getattr(fn, "api_visibility", "public") == "public")
+    for fn in demo.fns.values():
+        fn.api_visibility = "private"
+    return lambda fn_index: fn_index in named or fn_index not in demo.fns
 
 
 def gradio_login(services: Services):

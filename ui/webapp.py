@@ -30,7 +30,8 @@ from ui.api.middleware import body_size_guard
 from ui.api.policies import build_policies_router
 from ui.api.vote_queue import build_queue_router
 from ui.downloads import DOWNLOADS, AdminOnlyFiles, NoUploads, seal_upload_folder
-from ui.request_guard import GradioCalls, allowed_hosts, gradio_login, install_security, timer_events
+from ui.request_guard import (GradioCalls, allowed_hosts, gradio_login, hide_gradio_api, install_security,
+                              timer_events)
 from ui.permissions import is_admin
 from ui.services import Services
 
@@ -101,9 +102,10 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     seal_upload_folder()  # before Gradio writes anything there: uploads and downloads stay owner-only
     demo = build_ui(services)
     demo.queue(default_concurrency_limit=None)
+    hide_gradio_api(demo)  # REST is the API for scripts; the UI's events are the page's alone
     # No share links (we never call launch), no extra allowed_paths, uploads capped.
     app = gr.mount_gradio_app(app, demo, path="/", max_file_size=services.config.server.max_file_size,
-                              allowed_paths=[], show_error=True, footer_links=["api"], auth=gradio_login(services),
+                              allowed_paths=[], show_error=True, footer_links=[], auth=gradio_login(services),
                               auth_message="RLHF Studio: sign in with the name and password your admin gave you.")
     gradio_app = next(r.app for r in app.routes if isinstance(r, Mount))
     # Innermost in the Gradio app, where its sign-in cookie and the HF session are already readable.

@@ -143,7 +143,7 @@ def _build(start: wire.Start, budget: _Threads, send):
         log.exception("the engine could not start")
         send(wire.Failed(type(exc).__name__, f"{type(exc).__name__}: {exc}"))
         return None
-    send(wire.Ready(proof))
+    send(wire.Ready(proof, getattr(loop, "build", "") or ""))
     return loop
 
 

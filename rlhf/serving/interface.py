@@ -247,6 +247,7 @@ class EngineCore(abc.ABC):
 
     name: str = "core"
     tokenizer = None
+    build: str = ""  # what its native code runs on, for people (the CPU variant of a portable llama.cpp)
 
     @abc.abstractmethod
     def admit(self, requests: list[Request]) -> list[Request]:
@@ -321,6 +322,7 @@ class Engine(abc.ABC):
     admission: "Admission"  # the queue bound and the busy answer's hint
     threads: Optional[int] = None  # CPU threads the engine decodes with now (None until it applied a budget)
     status: str = ""  # which engine serves and why, for people (health, the Training tab)
+    build: str = ""  # what the serving core's native code runs on (``EngineCore.build``), for people
 
     @abc.abstractmethod
     def submit(self, request: Request) -> None:

@@ -46,6 +46,7 @@ class EngineLoop(Engine):
         self.name = getattr(self.core, "name", "engine")
         self.tokenizer = getattr(self.core, "tokenizer", None)
         self.admission = Admission(queue_size, max_batch_size)
+        self.build = getattr(self.core, "build", "")
         self.batch_window_s = max(0.0, batch_window_ms) / 1000.0
         self.observer = observer
         self.budget = None
@@ -137,6 +138,7 @@ class EngineLoop(Engine):
             try:
                 self.core = factory()
                 self.name, self.tokenizer, self.status = self.core.name, self.core.tokenizer, self.core.name
+                self.build = self.core.build
             except BaseException as exc:  # the constructor raises it
                 self._build_error = exc
                 return

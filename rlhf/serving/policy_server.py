@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 from rlhf.config import AppConfig
 from rlhf.base_models import pick_device
 from rlhf.prompting import encode_prompt
-from rlhf.serving.interface import AdapterError, Busy, Engine, EngineLoad, GenParams, ReplyStream, Request, build_core
+from rlhf.serving.interface import AdapterError, Busy, Engine, EngineLoad, EngineUnavailable, GenParams, ReplyStream, \
+    Request, build_core
 from rlhf.serving.loop import EngineLoop
 from rlhf.serving.process import EngineProcess, EngineSpec
 
@@ -96,6 +97,11 @@ class PolicyServer:
     def engine_name(self) -> str:
         """``llama_cpp`` or ``transformers``."""
         return self.engine.name
+
+    @property
+    def engine_build(self) -> str:
+        """What the engine's native code runs on (the CPU variant of a portable llama.cpp build; "" if unknown)."""
+        return self.engine.build
 
     @property
     def engine_status(self) -> str:
@@ -230,9 +236,14 @@ def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, t
         return EngineProcess(specs, threads=threads, verdicts=verdicts, **loop_settings).start()
     if isolation != "thread":
         raise ValueError(f"serving.isolation must be process or thread, got {isolation!r}")
-    spec = specs[0]
+    skipped = "".join(f"; {s.label}: {s.unavailable}" for s in specs if s.unavailable)
+    usable = [s for s in specs if not s.unavailable]
+    if not usable:
+        raise EngineUnavailable("no serving engine works here" + skipped)
+    spec = usable[0]
     loop = EngineLoop(lambda: build_core(spec.name, **spec.settings), **loop_settings)
-    loop.status = f"{spec.label} (in the app's process)"
+    on = f"; {loop.build}" if loop.build else ""
+    loop.status = f"{spec.label} (in the app's process{on}){skipped}"
     return loop
 
 

@@ -90,6 +90,9 @@ class EngineProcess(Engine):
         skipped = []
         while self.specs:
             spec = self.specs[0]
+            if spec.unavailable:
+                self._give_up(spec, spec.unavailable, record=False)
+                continue
             recorded = self.verdicts.fault(spec) if self.verdicts is not None and trust_verdicts else None
             if recorded:
                 skipped.append(spec)
@@ -134,10 +137,11 @@ class EngineProcess(Engine):
             except subprocess.TimeoutExpired:
                 self._proc.kill()
             return
-        self.spec, self.name = spec, spec.name
+        self.spec, self.name, self.build = spec, spec.name, ready.build
         why = f"; {'; '.join(self.history)}" if self.history else ""
         again = (f"; started again {len(self.restarts)}x (last: {self.restarts[-1]})" if self.restarts else "")
-        self.status = f"{spec.label} (proved in its own process: {ready.proof}){again}{why}"
+        on = f"; {self.build}" if self.build else ""
+        self.status = f"{spec.label} (proved in its own process: {ready.proof}{on}){again}{why}"
         log.info("serving engine: %s", self.status)
         self._running = 0
         self._reader = threading.Thread(target=self._read, args=(self._channel, self._proc), name="engine-process",

@@ -25,11 +25,14 @@ SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGILL: "illegal instruc
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """One engine to try: the backend (``rlhf.serving.interface.ENGINES``), its factory's keyword settings
-    (JSON values) and a label for people (``llama.cpp``, ``llama.cpp, safe load``, ``transformers``)."""
+    (JSON values) and a label for people (``llama.cpp``, ``llama.cpp, safe load``, ``transformers``).
+    ``unavailable``: why it cannot run here, known before trying it: it is passed over with that reason, which the
+    status and the log show (an engine is never dropped silently)."""
 
     name: str
     settings: dict
     label: str
+    unavailable: str = ""
 
 
 def describe_exit(code: Optional[int]) -> str:

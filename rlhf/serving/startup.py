@@ -3,7 +3,9 @@
 ``serving.engine: auto`` means "works here": on CPU with llama.cpp installed, the candidates are llama.cpp as
 built, llama.cpp with the safe load (no repacking into extra buffer types such as AMX, whose kernels fault on some
 virtual machines), then transformers; on CUDA, or without llama.cpp, transformers alone. An explicit
-``llama_cpp`` tries both llama.cpp loads and stops start-up with the reasons when neither runs. Each candidate is
+``llama_cpp`` tries both llama.cpp loads and stops start-up with the reasons when neither runs. Under ``auto``, an
+engine that cannot even be tried here (llama-cpp-python missing, a base it cannot get) stays in the list with its
+reason (``EngineSpec.unavailable``), so the status and the log say why it does not serve. Each candidate is
 proved by its own process (``rlhf.serving.process``); the verdict is kept per library build and CPU in
 ``<data_dir>/serving/verdicts.json``, so a CPU that faults once is not asked again (delete the file to ask again).
 """
@@ -134,6 +136,7 @@ def engine_specs(config, device: str) -> tuple[list[EngineSpec], str]:
         except (EngineUnavailable, OSError) as exc:  # OSError: e.g. no room in the data dir for a converted base
             if s.engine == "llama_cpp":
                 raise EngineUnavailable(f"serving.engine=llama_cpp cannot run here: {exc}") from exc
+            specs.append(EngineSpec("llama_cpp", {}, "llama.cpp", unavailable=str(exc)))  # passed over, with why
         else:
             settings = {"gguf": str(gguf), "tokenizer_source": tokenizer_source, **llama_options(config)}
             specs.append(EngineSpec("llama_cpp", {**settings, "extra_buffers": True}, "llama.cpp"))

@@ -84,9 +84,11 @@ class Close:
 
 @dataclasses.dataclass(frozen=True)
 class Ready:
-    """The engine process loaded the model and decoded its first tokens (``proof`` says what it decoded)."""
+    """The engine process loaded the model and decoded its first tokens (``proof`` says what it decoded; ``build``
+    which build of the backend runs, e.g. llama.cpp's CPU variant)."""
 
     proof: str
+    build: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""One arena round over real HTTP on loopback, driven by gradio_client: blind replies, a vote, the reveal."""
+"""One arena round over real HTTP on loopback, as the page plays it (the Gradio API is off): blind replies, a vote,
+the reveal."""
 from __future__ import annotations
 
 import html
 
 import pytest
-from gradio_client import Client
 
 from tests.conftest import make_adapter
+from tests.support.gradio_page import Page
 
 
 @pytest.fixture
@@ -24,18 +25,13 @@ def text(message) -> str:
     return "".join(p["text"] for p in content) if isinstance(content, list) else content
 
 
-def test_arena_round_through_gradio_client(live_app, services, two_versions):
-    store = services.store
-    client = Client(live_app.url + "/", verbose=False)
-    try:
-        play_and_vote(client, store, two_versions)
-    finally:
-        client.close()  # lets the live server shut down at once
+def test_arena_round_through_the_page(live_app, services, two_versions):
+    with Page(live_app.url) as page:  # closed: lets the live server shut down at once
+        play_and_vote(page, services.store, two_versions)
 
 
-def play_and_vote(client, store, two_versions):
-    chat_a, chat_b, box, status, *_ = client.predict("Which of you is better?", "assistant", "dora",
-                                                     api_name="/arena")
+def play_and_vote(page, store, two_versions):
+    chat_a, chat_b, box, status, *_ = page.call("arena", "Which of you is better?", "assistant", "dora")
     assert box == "" and "vote" in status.lower()
     assert [text(m) for m in chat_a][:1] == [text(m) for m in chat_b][:1] == ["Which of you is better?"]
     assert "v0" not in status and "v1" not in status  # blind before the vote
@@ -47,7 +43,7 @@ def play_and_vote(client, store, two_versions):
     assert same(text(chat_a[-1]), store.get_message(pair.message_a_id).content)
     assert same(text(chat_b[-1]), store.get_message(pair.message_b_id).content)
 
-    chat_a, chat_b, reveal, *_ = client.predict("dora", api_name="/arena_vote_b")
+    chat_a, chat_b, reveal, *_ = page.call("arena_vote_b", "dora")
     vote = store.arena_vote(pair.id)
     assert vote.winner == "b" and store.annotator_id("dora") == vote.annotator_id
     assert {vote.policy_a_id, vote.policy_b_id} == {p.id for p in two_versions}

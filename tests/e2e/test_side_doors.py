@@ -297,10 +297,10 @@ def test_html_in_chat_is_shown_as_text_in_chromium(local, tmp_path):
 
 # ---- 7. UI exports: private on disk, admins only, gone after the download ----------------------------------
 def test_ui_export_files_are_private_and_gone_after_download(team, root):
-    from gradio_client import Client
+    from tests.support.gradio_page import page_call
 
-    client = Client(team.url + "/", auth=("alice", "a-pass"), download_files=False, verbose=False)
-    button, status = client.predict("assistant", "jsonl", api_name="/export")
+    button, status = page_call(team.url, "export", "assistant", "jsonl",  # as the page calls it
+                               headers={"Cookie": sign_in(team, "alice", "a-pass")})
     assert "Exported" in status
     offered = button["value"]  # a DownloadButton update: where the file is and the URL Gradio serves it at
     path, url = Path(offered["path"]), offered["url"]

@@ -150,19 +150,13 @@ def session_cookie(secret: str, username: str) -> str:
 def test_a_space_signs_in_with_a_signed_session_and_refuses_forged_ones(tmp_path, tiny_model_dir):
     from pathlib import Path
 
-    from gradio_client import Client
-
     from tests.conftest import SPACE_OAUTH
+    from tests.support.gradio_page import page_call
 
     app = space_process(tmp_path, tiny_model_dir).start()
     try:
-        def export_as(cookie: str):
-            client = Client(app.url + "/", headers={"Cookie": f"session={cookie}"}, download_files=False,
-                            verbose=False)
-            try:
-                return client.predict("assistant", "jsonl", api_name="/export")
-            finally:
-                client.close()
+        def export_as(cookie: str):  # the Data tab's Export, as the page calls it
+            return page_call(app.url, "export", "assistant", "jsonl", headers={"Cookie": f"session={cookie}"})
 
         button, status = export_as(session_cookie(SPACE_OAUTH["OAUTH_CLIENT_SECRET"], "boss"))
         assert "Exported" in status  # boss (RLHF_ADMINS) signed in through the signed session
@@ -185,3 +179,64 @@ def test_a_space_without_an_oauth_secret_refuses_to_start(tmp_path, tiny_model_d
     app.launch()
     assert app.wait_exit(120) == 2
     assert "OAUTH_CLIENT_SECRET" in app.output() and "Traceback" not in app.output()
+
+
+# ---- llama.cpp serves a Space's hub-id base (issue #43) -----------------------------------------------------------
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path, tiny_model_dir):
+    """The tiny model as the Space's hub base, in a Hugging Face cache under tmp, with the Hub switched off
+    (huggingface_hub reads HF_HOME and HF_HUB_OFFLINE once at import: in this process they go where it keeps them)."""
+    from huggingface_hub import constants
+
+    from tests.support.hf_cache import hf_home_with
+
+    home = hf_home_with(tmp_path / "hf", SPACES_BASE_MODEL, tiny_model_dir)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+
+
+def test_a_hub_base_is_found_in_the_hugging_face_cache_and_converted_once(offline_hub, tmp_path):
+    from rlhf.serving.llama_cpp.base import llama_base
+    from tests.support.hf_cache import REVISION
+
+    gguf, tokenizer_source = llama_base(SPACES_BASE_MODEL, tmp_path / "data")
+    assert gguf.is_file() and gguf.name.startswith("HuggingFaceTB--SmolLM2-135M-Instruct-q8_0-")
+    assert tokenizer_source.endswith(f"snapshots/{REVISION}")  # the cached snapshot, not a download
+    converted = gguf.stat().st_mtime_ns
+    again, _ = llama_base(SPACES_BASE_MODEL, tmp_path / "data")
+    assert again == gguf and again.stat().st_mtime_ns == converted  # converted once, then read from the data dir
+
+
+def test_a_hub_base_missing_from_an_offline_cache_says_why(offline_hub, tmp_path):
+    from rlhf.serving.interface import EngineUnavailable
+    from rlhf.serving.llama_cpp.base import llama_base
+
+    with pytest.raises(EngineUnavailable, match="cannot fetch someone/elsewhere .*Hugging Face cache"):
+        llama_base("someone/elsewhere", tmp_path / "data")
+    assert not (tmp_path / "data" / "gguf").exists() or not any((tmp_path / "data" / "gguf").iterdir())
+
+
+@pytest.mark.slow
+def test_a_space_serves_its_hub_base_with_llama_cpp(tmp_path, tiny_model_dir, offline_hub):
+    """The Space's own base (a hub id), fetched from the Hugging Face cache with the Hub off: llama.cpp serves it
+    and /health names the CPU kernels it runs on. Where llama-cpp-python is not installed, /health says so."""
+    import httpx
+
+    from rlhf.serving.interface import llama_cpp_installed
+
+    app = space_process(tmp_path, SPACES_BASE_MODEL, **offline_hub).start()
+    try:
+        health = httpx.get(app.api + "/health", timeout=30).json()
+    finally:
+        app.stop()
+    assert health["model"] == SPACES_BASE_MODEL
+    if llama_cpp_installed():
+        assert health["engine"] == "llama_cpp", health["engine_status"]
+        assert health["engine_status"].startswith("llama.cpp (proved in its own process: ")
+        assert health["engine_build"] and health["engine_build"] in health["engine_status"]
+        assert f"llama.cpp runs on {health['engine_build']}" in app.output()  # and the log says it too
+    else:  # transformers serves, and says why llama.cpp does not
+        assert health["engine"] == "transformers"
+        assert "llama.cpp: llama-cpp-python is not installed" in health["engine_status"]
+        assert "serving engine llama.cpp cannot serve here: llama-cpp-python is not installed" in app.output()

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tests.e2e.app_process import wait_until
+from tests.support.gradio_page import Page
 from tests.ui.test_trust import USERS, build
 
 BOB, CAROL = ("bob", "b-pass"), ("carol", "c-pass")
@@ -92,19 +93,19 @@ def test_each_person_has_a_capped_number_of_replies_generating(tmp_path, tiny_mo
     services.store.close()
 
 
-def test_one_rate_limit_counts_rest_and_gradio_api_calls(tmp_path, tiny_model_dir, tiny_server):
+def test_one_rate_limit_counts_rest_and_the_pages_named_events(tmp_path, tiny_model_dir, tiny_server):
     services, server = live(tmp_path, tiny_model_dir, tiny_server, "server.rate_limit_per_minute=4", ui=True)
     with server:
         login = httpx.post(server.url + "/login", data={"username": "bob", "password": "b-pass"})
         assert login.status_code == 200
-        with httpx.Client(base_url=server.url, cookies=login.cookies, timeout=60) as bob:
+        cookie = "; ".join(f"{k}={v}" for k, v in login.cookies.items())
+        with httpx.Client(base_url=server.url, cookies=login.cookies, timeout=60) as bob, \
+                Page(server.url, headers={"Cookie": cookie}) as page:
             for _ in range(2):
                 assert bob.get("/api/v1/me", auth=BOB).status_code == 200
-            for _ in range(2):  # the Vote tab's public event, called by name like a script would
-                assert bob.post("/gradio_api/call/queue_next", json={"data": [None, "assistant", ""]}) \
-                    .status_code == 200
-            rest, gradio = bob.get("/api/v1/me", auth=BOB), bob.post("/gradio_api/call/queue_next",
-                                                                    json={"data": [None, "assistant", ""]})
+            for _ in range(2):  # the Vote tab's "next pair" event, as the page calls it
+                assert page.join("queue_next", "assistant", "").status_code == 200
+            rest, gradio = bob.get("/api/v1/me", auth=BOB), page.join("queue_next", "assistant", "")
             assert rest.status_code == 429 and gradio.status_code == 429  # one budget for both doors
             assert int(gradio.headers["Retry-After"]) >= 1
         carol = httpx.get(server.url + "/api/v1/me", auth=CAROL)

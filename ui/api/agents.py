@@ -25,7 +25,8 @@ def read_routes(r: APIRouter, services: Services) -> None:
     def health():
         server = services.server
         return {"status": "ok", "model": server.model_name, "schema_version": store.schema_version(),
-                "engine": server.engine_name, "engine_status": server.engine_status}
+                "engine": server.engine_name, "engine_status": server.engine_status,
+                "engine_build": server.engine_build}
 
     @r.get("/agents", responses=ok(list[AgentOut]) | errors())
     def agents():

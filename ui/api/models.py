@@ -24,6 +24,7 @@ class Health(BaseModel):
     schema_version: int
     engine: str  # the serving engine: llama_cpp | transformers
     engine_status: str  # which engine serves and why (a fault seen on this CPU, a fallback)
+    engine_build: str = ""  # what the engine's native code runs on (llama.cpp: its CPU variant, or a native build)
 
 
 class AgentOut(BaseModel):

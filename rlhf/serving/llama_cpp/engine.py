@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.serving.interface import AdapterError, EngineCore, Request
+from rlhf.serving.llama_cpp import lib as lib_module
 from rlhf.serving.llama_cpp.lanes import Lane, Seq, decode_order, sample_token
 from rlhf.serving.llama_cpp.lib import Batch, Context, Lora, Model
 
@@ -48,6 +49,7 @@ class LlamaCppCore(EngineCore):
         self.tokenizer = tokenizer
         self.gguf = str(gguf)
         self.llama = Model(gguf, extra_buffers=extra_buffers)
+        self.build = lib_module.CPU_BACKEND
         self.base_info = BaseInfo.read(gguf)
         self.lora_dir = gguf_dir(cache_dir) / "loras"
         self.lora_dtype = lora_dtype

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
+import struct
 import threading
 from pathlib import Path
 from typing import Optional
@@ -16,13 +18,15 @@ import numpy as np
 
 from rlhf.serving.interface import EngineUnavailable
 
+log = logging.getLogger(__name__)
 _init_lock = threading.Lock()
 _initialised = False
+CPU_BACKEND = ""  # which CPU kernels llama.cpp runs on here (``cpu_backend``), once the library is initialised
 
 
 def library():
     """The ``llama_cpp`` bindings, initialised once (backend up, C logs only on errors)."""
-    global _initialised
+    global _initialised, CPU_BACKEND
     try:
         import llama_cpp
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -30,10 +34,19 @@ def library():
     with _init_lock:
         if not _initialised:
             logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # its C log callback reads this level
-            load_cpu_variants(Path(llama_cpp.__file__).parent / "lib")
+            lib_dir = llama_lib_dir(llama_cpp)
+            load_cpu_variants(lib_dir)
             llama_cpp.llama_backend_init()
+            CPU_BACKEND = cpu_backend()
+            log.info("llama.cpp runs on %s (%s)", CPU_BACKEND, lib_dir)
             _initialised = True
     return llama_cpp
+
+
+def llama_lib_dir(llama_cpp) -> Path:
+    """The folder libllama was loaded from (llama-cpp-python's ``lib/``, or its ``LLAMA_CPP_LIB_PATH``)."""
+    loaded = getattr(getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None), "_name", None)
+    return Path(loaded).parent if loaded else Path(llama_cpp.__file__).parent / "lib"
 
 
 def cpu_variants(lib_dir: Path) -> list[Path]:
@@ -42,15 +55,72 @@ def cpu_variants(lib_dir: Path) -> list[Path]:
     return sorted(lib_dir.glob("libggml-cpu-*.so"))
 
 
+def needed_libs(elf: Path) -> list[str]:
+    """The libraries a 64-bit little-endian ELF file links (its ``DT_NEEDED`` sonames, from ``.dynamic``); empty
+    when the file is not one."""
+    try:
+        data = Path(elf).read_bytes()
+    except OSError:
+        return []
+    if data[:6] != b"\x7fELF\x02\x01":
+        return []
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    for _, sh_type, _, _, offset, size, link, _, _, _ in sections:
+        if sh_type != 6:  # SHT_DYNAMIC; its sh_link is the string table of its names
+            continue
+        strings = sections[link][4]
+        names = []
+        for pos in range(offset, offset + size, 16):
+            tag, value = struct.unpack_from("<qQ", data, pos)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strings + value)
+                names.append(data[strings + value:end].decode())
+        return names
+    return []
+
+
+def ggml_library(lib_dir: Path) -> Path:
+    """The ggml file llama.cpp uses: the one ``libllama.so`` links (``libggml.so.0``), else ``libggml.so.0`` or
+    ``libggml.so``. A wheel cannot hold symlinks, so ``lib/`` has ``libggml.so``, ``.so.0`` and ``.so.0.x`` as three
+    separate copies: backends registered through any other copy land in a ggml nobody uses, and every model load
+    then fails with "no backends are loaded"."""
+    linked = [n for n in needed_libs(lib_dir / "libllama.so") if re.fullmatch(r"libggml\.so(\.\d+)*", n)]
+    for name in [*linked, "libggml.so.0", "libggml.so"]:
+        if (lib_dir / name).is_file():
+            return lib_dir / name
+    raise EngineUnavailable(f"llama.cpp's ggml library is not in {lib_dir}")
+
+
 def load_cpu_variants(lib_dir: Path) -> None:
     """Let a portable build pick the best kernels for this CPU at run time. ggml looks for its backends beside
     the executable and in the working directory, which for Python is neither, so point it at the package's
-    ``lib/``: it scores every variant against this CPU and loads the best one."""
+    ``lib/``: it scores every variant against this CPU and loads the best one, into the ggml libllama links."""
     if not cpu_variants(lib_dir):
         return
-    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
+    ggml = ctypes.CDLL(str(ggml_library(lib_dir)))
     ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_load_all_from_path(str(lib_dir).encode())
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    if ggml.ggml_backend_dev_count() == 0:
+        raise EngineUnavailable(f"none of llama.cpp's CPU variants in {lib_dir} loads on this CPU "
+                                f"({', '.join(p.name for p in cpu_variants(lib_dir))})")
+
+
+def cpu_backend(maps: str | Path = "/proc/self/maps") -> str:
+    """Which CPU kernels this process loaded, for people: ``CPU variant zen4 (portable build)``, ``native build``
+    for a build made for one CPU, ``CPU backend unknown`` where the process's mappings cannot be read."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return "CPU backend unknown"
+    variants = sorted(set(re.findall(r"libggml-cpu-([\w.-]+?)\.so", text)))
+    if variants:
+        return f"CPU variant {', '.join(variants)} (portable build)"
+    return "native build" if re.search(r"libggml-cpu\.so", text) else "CPU backend unknown"
 
 
 class Model:

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import time
 
-from gradio_client import Client
-
 from tests.conftest import stall
+from tests.support.gradio_page import Page
 
 
 def wait_until(predicate, what, limit=60.0):
@@ -18,16 +17,18 @@ def wait_until(predicate, what, limit=60.0):
 
 def test_concurrent_ui_chats_reach_the_engine_together(live_app, services):
     server = services.server
-    client = Client(live_app.url + "/", verbose=False)
+    pages = [Page(live_app.url) for _ in range(3)]  # three people, each on their own page
     before = server.engine_load().submitted
     gate = stall(server.engine)  # the engine holds between two steps, so no chat can finish
     try:
-        jobs = [client.submit(f"Hello {i}", "assistant", 1, f"ann{i}", 8, 0.0, 1.0, None, api_name="/chat")
-                for i in range(3)]
+        joins = [page.join("chat", f"Hello {i}", "assistant", "active", f"ann{i}", 8, 0.0, 1.0, "", 0)
+                 for i, page in enumerate(pages)]
         # With a concurrency limit of 1, the 2nd and 3rd chats would wait in Gradio's queue for the 1st.
         wait_until(lambda: server.engine_load().submitted - before == 3, "three chats in the engine at once")
     finally:
         gate.set()
-    results = [job.result(timeout=120) for job in jobs]
+    results = [page.result("chat", join) for page, join in zip(pages, joins)]
+    for page in pages:
+        page.close()
     assert all(len(history) == 2 for history, *_ in results)
     assert services.store.count("messages") == 6
