@@ -1,7 +1,8 @@
 """A version as a Hugging Face model: a folder (or zip) other tools load, and a push to a Hub repo.
 
 The folder holds the PEFT adapter (``adapter_config.json`` naming its base by hub id when it has one, the
-weights), the tokenizer with its chat template and the GGUF LoRA (``rlhf.retrain.bundle``) and a fresh model card (``rlhf.retrain.model_card``: the arena rating as it is now). The app's own
+weights), the tokenizer with its chat template and the GGUF LoRA (``rlhf.retrain.bundle``), and a fresh model
+card (``rlhf.retrain.model_card``: the arena rating as it is now). The app's own
 ``version.json`` (job, reward model, the local base path) stays home.
 """
 from __future__ import annotations

@@ -80,7 +80,8 @@ class BaseInfo:
         block = {"attn_q": [n_embd, n_head * head_dim], "attn_k": [n_embd, n_kv * head_dim],
                  "attn_v": [n_embd, n_kv * head_dim], "attn_output": [n_head * head_dim, n_embd],
                  "ffn_gate": [n_embd, ff], "ffn_up": [n_embd, ff], "ffn_down": [ff, n_embd]}
-        shapes = {f"blk.{i}.{name}.weight": ne for i in range(int(cfg["num_hidden_layers"])) for name, ne in block.items()}
+        shapes = {f"blk.{i}.{name}.weight": ne for i in range(int(cfg["num_hidden_layers"]))
+                  for name, ne in block.items()}
         if not cfg.get("tie_word_embeddings", False):
             shapes["output.weight"] = [n_embd, int(cfg["vocab_size"])]
         return cls("llama", n_head, n_kv, shapes)
