@@ -35,12 +35,11 @@ def add_gguf_lora(folder: Path, base_source: str) -> Optional[str]:
     """Write the adapter in ``folder`` as ``adapter_model.gguf``; the reason when it cannot be (None when written)."""
     from transformers import AutoConfig
 
+    from rlhf.serving.gguf_lora import write_gguf_lora
     from rlhf.serving.interface import AdapterError, EngineUnavailable
-    from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
 
     try:
-        info = BaseInfo.from_config(AutoConfig.from_pretrained(base_source).to_dict())
-        lora_to_gguf(folder, info, folder / GGUF_LORA)
+        write_gguf_lora(folder, AutoConfig.from_pretrained(base_source).to_dict(), folder / GGUF_LORA)
     except (AdapterError, EngineUnavailable) as exc:
         (folder / GGUF_LORA).unlink(missing_ok=True)
         return str(exc)
