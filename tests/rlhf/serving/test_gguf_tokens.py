@@ -3,6 +3,7 @@
 "default", and of 1,200 corpus texts llama.cpp tokenized only a part as transformers does."""
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -71,3 +72,23 @@ def test_llama_cpp_tokenizes_a_corpus_exactly_as_transformers(tiny_gguf, tokeniz
     texts = corpus(1200)
     wrong = mismatches(gguf_file, tokenizer, texts)
     assert not wrong, f"{len(texts) - len(wrong)} of {len(texts)} identical; e.g. {wrong[:5]}"
+
+
+def test_the_tokenizer_built_from_a_gguf_splits_digits_as_the_model_does(tokenizer):
+    """transformers leaves GPT-2's split for "smollm", which keeps a space with non-ASCII digits ("ĠÙ")."""
+    assert tokenizer.tokenize(" ٣٤٥")[:2] == ["Ġ", "Ù"] and tokenizer.tokenize(" 42") == ["Ġ", "4", "2"]
+
+
+def test_a_tokenizer_saved_before_the_fix_is_repaired_in_place(tokenizer, tmp_path):
+    from tokenizers import pre_tokenizers
+    from transformers import AutoTokenizer
+
+    from rlhf.base_models import shipped_gguf
+    from rlhf.gguf_tokenizer import repair_saved
+
+    old = copy.deepcopy(tokenizer)
+    old.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    old.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).tokenize(" ٣")[0] == "ĠÙ"  # the old, wrong split
+    repair_saved(tmp_path, shipped_gguf("smollm2-135m-instruct"))
+    assert AutoTokenizer.from_pretrained(tmp_path).tokenize(" ٣")[0] == "Ġ"
