@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.serving.interface import EngineUnavailable
+from rlhf.serving.interface import EngineUnavailable, llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
 FAMILIES = ["llama", "qwen2", "gemma3_text"]
@@ -81,3 +81,35 @@ def test_a_family_retrains_a_lora_and_carries_its_gguf_lora_or_the_reason(family
         assert why_not is None and (result.final_dir / GGUF_LORA).is_file()
     else:
         assert f"model_type '{family}'" in why_not and not (result.final_dir / GGUF_LORA).exists()
+
+
+@pytest.mark.slow  # loads llama.cpp
+@pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup`)")
+def test_llama_cpp_serves_the_family_it_takes_with_the_same_tokens_and_logits(family_dir, tmp_path, tokenizer):
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlhf.prompting import encode_prompt
+    from rlhf.serving.llama_cpp.base import llama_base
+    from rlhf.serving.llama_cpp.lib import Batch, Context, Model
+    from tests.support.token_corpus import corpus
+
+    family, model_dir = family_dir
+    if family not in LLAMA_CPP_TAKES:
+        pytest.skip(f"llama.cpp conversion here does not take {family} (the fallback is tested above)")
+    gguf_file, _ = llama_base(str(model_dir), tmp_path, "f16")
+    model = Model(gguf_file)
+    ctx, batch = Context(model, 256, 1, 256, 1), Batch(model.lib, 256)
+    try:
+        assert all(model.tokenize(t) == tokenizer.encode(t) for t in corpus(300))
+        ids = encode_prompt(tokenizer, [{"role": "user", "content": "Hello there"}])
+        for i, t in enumerate(ids):
+            batch.add(t, i, 0, i == len(ids) - 1)
+        assert ctx.decode(batch) == 0
+        ours = ctx.logits(-1).copy()
+    finally:
+        batch.close(), ctx.close(), model.close()
+    with torch.inference_mode():
+        theirs = AutoModelForCausalLM.from_pretrained(model_dir)(torch.tensor([ids])).logits[0, -1].numpy()
+    np.testing.assert_allclose(ours, theirs, atol=2e-2, rtol=0)  # f16 weights
