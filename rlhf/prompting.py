@@ -14,25 +14,37 @@ from __future__ import annotations
 from typing import Optional
 
 
-def template_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Ids of ``messages`` templated for the assistant's reply (plain ``role: text`` lines for a base model
-    without a chat template)."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True)["input_ids"])
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+# The template of a base model that has none: plain ``role: text`` lines, then ``assistant: `` for the reply. Saved
+# with a version's tokenizer, so the version's files template a chat exactly as the app did.
+PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
-def encode_prompt(tokenizer, messages: list[dict], max_tokens: Optional[int] = None) -> list[int]:
-    """Templated ids of ``messages``, ready for the assistant's reply, fitted to ``max_tokens`` (None = whole).
+def chat_template(tokenizer, template: Optional[str] = None) -> str:
+    """The template a chat is encoded with: ``template`` (an agent's own), else the tokenizer's, else plain lines."""
+    return template or getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
+
+
+def template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                 template: Optional[str] = None) -> list[int]:
+    """Ids of ``messages`` templated (``chat_template``), ready for the assistant's reply unless
+    ``add_generation_prompt`` is False (a system prompt alone, as a shared prefix)."""
+    return list(tokenizer.apply_chat_template(list(messages), chat_template=chat_template(tokenizer, template),
+                                              add_generation_prompt=add_generation_prompt, tokenize=True,
+                                              return_dict=True)["input_ids"])
+
+
+def encode_prompt(tokenizer, messages: list[dict], max_tokens: Optional[int] = None,
+                  template: Optional[str] = None) -> list[int]:
+    """Templated ids of ``messages``, ready for the assistant's reply, fitted to ``max_tokens`` (None = whole);
+    ``template``: a chat template of the caller's (an agent's own) in place of the tokenizer's.
 
     The longest fitting window is found by doubling, then bisection, over the window sizes the rule allows: only
     windows up to about twice the kept one are ever templated, so a history of 10,000 short messages costs what a
     short one does (re-templating after each drop would be quadratic in the history).
     """
     if max_tokens is None:
-        return template_ids(tokenizer, messages)
+        return template_ids(tokenizer, messages, template=template)
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = list(messages[len(system):])
     n = len(turns)
@@ -40,7 +52,7 @@ def encode_prompt(tokenizer, messages: list[dict], max_tokens: Optional[int] = N
 
     def encode(k: int) -> list[int]:  # the newest k turns, templated
         if k not in encoded:
-            encoded[k] = template_ids(tokenizer, system + turns[n - k:])
+            encoded[k] = template_ids(tokenizer, system + turns[n - k:], template=template)
         return encoded[k]
 
     if n <= 1:

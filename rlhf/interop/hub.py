@@ -1,7 +1,8 @@
 """A version as a Hugging Face model: a folder (or zip) other tools load, and a push to a Hub repo.
 
 The folder holds the PEFT adapter (``adapter_config.json`` naming its base by hub id when it has one, the
-weights) and a fresh model card (``rlhf.retrain.model_card``: the arena rating as it is now). The app's own
+weights), the tokenizer with its chat template and the GGUF LoRA (``rlhf.retrain.bundle``), and a fresh model
+card (``rlhf.retrain.model_card``: the arena rating as it is now). The app's own
 ``version.json`` (job, reward model, the local base path) stays home.
 """
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Optional
 
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir
+from rlhf.retrain import bundle
 from rlhf.retrain.model_card import base_of, read_adapter_meta, write_card
 from storage import Policy, Store
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 class HubError(RuntimeError):
@@ -43,9 +44,12 @@ def export_version(store: Store, policy_id: int, out: str | Path, repo_id: Optio
     if out.exists():
         raise HubError(f"{out} already exists")
     with atomic_dir(out, replace=False) as tmp:
-        for name in ADAPTER_FILES:
-            if (src / name).is_file():
-                shutil.copy2(src / name, tmp / name)
+        for path in bundle.travel_files(src):
+            shutil.copy2(path, tmp / path.name)
+        if not bundle.has_tokenizer(src):  # published before versions held their tokenizer and GGUF LoRA
+            from rlhf.base_models import resolve_model
+
+            bundle.complete(tmp, resolve_model(store.get_agent(policy.agent_id).base_model, store.root))
         adapter_cfg, meta = read_adapter_meta(src)
         hub, _ = base_of(adapter_cfg, meta, store.get_agent(policy.agent_id).base_model, store.root)
         if hub and adapter_cfg.get("base_model_name_or_path") != hub:  # published before bases had hub ids

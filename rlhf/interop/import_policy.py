@@ -72,9 +72,11 @@ def find_adapter_dir(path: Path) -> Optional[Path]:
 def _probe_logits(model, tokenizer):
     import torch
 
-    enc = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    from rlhf.prompting import encode_prompt
+
+    ids = torch.tensor([encode_prompt(tokenizer, PROBE)], device=model.device)
     with torch.no_grad():
-        return model(**{k: v.to(model.device) for k, v in enc.items()}).logits.float()
+        return model(input_ids=ids).logits.float()
 
 
 def _check_finite(logits, what: str) -> None:

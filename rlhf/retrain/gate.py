@@ -80,7 +80,8 @@ class GateResult:
         return {"gate/verdict": self.verdict.verdict, "gate/win_rate": self.verdict.win_rate,
                 "gate/low": self.verdict.low, "gate/high": self.verdict.high, "gate/reason": self.verdict.reason,
                 "gate/evidence": self.evidence.get("source"), "gate/guarded": self.guarded,
-                "gate/guard_tripped": list(self.guard.get("tripped", []))}
+                "gate/guard_tripped": list(self.guard.get("tripped", [])),
+                "gate/judged": "verdict_from_judge" in self.evidence}  # else win rate and interval are placeholders
 
 
 def _fmt(x: Optional[float]) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from rlhf.base_models import trained_weights
 from rlhf.files import atomic_file
 from storage import Policy, Store
 
@@ -52,6 +53,10 @@ class CardFacts:
     arena_high: Optional[float] = None
     arena_votes: int = 0
     lora: dict = field(default_factory=dict)
+    base_weights: str = ""  # which weights torch trained on (e.g. a dequantised Q4_1 GGUF), in words
+    method: Optional[str] = None  # retrain.method of the run that trained it (ppo | dpo); None: not trained here
+    gate_judged: bool = False  # the gate's win rate and interval came from its held-out judge (else placeholders)
+    rm_win_rate: Optional[float] = None  # the reward model's own win rate of this version over the one it replaced
 
 
 def _number(value) -> Optional[float]:
@@ -127,6 +132,10 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         votes, ratings, annotators = learned_from(store, agent.name, policy.data_snapshot)
     parent = next((p.version for p in store.list_policies(agent.id) if p.id == policy.parent_id), None)
     row = arena_row(store, policy)
+    low, high = _number(m.get("gate/low")), _number(m.get("gate/high"))
+    judged = m.get("gate/judged")
+    if judged is None:  # versions published before the gate said so: a judged interval is never exactly 0–1
+        judged = m.get("gate/evidence") == "judge" and (low, high) != (0.0, 1.0)
     rated = int(row.get("wins", 0) + row.get("losses", 0) + row.get("ties", 0))
     return CardFacts(
         agent=agent.name, version=policy.version, status=policy.status, created=policy.created,
@@ -136,8 +145,11 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         votes=votes, ratings=ratings, annotators=annotators,
         rm_accuracy=_number(m.get("reward_model/cv_accuracy")), rm_low=_number(m.get("reward_model/cv_low")),
         rm_high=_number(m.get("reward_model/cv_high")), gate_verdict=m.get("gate/verdict"),
-        gate_win_rate=_number(m.get("eval/win_rate")), gate_low=_number(m.get("gate/low")),
-        gate_high=_number(m.get("gate/high")), gate_reason=m.get("gate/reason"),
+        gate_win_rate=_number(m.get("gate/win_rate")) if judged else None, gate_low=low if judged else None,
+        gate_high=high if judged else None, gate_reason=m.get("gate/reason"), gate_judged=bool(judged),
+        rm_win_rate=_number(m.get("eval/win_rate")),
+        base_weights=trained_weights(agent.base_model),
+        method=((policy.config.get("retrain") or {}).get("method") or m.get("retrain/method")) if trained else None,
         kl_to_base=_number(m.get("eval/kl")),
         arena_rating=_number(row.get("bt")) if rated else None, arena_low=_number(row.get("ci_low")) if rated else None,
         arena_high=_number(row.get("ci_high")) if rated else None, arena_votes=int(row.get("votes", 0)),
@@ -160,7 +172,7 @@ def metadata(facts: CardFacts) -> str:
     """The card's YAML metadata block (Hub fields; ``base_model`` only when the base is on the Hub)."""
     from huggingface_hub import ModelCardData
 
-    tags = ["peft", "lora", "rlhf", "ppo", "rlhf-studio"]
+    tags = ["peft", "lora", "rlhf", *([facts.method] if facts.method else []), "rlhf-studio"]
     if facts.base_on_hub:
         tags.append(f"base_model:adapter:{facts.base_model}")
     data = ModelCardData(base_model=facts.base_model if facts.base_on_hub else None, library_name="peft",
@@ -177,13 +189,26 @@ def _learning_lines(f: CardFacts) -> list[str]:
             "not counted).",
             f"- Reward model, cross-validated accuracy: {_interval(f.rm_accuracy, f.rm_low, f.rm_high, '.0%')}.",
             f"- Retrain gate: **{f.gate_verdict or 'not run'}**"
-            + (f", reward-model win rate against the version it replaced "
-               f"{_interval(f.gate_win_rate, f.gate_low, f.gate_high, '.2f')}" if f.gate_win_rate is not None else "")
+            + (f", the held-out judge's win rate against the version it replaced "
+               f"{_interval(f.gate_win_rate, f.gate_low, f.gate_high, '.2f')}" if f.gate_judged
+               and f.gate_win_rate is not None else ", without a held-out judge (no interval measured)"
+               if f.gate_verdict else "")
             + (f" — {f.gate_reason}" if f.gate_reason else "") + ".",
+            *([f"- The reward model it was trained against prefers its replies to the replaced version's on "
+               f"{f.rm_win_rate:.0%} of the held-out prompts (that model's own view: no interval)."]
+              if f.rm_win_rate is not None else []),
             f"- KL to the base model: {'not measured' if f.kl_to_base is None else f'{f.kl_to_base:.2f} nats per reply'}."]
 
 
 SYSTEM_PLACEHOLDER = "YOUR SYSTEM PROMPT"
+METHODS = {"ppo": "trained with RLHF in RLHF Studio: a reward model learned from people's votes, then PPO against it.",
+           "dpo": "trained in RLHF Studio with DPO directly on people's pairwise votes."}
+
+
+def _method_text(method: Optional[str]) -> str:
+    if method is None:
+        return "imported into RLHF Studio."
+    return METHODS.get(method, f"trained in RLHF Studio with {method}.")
 
 
 def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_prompt: bool = False) -> str:
@@ -209,7 +234,8 @@ def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_pro
         "---", metadata(f).rstrip("\n"), "---", "",
         f"# {f.agent} v{f.version}", "",
         f"A LoRA adapter for [{f.base_model}]({'https://huggingface.co/' + f.base_model if f.base_on_hub else '#'})"
-        f" trained with RLHF (a reward model from people's votes, then PPO) in RLHF Studio.", "",
+        f" {_method_text(f.method)}", "",
+        f"Trained on {f.base_weights}." if f.base_weights else "", "",
         "| | |", "|---|---|",
         f"| Base model | `{f.base_model}`{'' if f.base_on_hub else ' (a local model: not on the Hugging Face Hub)'} |",
         f"| Version | v{f.version} ({f.status}){'' if f.parent_version is None else f', trained from v{f.parent_version}'} |",
@@ -222,7 +248,7 @@ def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_pro
         "from peft import PeftModel",
         "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
         f'base = AutoModelForCausalLM.from_pretrained("{base}")',
-        f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{source}")  # with the chat template the app used',
         f'model = PeftModel.from_pretrained(base, "{source}")', "",
         f"messages = [{{\"role\": \"system\", \"content\": {prompt}}},",
         '            {"role": "user", "content": "Hello!"}]',
@@ -230,7 +256,9 @@ def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_pro
         'return_dict=True)',
         "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0], skip_special_tokens=True))",
         "```", "",
-        about_prompt, ""]
+        about_prompt, "",
+        "The folder also holds `adapter_model.gguf`, the same adapter as a GGUF LoRA for llama.cpp "
+        "(`--lora adapter_model.gguf` beside a GGUF of the base), when the base's architecture converts.", ""]
     return "\n".join(lines)
 
 

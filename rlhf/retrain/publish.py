@@ -18,6 +18,7 @@ from typing import Optional
 from rlhf.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir, is_temp_dir
+from rlhf.retrain import bundle
 from rlhf.retrain.model_card import write_card
 from rlhf.serving.interface import AdapterError
 from storage import Policy, Store
@@ -68,8 +69,10 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
     with atomic_dir(final, replace=orphan) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         about_base = name_base(tmp, base, config.data_path)
+        bundled = _bundle(tmp, base, config)
         (tmp / "version.json").write_text(json.dumps({"agent": agent, "parent_id": parent_id, "job_id": job_id,
-                                                      "reward_model_id": reward_model_id, **about_base}, indent=1))
+                                                      "reward_model_id": reward_model_id, **about_base,
+                                                      "bundle": bundled}, indent=1))
     try:
         policy = store.register_policy_version(agent, str(final), parent_id=parent_id, promote=promote,
                                                reward_model_id=reward_model_id, job_id=job_id,
@@ -82,6 +85,18 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
     except Exception:  # the version is published and served; a card can be written again (download, push)
         log.warning("version %s published, but its model card could not be written", policy.id, exc_info=True)
     return policy
+
+
+def _bundle(folder: Path, base: str, config: AppConfig) -> dict:
+    """The tokenizer and GGUF LoRA beside the adapter (``rlhf.retrain.bundle``); a failure is logged, and the
+    version still publishes (a download adds what is missing)."""
+    from rlhf.base_models import resolve_model
+
+    try:
+        return bundle.complete(folder, resolve_model(base, config.data_path))
+    except Exception as exc:  # a tokenizer or config that does not load: the trained adapter is still worth keeping
+        log.warning("version in %s published without its tokenizer/GGUF LoRA: %s", folder, exc)
+        return {"tokenizer": False, "gguf_lora": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def referenced(store: Store, path: Path) -> bool:

@@ -80,8 +80,9 @@ class _Threads:
 def prove(loop, tokenizer) -> str:
     """Decode a few tokens through ``loop`` — one reply alone, then two in one batch — the way chat will, so a
     kernel that faults on this CPU faults now, before anyone waits on it; returns what was decoded."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hello! Say one word."}],
-                                        add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    from rlhf.prompting import encode_prompt  # the one prompt encoder: a base without a chat template proves too
+
+    ids = encode_prompt(tokenizer, [{"role": "user", "content": "Hello! Say one word."}])
     t0 = time.perf_counter()
     streams = []
     for batch in (1, 2):

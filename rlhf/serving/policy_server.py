@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from rlhf.config import AppConfig
 from rlhf.base_models import pick_device
-from rlhf.prompting import encode_prompt
+from rlhf.prompting import encode_prompt, template_ids
 from rlhf.serving.interface import AdapterError, Busy, Engine, EngineLoad, EngineUnavailable, GenParams, ReplyStream, \
     Request, build_core
 from rlhf.serving.loop import EngineLoop
@@ -148,8 +148,8 @@ class PolicyServer:
             return 0
         prefix = self._system_ids.get(system_prompt)
         if prefix is None:
-            prefix = list(self.tokenizer.apply_chat_template([{"role": "system", "content": system_prompt}],
-                                                             tokenize=True, return_dict=True)["input_ids"])
+            prefix = template_ids(self.tokenizer, [{"role": "system", "content": system_prompt}],
+                                  add_generation_prompt=False)
             if len(self._system_ids) > 256:  # agents are few; this only guards against unbounded growth
                 self._system_ids.clear()
             self._system_ids[system_prompt] = prefix

@@ -28,18 +28,18 @@ def gguf_dir(data_dir: Optional[str | Path]) -> Path:
 
 
 def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
-    from transformers import AutoTokenizer
-
     from rlhf.files import atomic_dir
+    from rlhf.gguf_tokenizer import repair_saved, tokenizer_from_gguf
     from rlhf.base_models import gguf_model_dir
 
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-tok-"))
     target = DataDir(root).tokenizer(gguf_model_dir(gguf_file, root).name)
     if (target / "tokenizer_config.json").is_file():
+        repair_saved(target, gguf_file)
         return target
     try:
         with atomic_dir(target, replace=False) as tmp:
-            AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name).save_pretrained(tmp)
+            tokenizer_from_gguf(gguf_file).save_pretrained(tmp)
     except FileExistsError:
         pass  # another process wrote it first
     return target

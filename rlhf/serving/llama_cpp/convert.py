@@ -67,6 +67,26 @@ class BaseInfo:
                    {t.name: [int(x) for x in t.shape] for t in reader.tensors})
 
 
+    @classmethod
+    def from_config(cls, cfg: dict) -> "BaseInfo":
+        """What ``hf_to_gguf`` would write for a model of this ``config.json`` (a GGUF LoRA needs no base GGUF);
+        EngineUnavailable for an architecture it does not convert."""
+        if cfg.get("model_type") != "llama":
+            raise EngineUnavailable(f"llama.cpp LoRA conversion here takes Llama-architecture bases only (model_type "
+                                    f"{cfg.get('model_type')!r})")
+        n_embd, n_head, ff = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["intermediate_size"])
+        n_kv = int(cfg.get("num_key_value_heads") or n_head)
+        head_dim = int(cfg.get("head_dim") or n_embd // n_head)
+        block = {"attn_q": [n_embd, n_head * head_dim], "attn_k": [n_embd, n_kv * head_dim],
+                 "attn_v": [n_embd, n_kv * head_dim], "attn_output": [n_head * head_dim, n_embd],
+                 "ffn_gate": [n_embd, ff], "ffn_up": [n_embd, ff], "ffn_down": [ff, n_embd]}
+        shapes = {f"blk.{i}.{name}.weight": ne for i in range(int(cfg["num_hidden_layers"]))
+                  for name, ne in block.items()}
+        if not cfg.get("tie_word_embeddings", False):
+            shapes["output.weight"] = [n_embd, int(cfg["vocab_size"])]
+        return cls("llama", n_head, n_kv, shapes)
+
+
 def _read_adapter(adapter_dir: Path) -> tuple[dict, dict]:
     """(adapter_config.json, tensors as float32 numpy) of a PEFT adapter dir; AdapterError when unreadable."""
     config_path = adapter_dir / "adapter_config.json"
@@ -165,8 +185,11 @@ def _write(writer) -> None:
 
 # ---- a Hugging Face model directory as a base GGUF -------------------------------------------------------------
 def _tokenizer_metadata(writer, model_dir: Path, vocab_size: int) -> None:
-    """The vocabulary llama.cpp needs to load the model (byte-level BPE, as GPT-2, SmolLM and Llama 3 use).
-    The app tokenizes and detokenizes with the Hugging Face tokenizer, so only ids and strings matter here."""
+    """Every tokenizer field llama.cpp reads, so that it splits text into the ids transformers gives (byte-level
+    BPE, as GPT-2, SmolLM, Llama 3 and Qwen2 use): vocabulary, token types, merges, the pre-tokenizer named by
+    llama.cpp's fingerprint of the tokenizer, special ids, whether BOS/EOS are added, and the chat template."""
+    from rlhf.serving.llama_cpp.pretokenizer import pre_tokenizer_name
+
     path = model_dir / "tokenizer.json"
     try:
         spec = json.loads(path.read_text())
@@ -177,6 +200,12 @@ def _tokenizer_metadata(writer, model_dir: Path, vocab_size: int) -> None:
         raise EngineUnavailable(f"{model_dir}: only byte-level BPE tokenizers convert here (found "
                                 f"{model.get('type')!r}); convert the model with llama.cpp's convert_hf_to_gguf.py "
                                 f"and set base_model to the .gguf file")
+    tok = _hf_tokenizer(model_dir)
+    pre = pre_tokenizer_name(tok)
+    if pre is None:
+        raise EngineUnavailable(f"{model_dir}: llama.cpp knows no pre-tokenizer that splits text as this tokenizer "
+                                f"does, so it would see other tokens than transformers; convert the model with "
+                                f"llama.cpp's convert_hf_to_gguf.py and set base_model to the .gguf file")
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     types = [gguf_token_type("unused")] * vocab_size
     for text, i in model["vocab"].items():
@@ -191,10 +220,36 @@ def _tokenizer_metadata(writer, model_dir: Path, vocab_size: int) -> None:
         writer.add_chat_template(template)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
+    _special_ids(writer, tok, json.loads((model_dir / "config.json").read_text()))
+
+
+def _hf_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        raise EngineUnavailable(f"cannot load the tokenizer in {model_dir}: {exc}") from exc
+
+
+def _special_ids(writer, tok, cfg: dict) -> None:
+    """BOS/EOS/PAD/UNK ids (the tokenizer's, else the model config's) and whether encoding adds BOS/EOS, as
+    transformers does: llama.cpp's own defaults differ per pre-tokenizer (e.g. "llama-bpe" adds BOS)."""
+    for name, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
+                      ("pad", writer.add_pad_token_id), ("unk", writer.add_unk_token_id)):
+        value = getattr(tok, f"{name}_token_id", None)
+        if value is None:
+            value = cfg.get(f"{name}_token_id")
+            value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int):
+            add(value)
+    plain, full = tok.encode("a", add_special_tokens=False), tok.encode("a")
+    writer.add_add_bos_token(len(full) > len(plain) and full[0] == tok.bos_token_id)
+    writer.add_add_eos_token(len(full) > len(plain) and full[-1] == tok.eos_token_id)
 
 
 def _chat_template(model_dir: Path) -> Optional[str]:
@@ -269,12 +324,6 @@ def hf_to_gguf(model_dir: str | Path, out: str | Path, weight_type: str = "q8_0"
     writer.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
                           "f32": gguf.LlamaFileType.ALL_F32}.get(weight_type, gguf.LlamaFileType.MOSTLY_F16))
     _tokenizer_metadata(writer, model_dir, vocab)
-    for key, tid in (("bos_token_id", "add_bos_token_id"), ("eos_token_id", "add_eos_token_id"),
-                     ("pad_token_id", "add_pad_token_id")):
-        value = cfg.get(key)
-        value = value[0] if isinstance(value, list) else value
-        if isinstance(value, int):
-            getattr(writer, tid)(value)
     _matrix(writer, "token_embd.weight", state["embed_tokens.weight"], weight_type)
     writer.add_tensor("output_norm.weight", state["norm.weight"].astype(np.float32))
     if "lm_head.weight" in state and not cfg.get("tie_word_embeddings", False):

@@ -143,6 +143,19 @@ class Model:
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.eos = int(lib.llama_vocab_eos(self.vocab))
 
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """llama.cpp's own token ids for ``text`` (with the GGUF's pre-tokenizer; special tokens in the text are
+        matched when ``parse_special``)."""
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        for _ in range(2):
+            buf = (self.lib.llama_token * size)()
+            n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n  # too small: llama.cpp says how many it needs
+        raise RuntimeError(f"llama.cpp could not tokenize a text of {len(data)} bytes")
+
     def close(self) -> None:
         if self.ptr:
             self.lib.llama_model_free(self.ptr)

@@ -168,7 +168,8 @@ def assert_serves_like(policy, model, tiny_model_dir):
     torch.testing.assert_close(logits(published.eval(), ids), logits(model, ids), rtol=1e-4, atol=1e-4)
     files = {p.name for p in Path(policy.adapter_path).iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= files
-    assert not files & {"config.json", "tokenizer.json", "adapter_model.bin", "model.safetensors"}
+    assert not files & {"config.json", "adapter_model.bin", "model.safetensors"}  # an adapter, not a full model
+    assert "tokenizer.json" in files  # with the tokenizer and chat template it was trained with (issue 43)
 
 
 @pytest.mark.parametrize("zero3", [False, True], ids=["zero2", "zero3-bin"])

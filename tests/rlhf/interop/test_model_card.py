@@ -21,7 +21,8 @@ from tests.conftest import make_adapter
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 METRICS = {"reward_model/cv_accuracy": 0.8, "reward_model/cv_low": 0.7, "reward_model/cv_high": 0.9,
-           "gate/verdict": "promote", "eval/win_rate": 0.75, "gate/low": 0.62, "gate/high": 0.88,
+           "gate/verdict": "promote", "gate/win_rate": 0.75, "gate/low": 0.62, "gate/high": 0.88,
+           "gate/judged": True, "gate/evidence": "judge", "eval/win_rate": 0.84,
            "gate/reason": "the lower bound is above 0.5", "eval/kl": 3.25, "feedback_used": 4}
 
 
@@ -78,7 +79,10 @@ def test_the_card_is_a_real_model_card(shipped):
     assert "More Information Needed" not in text
     assert "**3 votes**" in text and "3 ratings" in text and "**2 annotators**" in text  # eve is excluded
     assert "80% (95% interval 70%–90%)" in text  # reward-model accuracy with its interval
-    assert "**promote**" in text and "0.75 (95% interval 0.62–0.88)" in text
+    assert "**promote**" in text and "0.75 (95% interval 0.62–0.88)" in text  # the judge's, not the reward model's
+    assert "on 84% of the held-out prompts" in text
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in text and "(Q4_1), dequantised" in text  # the weights it trained on
+    assert "then PPO against it" in text and "ppo" in card.data.tags  # the run config's retrain.method
     assert "3.25 nats per reply" in text
     assert shipped["v1"].created[:10] in text and "| License | apache-2.0" in text
     assert f'AutoModelForCausalLM.from_pretrained("{HUB_ID}")' in text and "PeftModel.from_pretrained(base" in text
@@ -138,7 +142,9 @@ def test_a_version_downloads_as_a_zip_of_a_hub_ready_folder(shipped, tmp_path):
     path = zip_version(store, shipped["v1"].id, tmp_path / "dl")
     assert path.name == "assistant-v1.zip"
     with zipfile.ZipFile(path) as z:
-        assert sorted(z.namelist()) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+        names = set(z.namelist())
+        assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "adapter_model.gguf",
+                "tokenizer.json", "tokenizer_config.json"} <= names and "version.json" not in names
         assert json.loads(z.read("adapter_config.json"))["base_model_name_or_path"] == HUB_ID
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["assistant-v1.zip"]
     with pytest.raises(HubError, match="base model itself"):
@@ -226,7 +232,8 @@ def test_push_policy_commits_the_version_to_the_hub(shipped, tmp_path, monkeypat
     finally:
         hub.close()
     assert out["repo"] == "team/assistant-rlhf" and out["commit"] == "1" * 40
-    assert sorted(hub.files) == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "adapter_model.gguf", "tokenizer.json",
+            "tokenizer_config.json"} <= set(hub.files) and "version.json" not in hub.files
     assert hub.files["adapter_model.safetensors"] == \
         (Path(v1.adapter_path) / "adapter_model.safetensors").read_bytes()
     assert json.loads(hub.files["adapter_config.json"])["base_model_name_or_path"] == HUB_ID
@@ -297,3 +304,71 @@ def test_a_downloaded_version_imports_back_as_a_version(shipped, tmp_path):
     version_dir = Path(result.policy.adapter_path)
     assert json.loads((version_dir / "adapter_config.json").read_text())["base_model_name_or_path"] == HUB_ID
     assert "Imported from `export`" in (version_dir / "README.md").read_text()
+
+
+def test_a_downloaded_version_loads_with_its_own_tokenizer_and_chat_template(shipped, tmp_path, monkeypatch):
+    """The zip travels whole: AutoTokenizer and PeftModel load the unzipped folder, and llama.cpp's GGUF LoRA is
+    in it (converted for the same base)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = zip_version(shipped["store"], shipped["v1"].id, tmp_path / "dl")
+    folder = tmp_path / "unzipped"
+    with zipfile.ZipFile(path) as z:
+        z.extractall(folder)
+    base_tok = AutoTokenizer.from_pretrained(shipped["local_base"])
+    tok = AutoTokenizer.from_pretrained(folder)
+    chat = [{"role": "user", "content": "Hello!"}]
+    assert tok.chat_template == base_tok.chat_template
+    assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == \
+        base_tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(shipped["local_base"]), str(folder))
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([tok.encode("Hello!")])).logits).all()
+    import gguf
+
+    lora = gguf.GGUFReader(str(folder / "adapter_model.gguf"))
+    assert lora.fields["adapter.type"].contents() == "lora" and any(t.name.endswith("lora_a") for t in lora.tensors)
+
+
+def test_a_base_without_a_template_travels_with_the_plain_template_the_app_used(shipped, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlhf.prompting import PLAIN_TEMPLATE, encode_prompt
+    from rlhf.retrain.bundle import add_tokenizer
+
+    base = tmp_path / "plain-base"
+    shutil.copytree(shipped["local_base"], base)
+    (base / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = json.loads((base / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (base / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert not AutoTokenizer.from_pretrained(base).chat_template
+    out = tmp_path / "version"
+    out.mkdir()
+    add_tokenizer(out, str(base))
+    tok = AutoTokenizer.from_pretrained(out)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert tok.chat_template == PLAIN_TEMPLATE
+    assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] \
+        == encode_prompt(AutoTokenizer.from_pretrained(base), chat)
+
+
+def test_the_card_states_the_method_and_no_placeholder_interval(shipped, tmp_path):
+    from rlhf.retrain.model_card import card_facts, render_card
+
+    store, config = shipped["store"], shipped["config"]
+    agent = store.get_agent(shipped["v1"].agent_id)
+    run = config.to_dict()
+    run["retrain"]["method"] = "dpo"
+    unjudged = {**METRICS, "gate/verdict": "inconclusive", "gate/win_rate": 0.5, "gate/low": 0.0, "gate/high": 1.0,
+                "gate/judged": False, "gate/evidence": "none", "gate/reason": "no held-out judge"}
+    adapter = make_adapter(shipped["local_base"], tmp_path / "dpo", seed=6)
+    v2 = publish_version(store, config, agent.name, adapter, parent_id=shipped["v1"].id, promote=False,
+                         job_id=None, data_snapshot=store.feedback_watermark(agent.id), run_config=run,
+                         metrics=unjudged)
+    text = render_card(card_facts(store, v2))
+    assert "with DPO directly on people's pairwise votes" in text and "PPO" not in text
+    assert "0.00–1.00" not in text and "without a held-out judge (no interval measured)" in text

@@ -1,4 +1,4 @@
-"""Dashboard: download a version as a zip (PEFT adapter + model card), admins only."""
+"""Dashboard: download a version as a zip (PEFT adapter, tokenizer, GGUF LoRA, model card), admins only."""
 from __future__ import annotations
 
 import zipfile
@@ -20,8 +20,8 @@ def test_an_admin_downloads_a_version_and_an_annotator_cannot(services, tiny_mod
     button, status = dashboard.download_version(services, v1.id, None)  # local mode: everyone is admin
     path = Path(button.value["path"])
     assert button.visible and path.name == "assistant-v1.zip" and "PeftModel" in status
-    assert sorted(zipfile.ZipFile(path).namelist()) == ["README.md", "adapter_config.json",
-                                                        "adapter_model.safetensors"]
+    assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "adapter_model.gguf", "tokenizer.json",
+            "tokenizer_config.json"} <= set(zipfile.ZipFile(path).namelist())
     button, status = dashboard.download_version(services, base.id, None)
     assert not button.visible and "base model itself" in status
     button, status = dashboard.download_version(services, None, None)
