@@ -348,6 +348,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _runs(config: AppConfig, args: argparse.Namespace) -> list[tuple[dict, AppConfig]]:
     """(labels, config) per run: every method x seed x swept value, each config checked before any work."""
     from rlhf.config import apply_overrides
+    from rlhf.training.methods import METHODS, get_method
 
     methods = [m.strip() for m in (getattr(args, "methods", None) or config.retrain.method).split(",") if m.strip()]
     seeds = [int(x) for x in (getattr(args, "seeds", None) or str(config.ppo.seed)).split(",") if x.strip()]
@@ -356,7 +357,9 @@ def _runs(config: AppConfig, args: argparse.Namespace) -> list[tuple[dict, AppCo
     for value in values:
         for method in methods:
             for seed in seeds:
-                overrides = {"retrain.method": method, "ppo.seed": seed, "dpo.seed": seed}
+                overrides = {"retrain.method": method, "ppo.seed": seed}
+                if method in METHODS:  # else the config check below names the choices
+                    overrides[f"{get_method(method).section}.seed"] = seed
                 if key is not None:
                     overrides[key] = value
                 labels = {"knob": f"{key}={value}"} if key is not None else {}

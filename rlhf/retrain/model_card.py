@@ -47,6 +47,7 @@ class CardFacts:
     gate_high: Optional[float] = None
     gate_reason: Optional[str] = None
     kl_to_base: Optional[float] = None
+    method: Optional[str] = None  # retrain.method of the run that trained it (None: imported, or not known)
     arena_rating: Optional[float] = None
     arena_low: Optional[float] = None
     arena_high: Optional[float] = None
@@ -139,6 +140,7 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         gate_win_rate=_number(m.get("eval/win_rate")), gate_low=_number(m.get("gate/low")),
         gate_high=_number(m.get("gate/high")), gate_reason=m.get("gate/reason"),
         kl_to_base=_number(m.get("eval/kl")),
+        method=(policy.config.get("retrain") or {}).get("method") if trained else None,
         arena_rating=_number(row.get("bt")) if rated else None, arena_low=_number(row.get("ci_low")) if rated else None,
         arena_high=_number(row.get("ci_high")) if rated else None, arena_votes=int(row.get("votes", 0)),
         lora={k: adapter_cfg.get(k) for k in ("r", "lora_alpha", "target_modules") if k in adapter_cfg})
@@ -160,7 +162,7 @@ def metadata(facts: CardFacts) -> str:
     """The card's YAML metadata block (Hub fields; ``base_model`` only when the base is on the Hub)."""
     from huggingface_hub import ModelCardData
 
-    tags = ["peft", "lora", "rlhf", "ppo", "rlhf-studio"]
+    tags = ["peft", "lora", "rlhf", *([facts.method] if facts.method else []), "rlhf-studio"]
     if facts.base_on_hub:
         tags.append(f"base_model:adapter:{facts.base_model}")
     data = ModelCardData(base_model=facts.base_model if facts.base_on_hub else None, library_name="peft",
@@ -181,6 +183,13 @@ def _learning_lines(f: CardFacts) -> list[str]:
                f"{_interval(f.gate_win_rate, f.gate_low, f.gate_high, '.2f')}" if f.gate_win_rate is not None else "")
             + (f" — {f.gate_reason}" if f.gate_reason else "") + ".",
             f"- KL to the base model: {'not measured' if f.kl_to_base is None else f'{f.kl_to_base:.2f} nats per reply'}."]
+
+
+def _method_words(method: Optional[str]) -> str:
+    """The policy method as the card's sentence names it, from the version's own config."""
+    from rlhf.training.methods import method_title
+
+    return method_title(method) if method else "a policy update"
 
 
 SYSTEM_PLACEHOLDER = "YOUR SYSTEM PROMPT"
@@ -209,7 +218,7 @@ def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_pro
         "---", metadata(f).rstrip("\n"), "---", "",
         f"# {f.agent} v{f.version}", "",
         f"A LoRA adapter for [{f.base_model}]({'https://huggingface.co/' + f.base_model if f.base_on_hub else '#'})"
-        f" trained with RLHF (a reward model from people's votes, then PPO) in RLHF Studio.", "",
+        f" trained with RLHF (a reward model from people's votes, then {_method_words(f.method)}) in RLHF Studio.", "",
         "| | |", "|---|---|",
         f"| Base model | `{f.base_model}`{'' if f.base_on_hub else ' (a local model: not on the Hugging Face Hub)'} |",
         f"| Version | v{f.version} ({f.status}){'' if f.parent_version is None else f', trained from v{f.parent_version}'} |",

@@ -152,3 +152,11 @@ def test_promote_is_rollback(client, services, tmp_path):
     assert r == {"id": 1, "version": 0, "status": "active"}
     assert services.store.get_policy(v1.id).status == "candidate"
     assert client.post("/api/v1/policies/999/promote").status_code == 404
+
+
+def test_train_rest_refuses_an_unknown_method_and_queues_nothing(client, services):
+    seed_pairs(services.store, 16)
+    refused = client.post("/api/v1/train", json={"config": {"retrain": {"method": "grpo"}}})
+    assert refused.status_code == 422 and "retrain.method" in refused.json()["error"]
+    assert services.store.list_jobs("assistant") == []
+    assert client.post("/api/v1/train", json={"dry_run": True, "config": {"retrain.method": "rpo"}}).json()["ready"]
