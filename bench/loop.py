@@ -103,7 +103,8 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     r, g = config.reward, config.gate
     groups = [p["prompt_id"] for p in pairs]
     mine, theirs = judge_split(groups, g.judge_share, g.min_judge_pairs, r.seed)
-    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c)
+    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c,
+                              permutations=r.cv_permutations)
     head = fit_pairs(xc[mine], xr[mine], c=r.head_c, members=r.ensemble, seed=r.seed)
     judge_head, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, r.seed)
     evidence = Evidence.from_metrics({**cv, **judged}, prefix="")

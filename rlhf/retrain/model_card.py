@@ -158,6 +158,10 @@ def _interval(value: Optional[float], low: Optional[float], high: Optional[float
                    else "")
 
 
+def _spans_chance(low: Optional[float], high: Optional[float]) -> bool:
+    return low is not None and high is not None and low <= 0.5 <= high
+
+
 def metadata(facts: CardFacts) -> str:
     """The card's YAML metadata block (Hub fields; ``base_model`` only when the base is on the Hub)."""
     from huggingface_hub import ModelCardData
@@ -177,7 +181,8 @@ def _learning_lines(f: CardFacts) -> list[str]:
     return [f"- Learned from **{f.votes} votes** (pairwise comparisons) and {f.ratings} ratings by "
             f"**{f.annotators} annotator{'s' if f.annotators != 1 else ''}** (annotators excluded from training "
             "not counted).",
-            f"- Reward model, cross-validated accuracy: {_interval(f.rm_accuracy, f.rm_low, f.rm_high, '.0%')}.",
+            f"- Reward model, cross-validated accuracy: {_interval(f.rm_accuracy, f.rm_low, f.rm_high, '.0%')}"
+            + (": too few votes to tell it from chance" if _spans_chance(f.rm_low, f.rm_high) else "") + ".",
             f"- Retrain gate: **{f.gate_verdict or 'not run'}**"
             + (f", reward-model win rate against the version it replaced "
                f"{_interval(f.gate_win_rate, f.gate_low, f.gate_high, '.2f')}" if f.gate_win_rate is not None else "")

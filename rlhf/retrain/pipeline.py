@@ -60,7 +60,8 @@ def retrain(ctx: JobContext) -> dict:
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
     metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
-               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")},
+               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high",
+                                                                                    "cv_p_value", "cv_chance")},
                **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("judge_accuracy", "judge_low",
                                                                                "judge_high", "judge_pairs")},
                "feedback_used": snapshot.feedback_count, "gate/passed": passed,
