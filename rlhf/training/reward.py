@@ -115,8 +115,10 @@ def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int, n_feedback: Opti
     if cfg.mode == "pointwise":
         raise NotEnoughData(f"pointwise training needs at least {cfg.min_pointwise} rated replies (thumb or "
                             f"score); have {n_points}", cfg.min_pointwise, n_points, more_points)
-    more = more_pairs.format(decided - n_pairs) if n_pairs < decided else \
-        f"{cfg.min_pairs - feedback} more votes or ratings (ties count)"
+    need_votes, need_pairs = max(0, cfg.min_pairs - feedback), max(0, decided - n_pairs)
+    more = more_pairs.format(need_pairs) if not need_votes else \
+        f"{max(need_votes, need_pairs)} more votes or ratings (ties count)" + \
+        (f", {need_pairs} of them preference pairs" if need_pairs else "")
     raise NotEnoughData(f"not enough feedback to train a reward model: need at least {cfg.min_pairs} preference "
                         f"pairs, or votes and ratings with {decided} decided pairs among them ({pairs_hint}; have "
                         f"{n_pairs} pairs of {feedback} votes and ratings) or {cfg.min_pointwise} rated replies "
