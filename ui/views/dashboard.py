@@ -14,8 +14,8 @@ from ui.views.arena import has_interval
 from ui.views.text import DASH, fmt, missing, short_time, status_label, version_label
 
 DEFAULT_CURVES = ("reward/mean", "ppo/kl")
-VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Method", "Feedback used", "RM accuracy", "Gate", "Eval reward",
-                   "KL to base", "BT [95% CI]", "Elo", "Votes"]
+VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Method", "Feedback used", "RM accuracy", "Gate",
+                   "Eval reward", "KL to base", "BT [95% CI]", "Elo", "Votes"]
 
 
 def rm_accuracy_text(m: dict) -> Optional[str]:
