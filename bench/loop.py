@@ -335,7 +335,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", help="one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="oracle-labelled votes per oracle (default 64)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts the oracle judges (default 32, at most 160)")
-    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo; default: "
+    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo,rpo; default: "
                                      "retrain.method)")
     p.add_argument("--seeds", help="comma-separated seeds (votes, PPO/DPO, sampling; default: ppo.seed)")
     p.add_argument("--sweep", metavar="KEY=V1,V2", help="one run per value of a config key: the trade-off curve of "
