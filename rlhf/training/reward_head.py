@@ -167,11 +167,10 @@ def cross_validate_pairs(x_chosen: np.ndarray, x_rejected: np.ndarray, groups: S
     out = {"cv_accuracy": accuracy, "cv_folds": k, "cv_pairs": judged}
     if permutations <= 0:
         low, high = wilson_interval(accuracy * judged, judged)
-        return {**out, "cv_low": low, "cv_high": high, "cv_interval": "wilson"}
+        return {**out, "cv_low": low, "cv_high": high, "cv_permutations": 0}
     signs = np.random.default_rng(seed + 1).choice([-1.0, 1.0], (permutations, n))
     null = _cv_correct(grams, signs, c) / judged
-    return {**out, **permutation_interval(accuracy, null), "cv_interval": "permutation",
-            "cv_permutations": permutations}
+    return {**out, **permutation_interval(accuracy, null), "cv_permutations": permutations}
 
 
 def permutation_interval(accuracy: float, null: np.ndarray, level: float = 0.95) -> dict:
