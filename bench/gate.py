@@ -72,7 +72,8 @@ def trial(setup: Setup, preference: str, seed: int, votes: int, null: bool) -> d
     xc, xr = feats.of(pairs, "chosen"), feats.of(pairs, "rejected")
     groups = [p["prompt_id"] for p in pairs]
     mine, theirs = judge_split(groups, g.judge_share, g.min_judge_pairs, seed)
-    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c, seed=seed)
+    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c, seed=seed,
+                              permutations=r.cv_permutations)
     policy_rm = fit_pairs(xc[mine], xr[mine], c=r.head_c, members=r.ensemble, seed=seed)
     judge, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, seed)
     cand, act = best_of_4(feats, setup.pool, policy_rm, seed)

@@ -103,7 +103,8 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     r, g = config.reward, config.gate
     groups = [p["prompt_id"] for p in pairs]
     mine, theirs = judge_split(groups, g.judge_share, g.min_judge_pairs, r.seed)
-    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c)
+    cv = cross_validate_pairs(xc[mine], xr[mine], [groups[i] for i in mine], k=r.cv_folds, c=r.head_c,
+                              permutations=r.cv_permutations)
     head = fit_pairs(xc[mine], xr[mine], c=r.head_c, members=r.ensemble, seed=r.seed)
     judge_head, judged = fit_judge(xc, xr, theirs, mine, r.head_c, r.ensemble, r.seed)
     evidence = Evidence.from_metrics({**cv, **judged}, prefix="")
@@ -334,7 +335,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", help="one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="oracle-labelled votes per oracle (default 64)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts the oracle judges (default 32, at most 160)")
-    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo; default: "
+    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo,rpo; default: "
                                      "retrain.method)")
     p.add_argument("--seeds", help="comma-separated seeds (votes, PPO/DPO, sampling; default: ppo.seed)")
     p.add_argument("--sweep", metavar="KEY=V1,V2", help="one run per value of a config key: the trade-off curve of "
@@ -348,6 +349,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _runs(config: AppConfig, args: argparse.Namespace) -> list[tuple[dict, AppConfig]]:
     """(labels, config) per run: every method x seed x swept value, each config checked before any work."""
     from rlhf.config import apply_overrides
+    from rlhf.training.methods import METHODS, get_method
 
     methods = [m.strip() for m in (getattr(args, "methods", None) or config.retrain.method).split(",") if m.strip()]
     seeds = [int(x) for x in (getattr(args, "seeds", None) or str(config.ppo.seed)).split(",") if x.strip()]
@@ -356,7 +358,9 @@ def _runs(config: AppConfig, args: argparse.Namespace) -> list[tuple[dict, AppCo
     for value in values:
         for method in methods:
             for seed in seeds:
-                overrides = {"retrain.method": method, "ppo.seed": seed, "dpo.seed": seed}
+                overrides = {"retrain.method": method, "ppo.seed": seed}
+                if method in METHODS:  # else the config check below names the choices
+                    overrides[f"{get_method(method).section}.seed"] = seed
                 if key is not None:
                     overrides[key] = value
                 labels = {"knob": f"{key}={value}"} if key is not None else {}

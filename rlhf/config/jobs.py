@@ -4,16 +4,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf.config.fields import Checked, ConfigError, one_of, opt
+from rlhf.training.methods import METHODS
 
 
-POLICY_METHODS = ("ppo", "dpo")  # retrain.method: the trainers of rlhf.training.policy
 
 
 @dataclass
 class RetrainConfig(Checked):
-    method: str = opt("ppo", "ppo | dpo: how the policy learns the votes: PPO on the reward model, or DPO on the "
-                      "preference pairs themselves (the reward model is fitted either way: the gate and the vote "
-                      "queue read it).")
+    method: str = opt("ppo", "ppo | dpo | rpo: how the policy learns the votes: PPO on the reward model, DPO on the "
+                      "preference pairs themselves, or RPO (DPO plus the chosen replies' likelihood); the reward "
+                      "model is fitted either way: the gate and the vote queue read it.")
     auto_promote: bool = opt(True, "Make a candidate that passes the gate the active version.")
     min_win_rate: float = opt(0.5, "Gate: least reward-model win rate of candidate vs active.")
     max_kl: float = opt(20.0, "Gate: largest KL to base (nats per reply) a candidate may have (= ppo.kl_limit).")
@@ -26,7 +26,7 @@ class RetrainConfig(Checked):
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
-        one_of("retrain.method", self.method, POLICY_METHODS)
+        one_of("retrain.method", self.method, tuple(METHODS))
 
 
 @dataclass

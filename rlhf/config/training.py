@@ -19,7 +19,14 @@ class RewardConfig(Checked):
     head_c: float = opt(0.05, "Inverse L2 strength of the linear head (smaller = stronger regularisation).")
     ensemble: int = opt(8, "Bootstrap members of the linear head (their spread is the model's uncertainty).")
     cv_folds: int = opt(5, "Folds of the cross-validated accuracy (grouped by conversation).")
-    min_pairs: int = opt(16, "Pairs needed for pairwise training when mode=auto.")
+    cv_permutations: int = opt(200, "Label-shuffled refits behind the cross-validated accuracy's interval (its null: "
+                               "on coin-flip votes the interval holds 0.5); 0 = a Wilson interval, which treats "
+                               "the folds as independent and is too narrow.")
+    min_pairs: int = opt(16, "Feedback a pairwise reward model needs when mode=auto: preference pairs, or votes "
+                         "(ties included) and ratings with min_decided_pairs decided pairs among them; the vote "
+                         "queue picks by uncertainty from this many pairs on.")
+    min_decided_pairs: int = opt(8, "Fewest decided preference pairs (a winner, or differently rated regenerations) "
+                                 "a pairwise reward model trains on, when ties and ratings make up min_pairs.")
     min_pointwise: int = opt(8, "Rated replies needed for pointwise training.")
     epochs: float = opt(2.0, "LoRA method: training epochs over the reward data.")
     learning_rate: float = opt(2e-4, "LoRA method: learning rate.")
@@ -41,9 +48,13 @@ class RewardConfig(Checked):
         if not self.method.isidentifier():  # auto or a kind registered in rlhf.training.reward_kinds (checked there)
             raise ConfigError(f"reward.method must be auto or a reward model kind such as head or lora, "
                               f"got {self.method!r}")
-        if min(self.min_pairs, self.min_pointwise, self.ensemble, self.batch_size, self.lora_r) < 1:
-            raise ConfigError("reward.min_pairs, reward.min_pointwise, reward.ensemble, reward.batch_size and "
+        if min(self.min_pairs, self.min_decided_pairs, self.min_pointwise, self.ensemble, self.batch_size,
+               self.lora_r) < 1:
+            raise ConfigError("reward.min_pairs, reward.min_decided_pairs, reward.min_pointwise, reward.ensemble, "
+                              "reward.batch_size and "
                               "reward.lora_r must be >= 1")
+        if self.cv_permutations < 0 or self.cv_permutations == 1 or self.cv_permutations > 10_000:
+            raise ConfigError(f"reward.cv_permutations must be 0 or in 2..10000, got {self.cv_permutations}")
         if self.cv_folds < 2 or self.max_length < 8 or self.epochs <= 0 or self.head_c <= 0:
             raise ConfigError("reward.cv_folds must be >= 2, reward.max_length >= 8, reward.epochs and "
                               "reward.head_c > 0")

@@ -48,13 +48,13 @@ class CardFacts:
     gate_high: Optional[float] = None
     gate_reason: Optional[str] = None
     kl_to_base: Optional[float] = None
+    method: Optional[str] = None  # retrain.method of the run that trained it (None: imported, or not known)
     arena_rating: Optional[float] = None
     arena_low: Optional[float] = None
     arena_high: Optional[float] = None
     arena_votes: int = 0
     lora: dict = field(default_factory=dict)
     base_weights: str = ""  # which weights torch trained on (e.g. a dequantised Q4_1 GGUF), in words
-    method: Optional[str] = None  # retrain.method of the run that trained it (ppo | dpo); None: not trained here
     gate_judged: bool = False  # the gate's win rate and interval came from its held-out judge (else placeholders)
     rm_win_rate: Optional[float] = None  # the reward model's own win rate of this version over the one it replaced
 
@@ -168,6 +168,10 @@ def _interval(value: Optional[float], low: Optional[float], high: Optional[float
                    else "")
 
 
+def _spans_chance(low: Optional[float], high: Optional[float]) -> bool:
+    return low is not None and high is not None and low <= 0.5 <= high
+
+
 def metadata(facts: CardFacts) -> str:
     """The card's YAML metadata block (Hub fields; ``base_model`` only when the base is on the Hub)."""
     from huggingface_hub import ModelCardData
@@ -187,7 +191,8 @@ def _learning_lines(f: CardFacts) -> list[str]:
     return [f"- Learned from **{f.votes} votes** (pairwise comparisons) and {f.ratings} ratings by "
             f"**{f.annotators} annotator{'s' if f.annotators != 1 else ''}** (annotators excluded from training "
             "not counted).",
-            f"- Reward model, cross-validated accuracy: {_interval(f.rm_accuracy, f.rm_low, f.rm_high, '.0%')}.",
+            f"- Reward model, cross-validated accuracy: {_interval(f.rm_accuracy, f.rm_low, f.rm_high, '.0%')}"
+            + (": too few votes to tell it from chance" if _spans_chance(f.rm_low, f.rm_high) else "") + ".",
             f"- Retrain gate: **{f.gate_verdict or 'not run'}**"
             + (f", the held-out judge's win rate against the version it replaced "
                f"{_interval(f.gate_win_rate, f.gate_low, f.gate_high, '.2f')}" if f.gate_judged
@@ -200,15 +205,21 @@ def _learning_lines(f: CardFacts) -> list[str]:
             f"- KL to the base model: {'not measured' if f.kl_to_base is None else f'{f.kl_to_base:.2f} nats per reply'}."]
 
 
+def _method_words(method: Optional[str]) -> str:
+    """The policy method as the card's sentence names it, from the version's own config."""
+    from rlhf.training.methods import method_title
+
+    return method_title(method) if method else "a policy update"
+
+
 SYSTEM_PLACEHOLDER = "YOUR SYSTEM PROMPT"
-METHODS = {"ppo": "trained with RLHF in RLHF Studio: a reward model learned from people's votes, then PPO against it.",
-           "dpo": "trained in RLHF Studio with DPO directly on people's pairwise votes."}
 
 
 def _method_text(method: Optional[str]) -> str:
+    """The card's sentence on how the version was made: imported, or trained by the method its config names."""
     if method is None:
         return "imported into RLHF Studio."
-    return METHODS.get(method, f"trained in RLHF Studio with {method}.")
+    return f"trained with RLHF (a reward model from people's votes, then {_method_words(method)}) in RLHF Studio."
 
 
 def render_card(facts: CardFacts, repo_id: Optional[str] = None, with_system_prompt: bool = False) -> str:

@@ -15,9 +15,10 @@ from rlhf.retrain.reward import shared_base, train_reward_phase
 
 
 def retrain(ctx: JobContext) -> dict:
-    """Train a reward model and a PPO policy on the agent's feedback, evaluate, gate and publish."""
+    """Train a reward model and a policy (``retrain.method``) on the agent's feedback, evaluate, gate and publish."""
     from rlhf.base_models import pick_device, resolve_model
     from rlhf.retrain.publish import publish_version
+    from rlhf.training.methods import get_method
 
     store, cfg = ctx.store, ctx.config
     agent = store.get_agent(ctx.job.agent_id)
@@ -37,10 +38,10 @@ def retrain(ctx: JobContext) -> dict:
     rm, scorer = train_reward_phase(ctx, phases, agent.name, device, snapshot, features)
 
     # The policy from the active version (retrain.method): PPO toward the new reward model on the snapshot's
-    # prompts, or DPO on the pairs that model learned from; its LoRA adapter on the same base weights (the reward
+    # prompts, DPO on the pairs that model learned from, ...; its LoRA adapter on the same base weights (the reward
     # features switch adapters off while they read them)
-    method = cfg.retrain.method
-    phases.enter(method, "PPO on the reward model" if method == "ppo" else "DPO on the preference pairs")
+    method = get_method(cfg.retrain.method)
+    phases.enter(method.name, method.title)
     trained, eval_prompts = train_policy_phase(ctx, phases, agent.name, base_source, scorer, start.adapter_path,
                                                device, snapshot, base, rm.pairs)
 
@@ -59,12 +60,13 @@ def retrain(ctx: JobContext) -> dict:
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
     metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
-               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high")},
+               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high",
+                                                                                    "cv_p_value", "cv_chance")},
                **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("judge_accuracy", "judge_low",
                                                                                "judge_high", "judge_pairs")},
                "feedback_used": snapshot.feedback_count, "gate/passed": passed,
-               "gate/reasons": reasons, **judged.metrics(), "retrain/method": method,
-               **({"ppo/reward_after": trained.reward_after} if method == "ppo" else {"dpo/pairs": len(rm.pairs)})}
+               "gate/reasons": reasons, **judged.metrics(), "retrain/method": method.name,
+               **method.result_metrics(trained, len(rm.pairs))}
     promote = passed and cfg.retrain.auto_promote
     policy = publish_version(store, cfg, agent.name, trained.final_dir, parent_id=start.id, promote=promote,
                              job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot.watermark,

@@ -1,8 +1,7 @@
-"""The retrain's policy step: PPO toward the new reward model on the snapshot's prompts, or DPO on the pairs it
-learned from (``retrain.method``, through ``rlhf.training.policy``), from the version the job starts from."""
+"""The retrain's policy step: the method ``retrain.method`` names (PPO toward the new reward model on the snapshot's
+prompts, DPO on the pairs it learned from, ...; ``rlhf.training.methods``), from the version the job starts from."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 from rlhf.config import AppConfig
@@ -24,30 +23,27 @@ def start_policy(store: Store, agent_id: int, policy_id) -> Optional[Policy]:
 
 def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source: str, scorer,
                        init_adapter: Optional[str], device: str, snapshot, base=None, pairs=()):
-    """The policy (``retrain.method``: PPO on the snapshot's prompts, or DPO on ``pairs``) from the active version's
-    adapter (or the base); returns (result, held-out eval prompts)."""
+    """The policy (``retrain.method``, on the snapshot's prompts or on ``pairs``) from the active version's adapter
+    (or the base); returns (result, held-out eval prompts)."""
     from rlhf.training.checkpoint import checkpoints_dir
+    from rlhf.training.methods import get_method
     from rlhf.training.policy import train_policy
     from rlhf.training.prompts import prompt_sets
 
     cfg = ctx.config
-    method = cfg.retrain.method
+    method = get_method(cfg.retrain.method)
     prompts, eval_prompts = prompt_sets(ctx.store, cfg, agent, rows=snapshot.rows)
     run_dir = cfg.paths.job_run(ctx.job_id)
-    total = cfg.ppo.steps if method == "ppo" else dpo_steps(len(pairs), cfg)
+    total = method.total_steps(cfg, len(pairs))
 
     def on_step(step: int, metrics: dict) -> None:
         ctx.metrics(step, metrics)
-        phases.report(method, step / max(1, total), f"{method.upper()} step {step}/{total}")
+        phases.report(method.name, step / max(1, total), f"{method.name.upper()} step {step}/{total}")
 
-    resume = run_dir if checkpoints_dir(run_dir).is_dir() else None  # a re-queued interrupted PPO job
+    resume = run_dir if checkpoints_dir(run_dir).is_dir() else None  # a re-queued interrupted job (PPO checkpoints)
     # The eval phase measures the active version on the same prompts: PPO need not evaluate its start (#35: ~7% of
     # a retrain's wall time)
     result = train_policy(cfg, base_source, scorer, pairs, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
                           resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
     return result, eval_prompts
 
-
-def dpo_steps(n_pairs: int, cfg: AppConfig) -> int:
-    """Optimizer steps of a DPO run on ``n_pairs`` pairs (for the progress bar)."""
-    return max(1, math.ceil(math.ceil(n_pairs / cfg.dpo.batch_size) * cfg.dpo.epochs))

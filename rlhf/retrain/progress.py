@@ -9,16 +9,18 @@ from rlhf.config import AppConfig
 from rlhf.jobs.context import JobContext
 from storage import Store
 
-# Phase shares of a retrain's wall time (for the progress bar), measured on the default config.
-RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "ppo": (0.25, 0.87), "dpo": (0.25, 0.87),
-                  "eval": (0.87, 0.99), "publish": (0.99, 1.0), "done": (1.0, 1.0)}
-# Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own.
-DEFAULT_RATES = {"reward_s_per_pair": 1.5, "ppo_s_per_sample": 2.5, "dpo_s_per_pair": 1.0, "eval_s": 45.0,
-                 "overhead_s": 30.0}
+# Phase shares of a retrain's wall time (for the progress bar), measured on the default config; the policy phase is
+# named after its method (retrain.method) and takes POLICY_PHASE.
+RETRAIN_PHASES = {"data": (0.0, 0.01), "reward": (0.01, 0.25), "eval": (0.87, 0.99), "publish": (0.99, 1.0),
+                  "done": (1.0, 1.0)}
+POLICY_PHASE = (0.25, 0.87)
+# Throughput on a 2-core CPU with SmolLM2-135M, used until this machine has measured its own (each method's own
+# rate: its ``rate_key`` and ``default_rate``).
+DEFAULT_RATES = {"reward_s_per_pair": 1.5, "eval_s": 45.0, "overhead_s": 30.0}
 
 
 def measured_rates(store: Store, agent: str) -> dict:
-    """Seconds per pair / per PPO sample from this machine's last successful retrain, else defaults."""
+    """Seconds per pair / per unit of a method's work from this machine's last successful retrain, else defaults."""
     for job in store.list_jobs(agent, limit=100):
         if job.kind == "retrain" and job.status == "succeeded" and job.result.get("rates"):
             return {**DEFAULT_RATES, **job.result["rates"]}
@@ -27,11 +29,11 @@ def measured_rates(store: Store, agent: str) -> dict:
 
 def estimate_minutes(rates: dict, pairs: int, config: AppConfig) -> float:
     """Expected wall minutes of a retrain with these settings."""
+    from rlhf.training.methods import get_method
+
+    method = get_method(config.retrain.method)
     reward_s = rates["reward_s_per_pair"] * max(pairs, 1) * config.reward.epochs
-    if config.retrain.method == "dpo":
-        policy_s = rates["dpo_s_per_pair"] * max(pairs, 1) * config.dpo.epochs
-    else:
-        policy_s = rates["ppo_s_per_sample"] * config.ppo.steps * config.ppo.batch_size * config.ppo.group_size
+    policy_s = rates.get(method.rate_key, method.default_rate) * method.units(config, pairs)
     return round((reward_s + policy_s + rates["eval_s"] + rates["overhead_s"]) / 60.0, 1)
 
 
@@ -48,22 +50,21 @@ class Phases:
         for previous, t0 in self.started.items():
             self.seconds.setdefault(previous, now - t0)
         self.started[name] = now
-        self.ctx.progress(RETRAIN_PHASES[name][0], name, message or f"{name} started")
+        self.ctx.progress(RETRAIN_PHASES.get(name, POLICY_PHASE)[0], name, message or f"{name} started")
 
     def report(self, name: str, fraction: float, message: Optional[str] = None) -> None:
-        lo, hi = RETRAIN_PHASES[name]
+        lo, hi = RETRAIN_PHASES.get(name, POLICY_PHASE)
         self.ctx.progress(lo + (hi - lo) * max(0.0, min(1.0, fraction)), name, message)
 
 
 def retrain_rates(seconds: dict, cfg: AppConfig, pairs_train: int, pairs: int, policy_steps: int) -> dict:
     """The throughput a finished retrain measured (``measured_rates`` reads it back for the next estimate)."""
-    rates = {"reward_s_per_pair": seconds["reward"] / max(1.0, pairs_train * cfg.reward.epochs),
-             "eval_s": seconds["eval"]}
-    if cfg.retrain.method == "ppo":
-        rates["ppo_s_per_sample"] = seconds["ppo"] / max(1, policy_steps * cfg.ppo.batch_size * cfg.ppo.group_size)
-    else:
-        rates["dpo_s_per_pair"] = seconds["dpo"] / max(1.0, pairs * cfg.dpo.epochs)
-    return rates
+    from rlhf.training.methods import get_method
+
+    method = get_method(cfg.retrain.method)
+    return {"reward_s_per_pair": seconds["reward"] / max(1.0, pairs_train * cfg.reward.epochs),
+            "eval_s": seconds["eval"],
+            method.rate_key: seconds[method.name] / max(1.0, method.units(cfg, pairs, policy_steps))}
 
 
 def phase_split(seconds: dict, ppo_seconds: dict) -> dict:

@@ -69,8 +69,42 @@ def concrete(prompt: str, a: str, b: str) -> str:
     return "tie" if ca == cb else ("a" if ca > cb else "b")
 
 
+CONTRACTION = re.compile(r"\b\w+['’](?:s|re|ll|ve|d|t|m)\b", re.IGNORECASE)
+FORMAL = re.compile(r"\b(?:however|therefore|furthermore|moreover|additionally|consequently|thus|hence|"
+                    r"in conclusion|it is important to note)\b", re.IGNORECASE)
+EXAMPLE = re.compile(r"\b(?:for example|for instance|e\.g\.|such as|imagine|let['’]s say|consider)\b", re.IGNORECASE)
+CAREFUL = re.compile(r"\b(?:safe|safely|safety|careful|carefully|caution|consult|doctor|professional|expert|risks?|"
+                     r"avoid|warning|harm|harmful|danger|dangerous|make sure|be sure|check with|seek|emergency|"
+                     r"side effects|may|might|generally|usually|depends|it['’]s best|recommended)\b", re.IGNORECASE)
+
+
+def _more(count: Callable[[str], float]) -> Callable[[str, str, str], str]:
+    """An oracle preferring the reply where ``count`` is higher (equal counts tie)."""
+    def judge(prompt: str, a: str, b: str) -> str:
+        ca, cb = count(a), count(b)
+        return "tie" if ca == cb else ("a" if ca > cb else "b")
+    return judge
+
+
+def paragraphs(text: str) -> int:
+    """Paragraphs: blocks between blank lines (a format preference: airy layout over one block)."""
+    return len([p for p in re.split(r"\n\s*\n", text) if p.strip()])
+
+
+def casual_register(text: str) -> int:
+    """Contractions minus twice the formal connectives (a register preference: conversational over formal)."""
+    return len(CONTRACTION.findall(text)) - 2 * len(FORMAL.findall(text))
+
+
+# Four more kinds the first four do not cover (#40): a format, a register, a content and a safety preference.
+paragraphed = _more(paragraphs)
+casual = _more(casual_register)
+examples = _more(lambda t: len(EXAMPLE.findall(t)))
+careful = _more(lambda t: len(CAREFUL.findall(t)))
+
 ORACLES: dict[str, Callable[[str, str, str], str]] = {"concise": concise, "polite": polite, "no-lists": no_lists,
-                                                      "concrete": concrete}
+                                                      "concrete": concrete, "paragraphed": paragraphed,
+                                                      "casual": casual, "examples": examples, "careful": careful}
 
 
 def distinct_2(texts: list[str]) -> float:

@@ -236,6 +236,13 @@ def build_pairs(rows: dict, exclude_annotators: Iterable[str] = (), margin_per_s
     return pairs
 
 
+def feedback_votes(rows: dict, exclude_annotators: Iterable[str] = ()) -> int:
+    """Comparisons (ties and both-bad included) and ratings of the annotators not excluded: the feedback a
+    retrain's minimum counts."""
+    fb = Feedback(rows, exclude_annotators)
+    return len(fb.comparisons) + sum(1 for r in rows["ratings"] if r.get("annotator") not in fb.excluded)
+
+
 def build_pointwise(rows: dict, exclude_annotators: Iterable[str] = ()) -> list[dict]:
     """Rows ``{prompt, completion, score}`` with score in [0, 1] (1..5 scaled, thumbs 1/0, Unsafe 0)."""
     fb = Feedback(rows, exclude_annotators)

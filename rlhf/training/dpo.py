@@ -91,9 +91,12 @@ def _callback(on_step: Optional[Callable[[int, dict], None]], history: list):
 
 
 def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_dir: Path, init_adapter: Optional[str] = None,
-              on_step: Optional[Callable[[int, dict], None]] = None, device: str = "cpu", base=None) -> DPOResult:
+              on_step: Optional[Callable[[int, dict], None]] = None, device: str = "cpu", base=None,
+              settings=None, method: str = "dpo", trl_args: Optional[dict] = None) -> DPOResult:
     """DPO on ``pairs`` (``{prompt: messages, chosen, rejected}``) from ``init_adapter`` (None = a fresh LoRA on the
-    base); writes ``run_dir/final/adapter``. ``base``: the causal LM already loaded in this process (shared)."""
+    base); writes ``run_dir/final/adapter``. ``base``: the causal LM already loaded in this process (shared).
+    ``settings``: the config section to train with (default ``config.dpo``; a DPO variant passes its own, with
+    ``trl_args``: extra TRL DPOConfig keys such as its loss) and ``method`` its name, for the version's record."""
     from datasets import Dataset, disable_progress_bars
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -103,7 +106,7 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     from rlhf.base_models import load_tokenizer
     from rlhf.training.ppo.rollout import build_policy
 
-    cfg, started = config.dpo, time.perf_counter()
+    cfg, started = settings or config.dpo, time.perf_counter()
     cfg.check()
     if not pairs:
         raise ValueError("DPO learns from preference pairs and this feedback has none (only ratings): vote on "
@@ -119,13 +122,14 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     history: list[dict] = []
     work = tempfile.mkdtemp(prefix="rlhf-dpo-")
     try:
-        args = TrlDPOConfig(
+        args = TrlDPOConfig(**{**dict(
             output_dir=work, beta=cfg.beta, learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs,
             per_device_train_batch_size=cfg.micro_batch_size, max_length=cfg.max_length, loss_type=[cfg.loss_type],
             gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
             precompute_ref_log_probs=True, precompute_ref_batch_size=cfg.micro_batch_size, seed=cfg.seed, data_seed=cfg.seed, logging_steps=1,
             save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True, use_cpu=device == "cpu",
-            bf16=False, activation_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant")
+            bf16=False, activation_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant"),
+            **(trl_args or {})})
         trainer = DPOTrainer(model=policy, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tokenizer, callbacks=[_callback(on_step, history)])
         for cb in (PrinterCallback, ProgressCallback):  # they print to stdout; the CLI keeps stdout for JSON
@@ -140,7 +144,7 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     policy.set_adapter("default")
     model.eval()
     model.requires_grad_(False)
-    info = {"method": "dpo", "pairs": len(rows), "base": base_source, "init_adapter": init_adapter,
+    info = {"method": method, "pairs": len(rows), "base": base_source, "init_adapter": init_adapter,
             "steps": trainer.state.global_step, "device": device}
     final = save_policy(model, run_dir / "final", info)
     (run_dir / "history.json").write_text(json.dumps(history))

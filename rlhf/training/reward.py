@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 from rlhf.config import AppConfig, RewardConfig
 from rlhf.files import atomic_dir
-from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_pointwise, count_sources,
+from rlhf.training.data import (NotEnoughData, build_kto, build_pairs, build_pointwise, count_sources, feedback_votes,
                                 group_labels, split_by_conversation)
 from rlhf.base_models import pick_device, resolve_model
 from rlhf.training import reward_head
@@ -92,9 +92,11 @@ class RewardResult:
 
 
 # ---- data ---------------------------------------------------------------------------------------
-def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
+def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int, n_feedback: Optional[int] = None) -> str:
     """pairwise | pointwise for this much data, or NotEnoughData saying how much is needed (``cfg.mode`` was
-    checked with the config)."""
+    checked with the config). ``n_feedback``: the votes (ties and both-bad included) and ratings behind them
+    (default ``n_pairs``): with auto, ``reward.min_pairs`` of those and ``reward.min_decided_pairs`` decided pairs
+    train a pairwise model, so a tie is a vote that counts toward a retrain too."""
     pairs_hint = "comparisons with a winner, or regenerated replies rated differently"
     more_pairs = "{} more preference pairs (comparisons or differently rated regenerations)"
     if cfg.mode == "pairwise":
@@ -103,7 +105,9 @@ def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
                                 f"({pairs_hint}); have {n_pairs}", MIN_EXPLICIT_PAIRS, n_pairs,
                                 more_pairs.format(MIN_EXPLICIT_PAIRS - n_pairs))
         return "pairwise"
-    if cfg.mode == "auto" and n_pairs >= cfg.min_pairs:
+    feedback = max(n_pairs, n_feedback if n_feedback is not None else n_pairs)
+    decided = min(cfg.min_decided_pairs, cfg.min_pairs)
+    if cfg.mode == "auto" and n_pairs >= decided and feedback >= cfg.min_pairs:
         return "pairwise"
     if n_points >= cfg.min_pointwise:
         return "pointwise"
@@ -111,10 +115,14 @@ def choose_mode(cfg: RewardConfig, n_pairs: int, n_points: int) -> str:
     if cfg.mode == "pointwise":
         raise NotEnoughData(f"pointwise training needs at least {cfg.min_pointwise} rated replies (thumb or "
                             f"score); have {n_points}", cfg.min_pointwise, n_points, more_points)
+    need_votes, need_pairs = max(0, cfg.min_pairs - feedback), max(0, decided - n_pairs)
+    more = more_pairs.format(need_pairs) if not need_votes else \
+        f"{max(need_votes, need_pairs)} more votes or ratings (ties count)" + \
+        (f", {need_pairs} of them preference pairs" if need_pairs else "")
     raise NotEnoughData(f"not enough feedback to train a reward model: need at least {cfg.min_pairs} preference "
-                        f"pairs ({pairs_hint}; have {n_pairs}) or {cfg.min_pointwise} rated replies (have "
-                        f"{n_points})", cfg.min_pairs, n_pairs,
-                        f"{more_points}, or {more_pairs.format(cfg.min_pairs - n_pairs)}")
+                        f"pairs, or votes and ratings with {decided} decided pairs among them ({pairs_hint}; have "
+                        f"{n_pairs} pairs of {feedback} votes and ratings) or {cfg.min_pointwise} rated replies "
+                        f"(have {n_points})", cfg.min_pairs, feedback, f"{more_points}, or {more}")
 
 
 def reward_rows(rows: dict, cfg: RewardConfig) -> tuple[list, list]:
@@ -129,7 +137,7 @@ def prepare_data(rows: dict, cfg: RewardConfig, judge_share: float = 0.0, min_ju
     conversations, ``rlhf.training.judge``), and split the rest by conversation (no model needed)."""
     excluded = list(cfg.exclude_annotators or [])
     pairs, points = reward_rows(rows, cfg)
-    mode = choose_mode(cfg, len(pairs), len(points))
+    mode = choose_mode(cfg, len(pairs), len(points), feedback_votes(rows, excluded))
     judged: list = []
     if mode == "pairwise":
         mine, theirs = judge_split(group_labels(pairs), judge_share, min_judge_pairs, cfg.seed)

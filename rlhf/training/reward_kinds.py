@@ -116,7 +116,7 @@ class HeadKind:
             head = reward_head.fit_preference_head(xc, xr, pairs, cfg)
             report(0.7, "reward/cv", None)
             cv = reward_head.cross_validate_pairs(xc, xr, group_labels(pairs), k=cfg.cv_folds, c=cfg.head_c,
-                                                  seed=cfg.seed)
+                                                  seed=cfg.seed, permutations=cfg.cv_permutations)
             fit_metrics = {**cv, "train_accuracy": reward_head.pair_accuracy(head, xc, xr), "pairs_used": len(pairs)}
         else:
             points = data.points_train

@@ -17,10 +17,11 @@ from ui.views.text import DASH
 T0 = "2024-01-02T03:04:05.000+00:00"
 
 
-def pol(pid, version, status="candidate", parent=None, metrics=None, rm=None):
+def pol(pid, version, status="candidate", parent=None, metrics=None, rm=None, config=None, snapshot=None):
     return Policy(id=pid, agent_id=1, version=version, parent_id=parent,
                   adapter_path=None if version == 0 else f"/adapters/{pid}", status=status, reward_model_id=rm,
-                  job_id=None, data_snapshot={}, config={}, metrics=metrics or {}, error=None, created=T0)
+                  job_id=None, data_snapshot=snapshot or {}, config=config or {}, metrics=metrics or {}, error=None,
+                  created=T0)
 
 
 def comp(a, b, winner, cid=1):
@@ -79,7 +80,8 @@ def test_versions_table_metrics_lineage_and_dashes():
     rm = RewardModel(id=7, agent_id=1, path="/rm", mode="pairwise", data_snapshot={}, config={},
                      metrics={"eval_accuracy": 0.75}, job_id=None, created=T0)
     v1 = pol(2, 1, parent=1, rm=7, metrics={"eval/reward": 0.4321, "eval/kl": 1.234, "feedback_used": 40})
-    v2 = pol(3, 2, parent=2, metrics={"reward_model/eval_accuracy": 0.9, "eval/reward": None})
+    v2 = pol(3, 2, parent=2, metrics={"reward_model/eval_accuracy": 0.9, "eval/reward": None},
+             config={"retrain": {"method": "rpo"}}, snapshot={"comparisons": 3})
     table = pairing.board([comp(2, 1, "a")], [V0, v1, v2], n_boot=20)
     out = dashboard_views.versions_table([V0, v1, v2], {7: rm}, table)
     assert list(out.columns) == dashboard_views.VERSION_COLUMNS
@@ -92,6 +94,7 @@ def test_versions_table_metrics_lineage_and_dashes():
     assert r2["RM accuracy"] == "90%" and r2["Eval reward"] == DASH and r2["Feedback used"] == DASH
     assert r0["Parent"] == DASH and r0["Created"] == "2024-01-02 03:04" and r0["Status"] == "active"
     assert r2["BT [95% CI]"] == "1000 (no votes)"  # no votes: no interval to show
+    assert (r2["Method"], r1["Method"], r0["Method"]) == ("rpo", DASH, DASH)  # from the version's own config
 
 
 def test_rm_accuracy_from_two_held_out_pairs_is_too_few_to_tell():

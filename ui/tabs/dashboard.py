@@ -226,7 +226,7 @@ def build_version_download(services: Services, pick: gr.Dropdown) -> None:
 
 
 # ---- layout ----------------------------------------------------------------------------------------
-VERSION_WIDTHS = ["7%", "6%", "10%", "8%", "7%", "12%", "15%", "7%", "6%", "11%", "5%", "6%"]  # VERSION_COLUMNS
+VERSION_WIDTHS = ["6%", "5%", "9%", "7%", "5%", "6%", "12%", "15%", "7%", "6%", "11%", "5%", "6%"]  # VERSION_COLUMNS
 
 
 def build_dashboard(services: Services, tab: Optional[gr.Tab] = None) -> None:

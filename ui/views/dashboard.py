@@ -15,8 +15,8 @@ from ui.views.arena import has_interval
 from ui.views.text import DASH, fmt, missing, short_time, status_label, version_label
 
 DEFAULT_CURVES = ("reward/mean", "ppo/kl")
-VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Feedback used", "RM accuracy", "Gate", "Eval reward",
-                   "KL to base", "BT [95% CI]", "Elo", "Votes"]
+VERSION_COLUMNS = ["Version", "Parent", "Created", "Status", "Method", "Feedback used", "RM accuracy", "Gate",
+                   "Eval reward", "KL to base", "BT [95% CI]", "Elo", "Votes"]
 
 
 def rm_accuracy_text(m: dict) -> Optional[str]:
@@ -36,6 +36,13 @@ def heldout_accuracy_text(acc: Any, pairs: Any) -> str:
         return fmt(acc, 0, percent=True)
     low, high = wilson_interval(float(acc) * int(pairs), int(pairs))
     return rm_accuracy_text({"cv_accuracy": float(acc), "cv_low": low, "cv_high": high})
+
+
+def method_text(p: Policy) -> str:
+    """The retrain method that trained a version, from its own config ("–" for the base and imported versions)."""
+    trained = p.data_snapshot and not (p.config or {}).get("imported_from")
+    method = ((p.config or {}).get("retrain") or {}).get("method") if trained else None
+    return str(method) if method else DASH
 
 
 def gate_text(m: dict) -> str:
@@ -86,7 +93,7 @@ def versions_table(policies: list[Policy], reward_models: dict[int, RewardModel]
                 else (" (no votes)" if not votes else " (no interval yet)")
         used = m.get("feedback_used")
         rows.append({"Version": version_label(p), "Parent": f"v{parent.version}" if parent else DASH,
-                     "Created": short_time(p.created), "Status": p.status,
+                     "Created": short_time(p.created), "Status": p.status, "Method": method_text(p),
                      "Feedback used": str(int(used)) if not missing(used) else DASH,
                      "RM accuracy": cv or heldout_accuracy_text(rm_acc, rm_metrics.get("reward/pairs_eval",
                                                                                    rm_metrics.get("pairs_eval"))),

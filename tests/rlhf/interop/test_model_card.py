@@ -3,6 +3,7 @@ app still loads it offline, it downloads as a zip and pushes to a Hub (a local o
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import threading
@@ -87,6 +88,17 @@ def test_the_card_is_a_real_model_card(shipped):
     assert shipped["v1"].created[:10] in text and "| License | apache-2.0" in text
     assert f'AutoModelForCausalLM.from_pretrained("{HUB_ID}")' in text and "PeftModel.from_pretrained(base" in text
     assert "not rated yet (no arena votes)" in text  # written at publish time
+    assert "then PPO on the reward model)" in text and "ppo" in card.data.tags  # the version's own retrain.method
+
+
+def test_the_card_names_the_method_from_the_versions_config(shipped):
+    from rlhf.retrain.model_card import card_facts, render_card
+
+    store, v1 = shipped["store"], shipped["v1"]
+    facts = card_facts(store, v1)
+    assert facts.method == "ppo"
+    text = render_card(dataclasses.replace(facts, method="rpo"))
+    assert "then DPO with the chosen replies' likelihood (RPO))" in text and "- rpo" in text and "- ppo" not in text
 
 
 def test_an_exported_card_reads_the_arena_rating_now(shipped, tmp_path):
@@ -370,5 +382,5 @@ def test_the_card_states_the_method_and_no_placeholder_interval(shipped, tmp_pat
                          job_id=None, data_snapshot=store.feedback_watermark(agent.id), run_config=run,
                          metrics=unjudged)
     text = render_card(card_facts(store, v2))
-    assert "with DPO directly on people's pairwise votes" in text and "PPO" not in text
+    assert "then DPO on the preference pairs" in text and "PPO" not in text
     assert "0.00–1.00" not in text and "without a held-out judge (no interval measured)" in text

@@ -24,8 +24,9 @@ def test_dry_run_agrees_with_the_retrain_under_reward_mode_pairwise(store, app_c
     seed_pairs(store, 5)
     pairwise = dry_run(store, app_config, "assistant", {"reward.mode": "pairwise"})
     assert pairwise["ready"] is True and "missing" not in pairwise and pairwise["pairs"] == 5
-    auto = dry_run(store, app_config, "assistant")  # auto wants reward.min_pairs (16) pairs or 8 rated replies
-    assert auto["ready"] is False and "11 more preference pairs" in auto["missing"]
+    auto = dry_run(store, app_config, "assistant")  # auto wants reward.min_pairs (16) votes, 8 decided, or 8 ratings
+    assert auto["ready"] is False and "11 more votes or ratings (ties count), 3 of them preference pairs" in \
+        auto["missing"]
 
 
 def test_dry_run_repeats_the_preparations_not_enough_data(store, app_config):

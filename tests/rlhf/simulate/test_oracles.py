@@ -21,3 +21,11 @@ def test_distinct_2_falls_with_repetition():
 def test_vote_and_eval_prompts_do_not_overlap():
     train, held = vote_and_eval_prompts()
     assert len(held) == 160 and train and not set(train) & set(held)
+
+
+def test_the_four_newer_kinds_format_register_content_safety():
+    assert ORACLES["paragraphed"]("q", "One.\n\nTwo.", "One. Two.") == "a"
+    assert ORACLES["casual"]("q", "It is fine. However, it is late.", "It's fine, but it's late.") == "b"
+    assert ORACLES["examples"]("q", "Fruit, for example apples.", "Fruit.") == "a"
+    assert ORACLES["careful"]("q", "Take it.", "Consult a doctor first; it may interact.") == "b"
+    assert all(ORACLES[name]("q", "same", "same") == "tie" for name in ("paragraphed", "casual", "examples", "careful"))

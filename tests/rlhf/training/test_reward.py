@@ -184,7 +184,7 @@ def test_mode_choice_and_not_enough_data_messages():
     cfg = RewardConfig()
     assert choose_mode(cfg, 16, 0) == "pairwise"
     assert choose_mode(cfg, 15, 8) == "pointwise"
-    with pytest.raises(NotEnoughData, match="at least 16 preference pairs .*have 15.* 8 rated replies \\(have 7\\)") \
+    with pytest.raises(NotEnoughData, match="at least 16 preference pairs, .*have 15 pairs.* 8 rated replies \\(have 7\\)") \
             as info:
         choose_mode(cfg, 15, 7)
     assert (info.value.needed, info.value.have) == (16, 15)
@@ -196,6 +196,34 @@ def test_mode_choice_and_not_enough_data_messages():
         choose_mode(RewardConfig(mode="pointwise"), 100, 7)
     with pytest.raises(ValueError, match="reward.mode"):
         choose_mode(RewardConfig(mode="both"), 100, 100)
+
+
+def test_ties_and_ratings_count_toward_a_retrain_with_enough_decided_pairs():
+    """16 votes of which 2 are ties used to be refused ("2 more preference pairs"): the minimum is on the feedback,
+    with reward.min_decided_pairs decided pairs among it."""
+    cfg = RewardConfig()
+    assert choose_mode(cfg, 14, 0, 16) == "pairwise"
+    assert choose_mode(cfg, 8, 0, 16) == "pairwise"
+    with pytest.raises(NotEnoughData) as info:
+        choose_mode(cfg, 7, 0, 16)
+    assert info.value.missing.endswith("1 more preference pairs (comparisons or differently rated regenerations)")
+    with pytest.raises(NotEnoughData) as info:
+        choose_mode(cfg, 12, 0, 14)
+    assert info.value.missing.endswith("2 more votes or ratings (ties count)") and info.value.have == 14
+
+
+def test_a_retrain_is_ready_after_16_votes_two_of_them_ties(store, app_config):
+    from rlhf.retrain.data import dry_run
+
+    for i in range(16):
+        conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": f"q{i}"}])
+        user = store.leaf(conv.id)
+        a, b = store.record_reply(user.id, f"good {i}, thanks", 1), store.record_reply(user.id, f"bad {i}", 1)
+        store.record_comparison(a.id, b.id, "tie" if i < 2 else "a", "ann")
+    ready = dry_run(store, app_config, "assistant")
+    assert ready["ready"] and ready["pairs"] == 14 and ready["feedback_count"] == 16
+    store.set_annotator_excluded("ann", True)  # an excluded annotator's votes count for nothing
+    assert not dry_run(store, app_config, "assistant")["ready"]
 
 
 def test_prepare_data_splits_pairs_and_points_together(store):

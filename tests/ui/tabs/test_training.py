@@ -174,3 +174,11 @@ def test_engine_status_is_shown_as_plain_text(services, monkeypatch):
     estimate = training.refresh(services, "assistant", None)[0]
     assert "<img" not in estimate and "&lt;img" in estimate
     assert "\\[x\\]\\(javascript:alert\\(1\\)\\)" in estimate and "\\*\\*b\\*\\*" in estimate
+
+
+def test_train_rest_refuses_an_unknown_method_and_queues_nothing(client, services):
+    seed_pairs(services.store, 16)
+    refused = client.post("/api/v1/train", json={"config": {"retrain": {"method": "grpo"}}})
+    assert refused.status_code == 422 and "retrain.method" in refused.json()["error"]
+    assert services.store.list_jobs("assistant") == []
+    assert client.post("/api/v1/train", json={"dry_run": True, "config": {"retrain.method": "rpo"}}).json()["ready"]

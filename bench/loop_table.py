@@ -1,0 +1,104 @@
+"""`bench loop` across preferences, as the table a default is chosen by (#40): every oracle x votes x method x
+seed, one JSON line per retrain, then mean and worst over preferences per method and vote count.
+
+One cell (an oracle at one vote count) per process, every method and seed in it on the same votes, so many cells
+run side by side on one GPU: ``python -m bench.loop_table run --oracle polite --votes 32 --out polite-32.jsonl``;
+then ``python -m bench.loop_table table *.jsonl`` prints the markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from bench.loop import keeps_voice
+
+
+def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[int], out: Path, eval_prompts: int,
+             samples: int) -> None:
+    """Votes -> reward model -> policy -> oracle verdict for each method and seed; a JSON line per retrain."""
+    from bench.loop import one_oracle
+    from rlhf.base_models import pick_device, resolve_model
+    from rlhf.config import apply_overrides
+    from rlhf.simulate.preference_pool import load_pool
+    from rlhf.training.features import ReplyFeatures, feature_cache
+    from rlhf.training.methods import get_method
+
+    source = resolve_model(config.base_model, config.data_path)
+    device = pick_device(config.device)
+    featurize = feature_cache(ReplyFeatures.load(source, device, config.reward.max_length))
+    pool = load_pool()
+    for seed in seeds:
+        for method in methods:
+            cfg = apply_overrides(config, {"retrain.method": method, "ppo.seed": seed,
+                                           f"{get_method(method).section}.seed": seed})
+            row = one_oracle(cfg, source, device, featurize, pool, oracle, votes, eval_prompts, samples, gate=False)
+            with open(out, "a") as f:
+                f.write(json.dumps({**row, "votes_asked": votes, "device": device}) + "\n")
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per method and vote count: each oracle's seed-mean, then the mean and the worst over oracles."""
+    cells: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        cells.setdefault((r["method"], r["votes_asked"]), {}).setdefault(r["oracle"], []).append(r)
+    out = []
+    for (method, votes), by_oracle in sorted(cells.items()):
+        mean = lambda runs, k: statistics.mean(x[k] for x in runs)  # noqa: E731
+        wins = {o: mean(runs, "oracle_win_rate") for o, runs in by_oracle.items()}
+        runs = [x for rs in by_oracle.values() for x in rs]
+        drops = {o: mean(rs, "base_distinct_2") - mean(rs, "distinct_2") for o, rs in by_oracle.items()}
+        rises = {o: mean(rs, "repetition") - mean(rs, "base_repetition") for o, rs in by_oracle.items()}
+        out.append({"method": method, "votes": votes, "oracles": len(by_oracle), "runs": len(runs),
+                    "mean_win": statistics.mean(wins.values()), "worst_win": min(wins.values()),
+                    "worst_oracle": min(wins, key=wins.get), "mean_distinct_drop": statistics.mean(drops.values()),
+                    "worst_distinct_drop": max(drops.values()), "worst_repetition_rise": max(rises.values()),
+                    "kl": statistics.mean(x["kl"] for x in runs), "voice_kept": sum(map(keeps_voice, runs)),
+                    "train_s": statistics.mean(x["train_s"] for x in runs),
+                    "pairs": statistics.mean(x["pairs"] for x in runs), "wins": wins})
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table: one line per method and vote count."""
+    lines = ["| method | votes | win rate mean | worst (oracle) | distinct-2 drop mean / worst | repeated 3-grams "
+             "rise worst | KL | voice kept | policy s |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in summarise(rows):
+        lines.append(f"| {s['method']} | {s['votes']} | {s['mean_win']:.2f} | {s['worst_win']:.2f} "
+                     f"({s['worst_oracle']}) | {s['mean_distinct_drop']:+.3f} / {s['worst_distinct_drop']:+.3f} | "
+                     f"{s['worst_repetition_rise']:+.3f} | {s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | "
+                     f"{s['train_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.loop_table")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="one oracle at one vote count: every method x seed, JSON lines")
+    run.add_argument("--oracle", required=True)
+    run.add_argument("--votes", type=int, required=True)
+    run.add_argument("--methods", default="ppo,dpo,rpo")
+    run.add_argument("--seeds", default="0,1")
+    run.add_argument("--eval-prompts", type=int, default=24)
+    run.add_argument("--samples", type=int, default=2)
+    run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--set", action="append", default=[], help="config KEY=VALUE")
+    table = sub.add_parser("table", help="the markdown table of JSON-line files")
+    table.add_argument("files", nargs="+", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "table":
+        rows = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
+        sys.stdout.write(markdown(rows))
+        return 0
+    from rlhf.config import load_config
+
+    config = load_config(overrides=args.set)
+    run_cell(config, args.oracle, args.votes, [m for m in args.methods.split(",") if m],
+             [int(s) for s in args.seeds.split(",") if s], args.out, args.eval_prompts, args.samples)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The table a default is chosen by: each oracle's seed-mean, then mean and worst over oracles per method/votes."""
+from __future__ import annotations
+
+import json
+
+from bench import loop_table
+
+
+def row(oracle, method, seed, win, d2=0.90, base_d2=0.93, rep=0.01, base_rep=0.01, votes=32):
+    return {"oracle": oracle, "method": method, "seed": seed, "votes_asked": votes, "oracle_win_rate": win,
+            "distinct_2": d2, "base_distinct_2": base_d2, "repetition": rep, "base_repetition": base_rep,
+            "kl": 2.0, "train_s": 10.0, "pairs": votes}
+
+
+def test_mean_and_worst_are_over_preferences_after_averaging_seeds():
+    rows = [row("a", "dpo", 0, 0.9), row("a", "dpo", 1, 0.7), row("b", "dpo", 0, 0.6), row("b", "dpo", 1, 0.6),
+            row("a", "ppo", 0, 0.7), row("b", "ppo", 0, 0.5, d2=0.80)]
+    by = {s["method"]: s for s in loop_table.summarise(rows)}
+    assert by["dpo"]["mean_win"] == 0.7 and by["dpo"]["worst_win"] == 0.6 and by["dpo"]["worst_oracle"] == "b"
+    assert by["dpo"]["voice_kept"] == 4 and by["ppo"]["voice_kept"] == 1  # 0.80 is more than 0.05 below 0.93
+    assert abs(by["ppo"]["worst_distinct_drop"] - 0.13) < 1e-9
+
+
+def test_the_markdown_table_reads_json_lines(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [row("a", "rpo", 0, 0.8), row("b", "rpo", 0, 0.6)]))
+    assert loop_table.main(["table", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| rpo | 32 | 0.70 | 0.60 (b) |" in out and "2/2" in out
