@@ -24,7 +24,7 @@ SAMPLES = [
     wire.Threads(1),
     wire.Call(3, "load_adapter", ["p12", "/data/policies/12"]),
     wire.Close(),
-    wire.Ready("6 tokens in 0.4 s"),
+    wire.Ready("6 tokens in 0.4 s", "CPU variant zen4 (portable build)"),
     wire.Failed("EngineUnavailable", "no such model"),
     wire.Delta(7, "héllo ✓", 3),
     wire.Done(7, 3, [11, 12, 13], None, None),
@@ -185,7 +185,7 @@ from tests.rlhf.serving.test_wire import Planted
 
 channel, mode, marker = wire.Channel(Connection(int(sys.argv[1]))), sys.argv[2], pathlib.Path(sys.argv[3])
 channel.recv()
-channel.send(wire.Ready("stand-in"))
+channel.send(wire.Ready("stand-in", ""))
 while True:
     try:
         message = channel.recv()
