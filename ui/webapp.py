@@ -1,6 +1,7 @@
 """Wiring: config → Store → model service → UI + REST on one FastAPI server."""
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -12,6 +13,7 @@ from starlette.routing import Mount
 
 from rlhf.config import AppConfig
 from rlhf.cpu import apply_torch_threads
+from rlhf.retrain.decisions import settle
 from rlhf.retrain.publish import check_adapters, clean_leftovers
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.vote_queue.refill import QueueRefill
@@ -57,6 +59,7 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     clean_leftovers(store, config)
     check_adapters(store)
     scheduler = StudioScheduler(store, config)
+    scheduler.add_timer("decide", functools.partial(settle, store, config), config.gate.decision_check_seconds)
     budget = scheduler.runner.budget  # one CPU budget: the job runner reports jobs, serving engines follow it
     apply_torch_threads(budget.plan.serving_idle)  # this thread (model loading); the engine applies its own
     server = server or load_server(config, [a.system_prompt for a in store.list_agents()])

@@ -1,14 +1,13 @@
-"""The job kinds the app runs, registered in this one place (no import registers anything by itself).
-
-A new kind is a function ``fn(ctx: JobContext) -> result dict`` in its own module and one line in
-``register_builtin_kinds``. Kinds that do not ship with the app (a plugin's, a test's) are named in the config,
-``scheduler.job_kinds: {name: "package.module:function"}``: the job process that runs one imports it then.
+"""The job kinds a job process can run: the app's own (``rlhf.registry.JOB_KINDS``, import paths, so this package
+imports nothing of what it runs) and those the server's config names (``scheduler.job_kinds``), each imported when
+a job of its kind runs.
 """
 from __future__ import annotations
 
 from typing import Callable, Mapping
 
 from rlhf.plugins import load_callable
+from rlhf.registry import JOB_KINDS as BUILTIN
 
 JOB_KINDS: dict[str, Callable] = {}  # kind -> fn(ctx) -> result dict
 
@@ -19,11 +18,10 @@ def register_job_kind(name: str, fn: Callable) -> None:
 
 
 def register_builtin_kinds() -> None:
-    """Register every job kind the app ships (what a job process can run)."""
-    from rlhf.retrain.pipeline import eval_samples, retrain
-
-    register_job_kind("retrain", retrain)
-    register_job_kind("eval_samples", eval_samples)
+    """Register every job kind the app ships (what a job process can run), imported from its table."""
+    for name, path in BUILTIN.items():
+        if name not in JOB_KINDS:
+            register_job_kind(name, load_callable(path, f"job kind {name}"))
 
 
 def job_kind(name: str, configured: Mapping[str, str]) -> Callable:

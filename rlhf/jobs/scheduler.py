@@ -11,7 +11,7 @@ import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Callable, Optional
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -70,6 +70,23 @@ class StudioScheduler:
         self.runner = runner or JobRunner(store, config)
         self._aps: Optional[BackgroundScheduler] = None
         self._lock = threading.Lock()
+        self._timers: dict[str, tuple[Callable[[], object], float]] = {}
+
+    def add_timer(self, timer_id: str, fn: Callable[[], object], seconds: float) -> None:
+        """Run ``fn()`` every ``seconds`` once started (the app's composition root registers what it needs timed,
+        e.g. settling people's decisions); an error is logged and the next tick tries again."""
+        if self._aps is not None:
+            raise RuntimeError("add timers before the scheduler starts")
+        self._timers[timer_id] = (fn, float(seconds))
+
+    @staticmethod
+    def _guarded(timer_id: str, fn: Callable[[], object]) -> Callable[[], None]:
+        def tick() -> None:
+            try:
+                fn()
+            except Exception:  # a timer job must not die; the next tick tries again
+                log.exception("timer %s failed", timer_id)
+        return tick
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,8 +97,9 @@ class StudioScheduler:
                     max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
         aps.add_job(self.check_triggers, "interval", minutes=self.config.scheduler.check_minutes, id="trigger",
                     max_instances=1, coalesce=True)
-        aps.add_job(self.settle_decisions, "interval", seconds=self.config.gate.decision_check_seconds,
-                    id="decide", max_instances=1, coalesce=True)
+        for timer_id, (fn, seconds) in self._timers.items():
+            aps.add_job(self._guarded(timer_id, fn), "interval", seconds=seconds, id=timer_id, max_instances=1,
+                        coalesce=True)
         self._aps = aps
         for agent in self.store.list_agents():
             self._schedule_cron(agent.name, self.rule(agent.name))
@@ -162,16 +180,6 @@ class StudioScheduler:
                 queued.append(self.enqueue("retrain", agent.name, reason="threshold"))
                 log.info("threshold rule enqueued retrain job %s for %s", queued[-1].id, agent.name)
         return queued
-
-    def settle_decisions(self) -> list[dict]:
-        """Record (and under the auto rule apply) every open decision people's votes have decided."""
-        from rlhf.retrain.decisions import settle
-
-        try:
-            return settle(self.store, self.config)
-        except Exception:  # a timer job must not die; the next tick tries again
-            log.exception("settling decisions failed")
-            return []
 
     def next_check(self) -> Optional[datetime]:
         """When the trigger rule is evaluated next (None when the scheduler is not running)."""
