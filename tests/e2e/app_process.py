@@ -168,3 +168,17 @@ def seed_preferences(http: httpx.Client, n: int, annotator: str = "seed", agent:
         http.post("/feedback", json={"message_id": reply, "thumb": 1, "annotator": annotator}).raise_for_status()
         ids.append(vote.json()["id"])
     return ids
+
+
+def queue_studio(root: Path, tiny_model_dir: Path, queue: dict, ready: int, seconds: float):
+    """A module fixture's body: ``python app.py`` on the tiny model with the vote queue's ``queue`` settings, once at
+    least ``ready`` items are generated; yields (app, a Store on its database)."""
+    from storage import Store
+
+    config = write_config(root / "app.yaml", TEST_APP, queue)
+    with AppProcess(root / "data", tiny_model_dir, config) as app:
+        http = app.client()
+        wait_until(lambda: http.get("/queue/stats").json()["ready"] >= ready, seconds, "the refill to fill the queue")
+        store = Store(root / "data" / "studio.db")
+        yield app, store
+        store.close()

@@ -12,8 +12,8 @@ import re
 import pytest
 
 from storage import Store
-from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
-from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, NAME_BOX, SLOW, open_tab, sync_playwright_or_skip
+from tests.e2e.app_process import queue_studio
+from tests.e2e.browser import NAME_BOX, SLOW, launched_chromium, open_tab
 
 pytestmark = pytest.mark.browser
 
@@ -23,23 +23,12 @@ QUEUE = {"queue": {"refill": True, "low_water": 6, "target_ready": 10, "batch_si
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("vote-inputs")
-    config = write_config(root / "app.yaml", TEST_APP, QUEUE)
-    with AppProcess(root / "data", tiny_model_dir, config) as app:
-        http = app.client()
-        wait_until(lambda: http.get("/queue/stats").json()["ready"] >= 6, 180, "the refill to fill the queue")
-        store = Store(root / "data" / "studio.db")
-        yield app, store
-        store.close()
+    yield from queue_studio(tmp_path_factory.mktemp("vote-inputs"), tiny_model_dir, QUEUE, 6, 180)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_playwright = sync_playwright_or_skip()
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    yield from launched_chromium()
 
 
 def vote_page(browser, url: str, name: str, touch: bool = False):

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from storage import Store
-from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
+from tests.e2e.app_process import queue_studio, wait_until
 from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS, SLOW, open_tab, status_text, sync_playwright_or_skip
 
 pytestmark = pytest.mark.browser
@@ -24,14 +23,7 @@ QUEUE = {"queue": {"refill": True, "low_water": 8, "target_ready": 16, "batch_si
 
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("vote-queue")
-    config = write_config(root / "app.yaml", TEST_APP, QUEUE)
-    with AppProcess(root / "data", tiny_model_dir, config) as app:
-        http = app.client()
-        wait_until(lambda: http.get("/queue/stats").json()["ready"] >= 4, 120, "the refill to fill the queue")
-        store = Store(root / "data" / "studio.db")
-        yield app, store
-        store.close()
+    yield from queue_studio(tmp_path_factory.mktemp("vote-queue"), tiny_model_dir, QUEUE, 4, 120)
 
 
 def test_vote_through_three_queue_items_in_a_browser(studio):
