@@ -13,6 +13,7 @@ from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Conflict, Store
 from ui.flows.leaderboard import Leaderboards
 from ui.flows.slots import ReplySlots
+from ui.label_desk import LabelDesk
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Services:
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
     leaderboards: Optional[Leaderboards] = None  # made from the Store when not given
     replies: Optional[ReplySlots] = None  # replies generating per person (server.max_replies_per_user)
+    labels: LabelDesk = field(default_factory=LabelDesk)  # what each open Chat page shows; one write per person
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
