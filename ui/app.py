@@ -65,7 +65,8 @@ NOTE_TYPING = """(saved) => {
   if (!window.__rlhfNameWatch) {
     window.__rlhfNameWatch = true;
     document.addEventListener("input", (event) => {
-      if (event.target && event.target.closest && event.target.closest("#annotator-name")) window.__rlhfNameTyped = true;
+      const box = event.target && event.target.closest && event.target.closest("#annotator-name");
+      if (box) window.__rlhfNameTyped = true;
     }, true);
   }
   return saved;

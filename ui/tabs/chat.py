@@ -15,16 +15,17 @@ from typing import Optional
 import gradio as gr
 
 from ui.flows import access, chat as chatflow
-from ui.permissions import Forbidden, is_admin
+from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
 from ui.tabs.chat_layout import IDLE, PAGE_JS, ChatParts, layout_chat
+from ui.tabs.chat_versions import (ACTIVE, follow_store, refresh_agents, refresh_versions, show_picker,
+                                   version_choices)
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
 from ui.tabs.errors import error_status, error_text, handles_errors
 from ui.views.text import literal_html
 
-ACTIVE = "active"  # the version choice that follows promotions
 STREAMING = ("Generating… (labels still work on the other replies; to type your next message click the box: "
              "Enter sends it when this reply ends)")
 BUSY = "A reply is being written: wait for it to end (New conversation and Regenerate come back then)."
@@ -39,23 +40,19 @@ def empty_state() -> dict:
     return {"conversation_id": None, "ids": [], "busy": False}
 
 
-def version_choices(store, agent_name: str) -> tuple[list[tuple[str, object]], str]:
-    """Dropdown choices: "the active version" (follows promotions), then each servable version by id (pinned)."""
-    policies = [p for p in store.list_policies(agent_name) if p.status in ("active", "candidate")]
-    active = store.active_policy(agent_name)
-    pinned = [(f"v{p.version} only" + (" · base" if p.is_base else ""), p.id) for p in reversed(policies)]
-    return [(f"Active version (now v{active.version})", ACTIVE)] + pinned, ACTIVE
-
-
 # ---- building the outputs ------------------------------------------------------------------------
 def _locks(enabled: bool) -> tuple:
     """Regenerate, the two alternative buttons and New conversation: off while a reply streams."""
     return tuple(gr.Button(interactive=enabled) for _ in range(4))
 
 
-def _list(services: Services, agent_name: str, name: Optional[str], conversation_id: Optional[int]):
-    """The "Your conversations" dropdown, on the current one."""
+def _list(services: Services, agent_name: str, name: Optional[str], conversation_id: Optional[int],
+          writing: bool = False):
+    """The "Your conversations" dropdown, on the current one (``writing``: its reply is being written, so its last
+    turn is not "unanswered")."""
     rows = services.store.list_conversations(agent_name, name) if name else []
+    if writing:
+        rows = [{**r, "unanswered": 0} if r["id"] == conversation_id else r for r in rows]
     choices = cv.conversation_choices(rows)
     value = conversation_id if conversation_id in [c[1] for c in choices] else None
     return gr.Dropdown(choices=choices, value=value)
@@ -72,6 +69,12 @@ def shown_view(services: Services, request, annotator, agent_name, state: dict, 
     chat = chat if icons else history
     return (chat, state, gr.skip(), status, _list(services, agent_name, name, state["conversation_id"]),
             *_locks(True))
+
+
+def _lit(services: Services, request, annotator, history: list, ids: list) -> gr.Chatbot:
+    """The chat as a reply starts streaming, the earlier replies' thumbs lit as stored (they stay clickable)."""
+    name = labels.viewer(services, request, annotator)
+    return gr.Chatbot(value=history, feedback_value=labels.icons(services, request, ids, name).feedback_value)
 
 
 def _status_only(status: str, n: int = N_ALL) -> tuple:
@@ -143,7 +146,7 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
     history[-1]["content"] = ""
     state.update(conversation_id=user_msg.conversation_id, ids=ids, busy=True, reply=None,
                  touched_at_start=int(touched or 0))
-    yield (history, dict(state), "", STREAMING, gr.skip()) + _locks(False) + \
+    yield (_lit(services, request, annotator, history, ids), dict(state), "", STREAMING, gr.skip()) + _locks(False) + \
         labels.writing_panel(services, request, form_for, panel_as, note)
     yield from _streamed(services, request, annotator, agent_name, state, pending, history, "Reply **#{id}** stored",
                          "⚠️ The reply failed ({exc}); your message is kept: press Regenerate to answer it.")
@@ -207,7 +210,8 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
     history, ids = cv.branch_view(store, parent_id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
     state.update(ids=ids, busy=True, reply=None, touched_at_start=int(touched or 0))
-    yield (history, dict(state), gr.skip(), "Regenerating…", gr.skip()) + _locks(False) + \
+    yield (_lit(services, request, annotator, history, ids), dict(state), gr.skip(), "Regenerating…", gr.skip()) + \
+        _locks(False) + \
         labels.writing_panel(services, request, form_for, panel_as, note)
     done = "Alternative {n} stored as reply **#{id}**" if replaced is not None else "Answered: reply **#{id}** stored"
     yield from _streamed(services, request, annotator, agent_name, state, pending, history, done,
@@ -287,35 +291,12 @@ def switch_agent(services: Services, state: dict, agent_name, annotator, form_fo
         (gr.skip(),)
 
 
-def refresh_versions(services: Services, agent_name: str, current=None):
-    """Version dropdown for an agent (picks up versions published and promoted while the page is open): the
-    "active version" choice follows a promotion; a pinned version stays pinned while it is servable."""
-    choices, active = version_choices(services.store, agent_name)
-    keep = current if current in [c[1] for c in choices] else active
-    return gr.Dropdown(choices=choices, value=keep)
-
-
-def refresh_agents(services: Services, current: str):
-    """Agent dropdown with agents created since the page loaded (keeps the pick)."""
-    return gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current)
-
-
 def refresh_list(services: Services, agent_name: str, annotator: str, state: dict, request: gr.Request = None):
     """The conversation list and the guidelines for the current name and agent."""
     name = labels.viewer(services, request, annotator)
-    return (_list(services, agent_name, name, (state or {}).get("conversation_id")),
+    state = state or {}
+    return (_list(services, agent_name, name, state.get("conversation_id"), bool(state.get("busy"))),
             guidelines_markdown(services, agent_name))
-
-
-def follow_store(services: Services, agent_name: str, version, guide: str):
-    """What an open page picks up from the Store on its timer: versions (and promotions) and the guidelines."""
-    text = guidelines_markdown(services, agent_name)
-    return refresh_versions(services, agent_name, version), (gr.skip() if text == guide else text)
-
-
-def show_picker(services: Services, request: gr.Request = None):
-    """The version picker is for admins (and local mode); annotators chat with the active version."""
-    return gr.Dropdown(visible=is_admin(services, request))
 
 
 # ---- wiring ----------------------------------------------------------------------------------------
