@@ -50,10 +50,7 @@ def page_of(request) -> Optional[str]:
 def owned_reply(services: Services, request, reply_id) -> Message:
     """The reply ``reply_id`` when the caller may label it, exactly as REST decides (their own conversation; admins
     and local mode: any); NotFound, as for an unknown id, for anyone else's."""
-    try:
-        return access.message_for(services.store, access.caller_of(services, request), int(reply_id))
-    except NotFound:
-        raise NotFound(f"unknown reply {int(reply_id)}: nothing was stored") from None
+    return access.message_for(services.store, access.caller_of(services, request), int(reply_id))
 
 
 def icons(services: Services, request, ids: list, name: Optional[str], pending: bool = False) -> gr.Chatbot:

@@ -30,10 +30,10 @@ def test_a_label_for_another_users_reply_is_refused_and_nothing_is_stored(tmp_pa
                        labels.label_flag(services, "", reply, 0, choose("Unsafe"), request=carol),
                        labels.save_note(services, "", reply, "carol was here", 0, request=carol),
                        labels.clear_score(services, "", reply, 0, request=carol)):
-            assert f"unknown reply {reply}" in answer[0] and answer[1] is None  # her panel shows nothing of it
+            assert f"unknown message {reply}" in answer[0] and answer[1] is None  # her panel shows nothing of it
         refused = labels.like_reply(services, out[1], "", None, "", "", 0,
                                     gr.LikeData(None, {"index": 1, "value": "", "liked": True}), request=carol)
-        assert f"unknown reply {reply}" in refused[7]
+        assert f"unknown message {reply}" in refused[7]
         assert store.count("ratings") == 0 and store.count("rating_withdrawals") == 0
         # the owner (and an admin) label it as before
         assert "Score 4 stored" in labels.label_score(services, "", reply, 0, choose(4), request=bob)[0]
