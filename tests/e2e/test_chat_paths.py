@@ -12,6 +12,7 @@ Also the phone: tap targets of at least 44 px and no keys hint on a touch screen
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -101,8 +102,9 @@ def test_path_3_a_click_in_flight_lands_on_the_reply_marked_at_the_click(studio,
     first = send_chat(page, "first for the click in flight")
     held, hold = [], {"next": False}
 
-    def route(r):  # the score click's request waits here until the next reply has ended
-        if hold["next"] and r.request.method == "POST":
+    def route(r):  # the score click's request (the select event of "3") waits here until the next reply has ended
+        body = json.loads(r.request.post_data or "{}")
+        if hold["next"] and (body.get("event_data") or {}).get("value") == 3:
             hold["next"] = False
             held.append(r)
         else:

@@ -151,7 +151,7 @@ def _panel(services: Services) -> dict:
         "refresh": gr.Button("Read the labels again", visible="hidden", elem_id="chat-refresh"),
         "header": gr.Markdown(cv.panel_header(services.store, None, None), elem_id="chat-panel-header"),
     }
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=False):
         parts["score"] = gr.Radio([1, 2, 3, 4, 5], label="Score (1–5) · stored when clicked", elem_id="chat-score",
                                   interactive=False, scale=4)
         parts["clear_score"] = gr.Button("Clear score", size="sm", scale=1, min_width=80, elem_id="chat-clear-score")
