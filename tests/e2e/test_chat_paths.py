@@ -44,7 +44,8 @@ def pages(tmp_path):
     yield made
     for i, page in enumerate(made):
         page.screenshot(path=str(tmp_path / f"page{i}.png"), full_page=True)
-        page.context.close()
+    for context in {id(page.context): page.context for page in made}.values():
+        context.close()
 
 
 def stored(store, reply: int, name: str, expected: tuple) -> None:
