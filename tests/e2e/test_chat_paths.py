@@ -104,8 +104,8 @@ def test_path_3_a_click_in_flight_lands_on_the_reply_marked_at_the_click(studio,
     held, hold = [], {"next": False}
 
     def route(r):  # the score click's request (the select event of "3") waits here until the next reply has ended
-        body = json.loads(r.request.post_data or "{}")
-        if hold["next"] and (body.get("event_data") or {}).get("value") == 3:
+        event = json.loads(r.request.post_data or "{}").get("event_data")
+        if hold["next"] and isinstance(event, dict) and event.get("value") == 3:
             hold["next"] = False
             held.append(r)
         else:
