@@ -8,7 +8,7 @@ import gradio as gr
 
 from rlhf.config import data_is_ephemeral
 from ui.tabs.arena import build_arena
-from ui.tabs.chat import CSS as CHAT_CSS
+from ui.tabs.chat_layout import CSS as CHAT_CSS
 from ui.tabs.chat import build_chat
 from ui.tabs.dashboard import build_dashboard
 from ui.tabs.data import build_data_tab
@@ -57,6 +57,26 @@ SHORTCUTS = """() => {
     }
     if (done) event.preventDefault();
   });
+}"""
+
+
+# The remembered name goes into the box only when nobody has typed there since the page opened: the check runs in
+# the browser at the moment the name arrives (a name typed while the page loaded is never replaced). NOTE_TYPING is
+# installed on load, before the remembered name is asked for.
+NOTE_TYPING = """(saved) => {
+  if (!window.__rlhfNameWatch) {
+    window.__rlhfNameWatch = true;
+    document.addEventListener("input", (event) => {
+      const box = event.target && event.target.closest && event.target.closest("#annotator-name");
+      if (box) window.__rlhfNameTyped = true;
+    }, true);
+  }
+  return saved;
+}"""
+RESTORE_NAME = """(saved) => {
+  const box = document.querySelector("#annotator-name textarea, #annotator-name input");
+  const now = box ? box.value : "";
+  return (window.__rlhfNameTyped || now.trim()) ? now : saved;
 }"""
 
 
@@ -122,6 +142,7 @@ def build_ui(services: Services) -> gr.Blocks:
                                          "remembered in this browser)", placeholder="e.g. alice", max_length=64,
                                    elem_id="annotator-name")
             remembered = gr.BrowserState("", storage_key="rlhf-studio-annotator", secret="rlhf-studio")
+            restored = gr.Textbox(visible="hidden", elem_id="annotator-restored")  # the name remembered, on its way
         with gr.Tab("Chat & Rate"):
             build_chat(services, annotator)
         with gr.Tab("Arena") as arena_tab:
@@ -139,8 +160,9 @@ def build_ui(services: Services) -> gr.Blocks:
         if team:
             demo.load(bind(signed_in_line, services), None, [annotator], api_name=False)
         else:
-            # Nothing remembered (a first visit): leave the box alone, or a name typed while the page was still
-            # loading would be wiped and the first ratings stored without it.
-            demo.load(lambda saved: saved or gr.skip(), [remembered], [annotator], api_name=False)
+            # Nothing remembered (a first visit), or a name typed while the page loaded: leave the box alone, or
+            # the typed name would be replaced and the first ratings stored under someone else's.
+            demo.load(lambda saved: saved or gr.skip(), [remembered], [restored], js=NOTE_TYPING, api_name=False)
+            restored.change(None, [restored], [annotator], js=RESTORE_NAME, api_name=False)
             annotator.change(lambda name: name, [annotator], [remembered], api_name=False)
     return demo

@@ -14,6 +14,7 @@ from storage import Conflict, Store
 from ui.feedback_stats import FeedbackStats
 from ui.flows.leaderboard import Leaderboards
 from ui.flows.slots import ReplySlots
+from ui.label_desk import LabelDesk
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Services:
     leaderboards: Optional[Leaderboards] = None  # made from the Store when not given
     replies: Optional[ReplySlots] = None  # replies generating per person (server.max_replies_per_user)
     feedback_stats: Optional[FeedbackStats] = None  # the Data tab's statistics, once per change of the feedback
+    labels: LabelDesk = field(default_factory=LabelDesk)  # what each open Chat page shows; one write per person
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:

@@ -14,36 +14,30 @@ from typing import Optional
 
 import gradio as gr
 
-from storage import FLAGS
 from ui.flows import access, chat as chatflow
-from ui.permissions import Forbidden, is_admin
+from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
+from ui.tabs.chat_layout import IDLE, PAGE_JS, ChatParts, layout_chat
+from ui.tabs.chat_versions import (ACTIVE, follow_store, refresh_agents, refresh_versions, show_picker,
+                                   version_choices)
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
 from ui.tabs.errors import error_status, error_text, handles_errors
 from ui.views.text import literal_html
 
-THUMBS = ("Like", "Dislike")  # flags are ticked in the label panel: one icon state per bubble can show one thumb
-ACTIVE = "active"  # the version choice that follows promotions
-IDLE = "No reply selected yet: send a message, then click a reply to label it."
 STREAMING = ("Generating… (labels still work on the other replies; to type your next message click the box: "
              "Enter sends it when this reply ends)")
 BUSY = "A reply is being written: wait for it to end (New conversation and Regenerate come back then)."
-N_OUT = 9  # chatbot, state, text, status, conversations, and the four locked buttons: see build_chat's ``out``
+SWITCH_BUSY = ("A reply from **{agent}** is still being written, so the agent stays {agent} for now: when it ends, "
+               "pick **{picked}** again (that starts a new conversation with it).")
+N_OUT = 9  # chatbot, state, text, status, conversations, and the four locked buttons: see ``ChatParts.out``
+N_ALL = N_OUT + labels.N_PANEL  # what the conversation handlers update: the conversation and the label panel
 
 
 def empty_state() -> dict:
     """The tab's session state: the conversation shown, its branch's message ids, and whether a reply streams."""
     return {"conversation_id": None, "ids": [], "busy": False}
-
-
-def version_choices(store, agent_name: str) -> tuple[list[tuple[str, object]], str]:
-    """Dropdown choices: "the active version" (follows promotions), then each servable version by id (pinned)."""
-    policies = [p for p in store.list_policies(agent_name) if p.status in ("active", "candidate")]
-    active = store.active_policy(agent_name)
-    pinned = [(f"v{p.version} only" + (" · base" if p.is_base else ""), p.id) for p in reversed(policies)]
-    return [(f"Active version (now v{active.version})", ACTIVE)] + pinned, ACTIVE
 
 
 # ---- building the outputs ------------------------------------------------------------------------
@@ -52,9 +46,13 @@ def _locks(enabled: bool) -> tuple:
     return tuple(gr.Button(interactive=enabled) for _ in range(4))
 
 
-def _list(services: Services, agent_name: str, name: Optional[str], conversation_id: Optional[int]):
-    """The "Your conversations" dropdown, on the current one."""
+def _list(services: Services, agent_name: str, name: Optional[str], conversation_id: Optional[int],
+          writing: bool = False):
+    """The "Your conversations" dropdown, on the current one (``writing``: its reply is being written, so its last
+    turn is not "unanswered")."""
     rows = services.store.list_conversations(agent_name, name) if name else []
+    if writing:
+        rows = [{**r, "unanswered": 0} if r["id"] == conversation_id else r for r in rows]
     choices = cv.conversation_choices(rows)
     value = conversation_id if conversation_id in [c[1] for c in choices] else None
     return gr.Dropdown(choices=choices, value=value)
@@ -67,20 +65,26 @@ def shown_view(services: Services, request, annotator, agent_name, state: dict, 
     ``chat_labels.follow_reply`` lights the icons after)."""
     name = labels.viewer(services, request, annotator)
     history, state["ids"] = cv.branch_view(services.store, next((i for i in reversed(state["ids"]) if i), None))
-    chat = gr.Chatbot(value=history, feedback_value=cv.thumbs_shown(services.store, state["ids"], name)) \
-        if icons else history
+    chat = gr.Chatbot(value=history, feedback_value=labels.icons(services, request, state["ids"], name).feedback_value)
+    chat = chat if icons else history
     return (chat, state, gr.skip(), status, _list(services, agent_name, name, state["conversation_id"]),
             *_locks(True))
 
 
-def _status_only(status: str, n: int = N_OUT) -> tuple:
+def _lit(services: Services, request, annotator, history: list, ids: list) -> gr.Chatbot:
+    """The chat as a reply starts streaming, the earlier replies' thumbs lit as stored (they stay clickable)."""
+    name = labels.viewer(services, request, annotator)
+    return gr.Chatbot(value=history, feedback_value=labels.icons(services, request, ids, name).feedback_value)
+
+
+def _status_only(status: str, n: int = N_ALL) -> tuple:
     return (gr.skip(), gr.skip(), gr.skip(), status) + (gr.skip(),) * (n - 4)
 
 
 def _refused(state: dict, status: str) -> tuple:
     """A send or regenerate that started nothing: the status says why, and no reply is left for ``follow_reply``
     (chained after it) to move the panel to."""
-    return (gr.skip(), {**state, "reply": None}, gr.skip(), status) + (gr.skip(),) * (N_OUT - 4)
+    return (gr.skip(), {**state, "reply": None}, gr.skip(), status) + (gr.skip(),) * (N_ALL - 4)
 
 
 def _stream(pending: chatflow.PendingReply, history: list):
@@ -94,7 +98,7 @@ def _stream(pending: chatflow.PendingReply, history: list):
             if time.monotonic() - painted >= PAINT_SECONDS:
                 history[-1]["content"] = literal_html(so_far)
                 painted = time.monotonic()
-                yield (history,) + (gr.skip(),) * (N_OUT - 1)
+                yield (history,) + (gr.skip(),) * (N_ALL - 1)
         pending.save()
     finally:
         if pending.saved is None:  # the page was left or reloaded: stop generating for nobody
@@ -115,8 +119,10 @@ def _policy_id(version) -> Optional[int]:
 
 
 def send_message(services: Services, text: str, state: dict, agent_name: str, policy_id, annotator: str,
-                 max_new_tokens, temperature, top_p, seed, touched=0, request: gr.Request = None):
-    """Record the user's message, stream the reply into the chat, record the reply."""
+                 max_new_tokens, temperature, top_p, seed, touched=0, form_for=None, panel_as=None, note=None,
+                 request: gr.Request = None):
+    """Record the user's message, stream the reply into the chat (the label panel moves to it as it starts),
+    record the reply."""
     store = services.store
     state = {**empty_state(), **dict(state or {})}
     if state["busy"]:
@@ -140,7 +146,8 @@ def send_message(services: Services, text: str, state: dict, agent_name: str, po
     history[-1]["content"] = ""
     state.update(conversation_id=user_msg.conversation_id, ids=ids, busy=True, reply=None,
                  touched_at_start=int(touched or 0))
-    yield (history, dict(state), "", STREAMING, gr.skip()) + _locks(False)
+    yield (_lit(services, request, annotator, history, ids), dict(state), "", STREAMING, gr.skip()) + _locks(False) + \
+        labels.writing_panel(services, request, form_for, panel_as, note)
     yield from _streamed(services, request, annotator, agent_name, state, pending, history, "Reply **#{id}** stored",
                          "⚠️ The reply failed ({exc}); your message is kept: press Regenerate to answer it.")
 
@@ -159,7 +166,8 @@ def _streamed(services, request, annotator, agent_name, state: dict, pending, hi
         state["reply"] = None
         status = failed.format(exc=error_text(exc))
     state["busy"] = False
-    yield shown_view(services, request, annotator, agent_name, state, status, icons=False)
+    yield shown_view(services, request, annotator, agent_name, state, status, icons=False) + \
+        (gr.skip(),) * labels.N_PANEL
 
 
 def _regeneration_target(store, state: dict, form_for) -> tuple[Optional[int], Optional[int]]:
@@ -175,7 +183,8 @@ def _regeneration_target(store, state: dict, form_for) -> tuple[Optional[int], O
 
 
 def regenerate_reply(services: Services, state: dict, policy_id, annotator: str, max_new_tokens, temperature,
-                     top_p, seed, form_for=None, agent_name=None, touched=0, request: gr.Request = None):
+                     top_p, seed, form_for=None, agent_name=None, touched=0, panel_as=None, note=None,
+                     request: gr.Request = None):
     """Answer the panel's reply's message again (both replies are kept as alternatives), or answer a turn that
     never got its reply."""
     store = services.store
@@ -201,7 +210,9 @@ def regenerate_reply(services: Services, state: dict, policy_id, annotator: str,
     history, ids = cv.branch_view(store, parent_id)  # ends with the bubble the reply streams into
     history[-1]["content"] = ""
     state.update(ids=ids, busy=True, reply=None, touched_at_start=int(touched or 0))
-    yield (history, dict(state), gr.skip(), "Regenerating…", gr.skip()) + _locks(False)
+    yield (_lit(services, request, annotator, history, ids), dict(state), gr.skip(), "Regenerating…", gr.skip()) + \
+        _locks(False) + \
+        labels.writing_panel(services, request, form_for, panel_as, note)
     done = "Alternative {n} stored as reply **#{id}**" if replaced is not None else "Answered: reply **#{id}** stored"
     yield from _streamed(services, request, annotator, agent_name, state, pending, history, done,
                          "⚠️ The reply failed ({exc}); press Regenerate to try again.")
@@ -212,7 +223,7 @@ def _moved(services, request, annotator, agent_name, state: dict, target, status
     name = labels.viewer(services, request, annotator)
     shown, shown_as, note, touched = panel_in
     panel, warning = labels.moved_panel(services, target, name, None if shown is None else int(shown), shown_as,
-                                        note, touched)
+                                        note, touched, request)
     return shown_view(services, request, annotator, agent_name, state, status + warning) + panel
 
 
@@ -225,24 +236,23 @@ def show_alternative(services: Services, step: int, state: dict, agent_name, ann
         cv.last_reply(store, state["ids"])
     target = cv.step_alternative(store, reply, step) if reply is not None else None
     if target is None:
-        return _status_only("No other alternative that way: Regenerate makes one.", N_OUT + labels.N_PANEL)
+        return _status_only("No other alternative that way: Regenerate makes one.")
     _, state["ids"] = cv.branch_view(store, cv.newest_leaf(store, target))
     name = labels.viewer(services, request, annotator)
     return _moved(services, request, annotator, agent_name, state, target, cv.rating_summary(store, target, name),
                   (form_for, panel_as, note, touched))
 
 
-@handles_errors(lambda status: _status_only(status, N_OUT + labels.N_PANEL), warn=False)
+@handles_errors(lambda status: _status_only(status), warn=False)
 def open_conversation(services: Services, conversation_id, state: dict, agent_name, annotator, form_for, panel_as,
                       note, touched=0, request: gr.Request = None):
     """Show one of the annotator's conversations where it was left (its newest message)."""
     store = services.store
     state = {**empty_state(), **dict(state or {})}
-    n = N_OUT + labels.N_PANEL
     if conversation_id in (None, ""):
-        return _status_only(IDLE, n)
+        return _status_only(IDLE)
     if state["busy"]:
-        return _status_only(BUSY, n)
+        return _status_only(BUSY)
     name = labels.viewer(services, request, annotator)
     conv = store.get_conversation(int(conversation_id))
     if not name or conv.annotator_id != store.annotator_id(name):
@@ -262,150 +272,111 @@ def new_conversation(services: Services, state: dict, agent_name, annotator, for
     """An empty chat (the old conversation stays stored and listed); refused while a reply streams."""
     if (state or {}).get("busy"):
         # the trash icon already emptied the view: show the streaming conversation again
-        return _status_only(BUSY, N_OUT + labels.N_PANEL)
+        return _status_only(BUSY)
     return _moved(services, request, annotator, agent_name, empty_state(), None, "New conversation: say something.",
                   (form_for, panel_as, note, touched))
 
 
-def refresh_versions(services: Services, agent_name: str, current=None):
-    """Version dropdown for an agent (picks up versions published and promoted while the page is open): the
-    "active version" choice follows a promotion; a pinned version stays pinned while it is servable."""
-    choices, active = version_choices(services.store, agent_name)
-    keep = current if current in [c[1] for c in choices] else active
-    return gr.Dropdown(choices=choices, value=keep)
-
-
-def refresh_agents(services: Services, current: str):
-    """Agent dropdown with agents created since the page loaded (keeps the pick)."""
-    return gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current)
+def switch_agent(services: Services, state: dict, agent_name, annotator, form_for=None, panel_as=None, note=None,
+                 touched=0, request: gr.Request = None):
+    """Another agent picked: a new conversation with it; while a reply streams, the pick goes back to the agent
+    of the conversation on screen and the status says what to do."""
+    state = state or {}
+    if state.get("busy") and state.get("conversation_id") is not None:
+        agent = chatflow.agent_of(services.store, services.store.get_message(next(i for i in state["ids"] if i)))
+        if agent.name != agent_name:
+            return _status_only(SWITCH_BUSY.format(agent=agent.name, picked=agent_name)) + (agent.name,)
+        return _status_only(STREAMING) + (gr.skip(),)
+    return new_conversation(services, state, agent_name, annotator, form_for, panel_as, note, touched, request) + \
+        (gr.skip(),)
 
 
 def refresh_list(services: Services, agent_name: str, annotator: str, state: dict, request: gr.Request = None):
     """The conversation list and the guidelines for the current name and agent."""
     name = labels.viewer(services, request, annotator)
-    return (_list(services, agent_name, name, (state or {}).get("conversation_id")),
+    state = state or {}
+    return (_list(services, agent_name, name, state.get("conversation_id"), bool(state.get("busy"))),
             guidelines_markdown(services, agent_name))
 
 
-def follow_store(services: Services, agent_name: str, version, guide: str):
-    """What an open page picks up from the Store on its timer: versions (and promotions) and the guidelines."""
-    text = guidelines_markdown(services, agent_name)
-    return refresh_versions(services, agent_name, version), (gr.skip() if text == guide else text)
-
-
-def show_picker(services: Services, request: gr.Request = None):
-    """The version picker is for admins (and local mode); annotators chat with the active version."""
-    return gr.Dropdown(visible=is_admin(services, request))
-
-
-# ---- layout ---------------------------------------------------------------------------------------
-CSS = """
-@media (min-width: 900px) { #chat-labels { position: sticky; top: 0.5rem; align-self: flex-start; } }
-@media (max-width: 640px) { #chat-conversation { height: 55vh !important; max-height: 55vh !important; } }
-"""
-
-
+# ---- wiring ----------------------------------------------------------------------------------------
 def build_chat(services: Services, annotator: gr.Textbox) -> None:
     """Lay out the tab (inside ``with gr.Tab(...)``) and bind its handlers."""
-    store = services.store
-    agents = [a.name for a in store.list_agents()]
-    choices, active = version_choices(store, agents[0])
-    cfg = services.config.serving
-    state = gr.State(empty_state())
-    with gr.Row():
-        agent = gr.Dropdown(agents, value=agents[0], label="Agent", scale=1)
-        version = gr.Dropdown(choices, value=active, label="Version", scale=1)
-        conversations = gr.Dropdown([], value=None, label="Your conversations", scale=2,
-                                    info="Pick one to go back to it (⏳ = your last message has no reply yet)")
-    with gr.Accordion("Annotation guidelines", open=False):
-        guide = gr.Markdown(guidelines_markdown(services, agents[0]))
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=360):
-            chatbot = gr.Chatbot(feedback_options=THUMBS, height=430, label="Conversation", allow_tags=False,
-                                 latex_delimiters=[], elem_id="chat-conversation",  # text is text: no $$ math
-                                 placeholder="Say something: replies stream in; 👍/👎 under a reply are stored "
-                                             "at once (click a lit one again to take it back).")
-            status = gr.Markdown(IDLE, elem_id="chat-status")
-            with gr.Row():
-                # No max_length: the browser would cut a long paste without a word; the handler says what is too long.
-                text = gr.Textbox(placeholder="Type a message and press Enter", show_label=False, scale=5,
-                                  elem_id="chat-box", min_width=200)
-                send = gr.Button("Send", variant="primary", scale=1, min_width=70)
-                new = gr.Button("New conversation", scale=1, min_width=110)
-        # The label panel sits beside the reply (under it on a phone), with the actions on that reply.
-        with gr.Column(scale=2, min_width=300, elem_id="chat-labels"):
-            form_for = gr.Number(value=None, visible=False, precision=0)  # the reply the panel shows
-            panel_as = gr.Textbox(value="", visible=False)  # whose labels it shows
-            touched = gr.Number(value=0, visible=False, precision=0)  # the person's clicks on it so far
-            header = gr.Markdown(cv.panel_header(store, None, None))
-            score = gr.Radio([1, 2, 3, 4, 5], label="Score (1–5) · stored when clicked", elem_id="chat-score",
-                             interactive=True)
-            flags = gr.CheckboxGroup(list(FLAGS), label="Flags · stored when ticked", elem_id="chat-flags",
-                                     interactive=True)
-            note = gr.Textbox(label="Note", lines=2, placeholder="Optional: what is wrong or good about it",
-                              elem_id="chat-note", interactive=True)
-            save = gr.Button("Save note", elem_id="chat-save-note", size="sm")
-            with gr.Row():
-                regen = gr.Button("Regenerate", size="sm", min_width=90)
-                prev_alt = gr.Button("◀ Previous alternative", size="sm", min_width=90)
-                next_alt = gr.Button("Next alternative ▶", size="sm", min_width=90)
-    with gr.Accordion("Generation settings", open=False):
-        with gr.Row():
-            max_tokens = gr.Slider(8, 1024, value=cfg.max_new_tokens, step=8, label="Max new tokens")
-            temperature = gr.Slider(0, 2, value=cfg.temperature, step=0.05, label="Temperature")
-            top_p = gr.Slider(0.05, 1, value=cfg.top_p, step=0.05, label="Top-p")
-            seed = gr.Textbox(value="", label="Seed (empty = random)", placeholder="random",
-                              info="A fixed seed repeats the same reply")
-    gen = [max_tokens, temperature, top_p, seed]
-    panel_in = [form_for, panel_as, note, touched]
-    panel_out = [form_for, panel_as, header, score, flags, note, touched]
-    out = [chatbot, state, text, status, conversations, regen, prev_alt, next_alt, new]
-    assert len(out) == N_OUT and len(panel_out) == labels.N_PANEL
-    follow = bind(labels.follow_reply, services)
+    agents = [a.name for a in services.store.list_agents()]
+    choices, active = version_choices(services.store, agents[0])
+    p = layout_chat(services, empty_state(), choices, active)
+    _wire_replies(services, p, annotator)
+    _wire_labels(services, p, annotator)
+    _wire_moves(services, p, annotator)
+    _wire_store(services, p, annotator)
 
+
+def _wire_replies(services: Services, p: ChatParts, annotator) -> None:
+    """Send and Regenerate: a reply streams (the panel moves to it as it starts), then the panel fills in."""
+    follow = bind(labels.follow_reply, services)
+    follow_in = [p.state, annotator] + p.panel_in
     # One event for Enter and Send; "always_last": a message sent while a reply streams goes out when it ends. The
     # box gives the focus back on send, so the keys 1-5 label the reply and do not type into the box.
-    gr.on([text.submit, send.click], bind(send_message, services),
-          [text, state, agent, version, annotator] + gen + [touched], out, api_name="chat",
-          trigger_mode="always_last", concurrency_limit=None, concurrency_id="generate",
-          js=BLUR_ON_SEND) \
-        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False, show_progress="hidden")
-    regen.click(bind(regenerate_reply, services), [state, version, annotator] + gen + [form_for, agent, touched], out,
-                api_name="regenerate", concurrency_limit=None, concurrency_id="generate") \
-        .then(follow, [state, annotator] + panel_in, panel_out + [chatbot], api_name=False, show_progress="hidden")
-    # Label writes: every click is queued ("multiple": a quick second click is never dropped) and they are stored
-    # one at a time in click order (one queue, "labels"): a thumb and its taking back land in that order.
-    # No progress veil over the panel while a label is stored (a flicker on every click); the status line answers.
-    once_each = {"trigger_mode": "multiple", "concurrency_limit": 1, "concurrency_id": "labels",
-                 "show_progress": "hidden"}
-    chatbot.like(bind(labels.like_reply, services), [state, annotator] + panel_in, panel_out + [status, chatbot],
-                 api_name=False, **once_each)
-    chatbot.select(bind(labels.select_reply, services), [state, annotator] + panel_in, panel_out + [status],
-                   api_name=False, show_progress="hidden")
-    label_out = [status, panel_as, header, score, flags, touched]
-    score.select(bind(labels.label_score, services), [annotator, form_for, touched], label_out, api_name=False,
-                 **once_each)
-    flags.select(bind(labels.label_flag, services), [annotator, form_for, touched], label_out, api_name=False,
-                 **once_each)
-    gr.on([save.click, note.submit], bind(labels.save_note, services), [annotator, form_for, note, touched], label_out,
-          api_name="note", **once_each)
-    for button, step in ((prev_alt, -1), (next_alt, 1)):
-        button.click(bind(show_alternative, services, step), [state, agent, annotator] + panel_in,
-                     out + panel_out, api_name=False)
-    fresh = bind(new_conversation, services)
-    gr.on([new.click, chatbot.clear], fresh, [state, agent, annotator] + panel_in, out + panel_out, api_name=False)
-    conversations.input(bind(open_conversation, services), [conversations, state, agent, annotator] + panel_in,
-                        out + panel_out, api_name=False)
+    gr.on([p.text.submit, p.send.click], bind(send_message, services),
+          [p.text, p.state, p.agent, p.version, annotator] + p.gen + [p.touched, p.form_for, p.panel_as, p.note],
+          p.out + p.panel_out, api_name="chat", trigger_mode="always_last", concurrency_limit=None,
+          concurrency_id="generate", js=BLUR_ON_SEND) \
+        .then(follow, follow_in, p.panel_out + [p.chatbot], api_name=False, show_progress="hidden")
+    p.regen.click(bind(regenerate_reply, services), [p.state, p.version, annotator] + p.gen +
+                  [p.form_for, p.agent, p.touched, p.panel_as, p.note], p.out + p.panel_out, api_name="regenerate",
+                  concurrency_limit=None, concurrency_id="generate") \
+        .then(follow, follow_in, p.panel_out + [p.chatbot], api_name=False, show_progress="hidden")
+
+
+def _wire_labels(services: Services, p: ChatParts, annotator) -> None:
+    """Label writes. Every click is queued ("multiple": a quick second click is never dropped); different people's
+    run side by side (no limit), one person's one at a time in click order (``Services.labels.turn``). No progress
+    veil over the panel while a label is stored (a flicker on every click); the status line answers."""
+    each = {"trigger_mode": "multiple", "concurrency_limit": None, "concurrency_id": "labels",
+            "show_progress": "hidden", "api_name": False}
+    p.chatbot.like(bind(labels.like_reply, services), [p.state, annotator] + p.panel_in,
+                   p.panel_out + [p.status, p.chatbot], **each)
+    p.chatbot.select(bind(labels.select_reply, services), [p.state, annotator] + p.panel_in,
+                     p.panel_out + [p.status], **each)
+    written = [annotator, p.form_for, p.touched]
+    p.score.select(bind(labels.label_score, services), written, p.label_out, **each)
+    p.clear_score.click(bind(labels.clear_score, services), written, p.label_out, **each)
+    p.flags.select(bind(labels.label_flag, services), written, p.label_out, **each)
+    gr.on([p.save.click, p.note.submit], bind(labels.save_note, services), [annotator, p.form_for, p.note, p.touched],
+          p.label_out, **{**each, "api_name": "note"})
+    reread = [p.state, annotator] + p.panel_in
+    shown = bind(labels.shown_now, services)
+    p.refresh.click(bind(labels.refresh_panel, services), reread, p.panel_out + [p.chatbot], **each) \
+        .then(shown, None, None, **each)
+    annotator.change(bind(labels.rename, services), reread, p.panel_out + [p.chatbot], api_name=False,
+                     show_progress="hidden").then(shown, None, None, **each)
+    gr.on([p.form_for.change, p.state.change], labels.mark, [p.state, p.form_for], [p.mark], api_name=False,
+          show_progress="hidden", concurrency_limit=None)
+    gr.on(None, None, None, None, js=PAGE_JS, api_name=False)  # on load: the bubble outline, focus re-reads
+
+
+def _wire_moves(services: Services, p: ChatParts, annotator) -> None:
+    """What moves the conversation shown: alternatives, New conversation, the list, another agent."""
+    moved_in = [p.state, p.agent, annotator] + p.panel_in
+    for button, step in ((p.prev_alt, -1), (p.next_alt, 1)):
+        button.click(bind(show_alternative, services, step), moved_in, p.out + p.panel_out, api_name=False)
+    gr.on([p.new.click, p.chatbot.clear], bind(new_conversation, services), moved_in, p.out + p.panel_out,
+          api_name=False)
+    p.conversations.input(bind(open_conversation, services), [p.conversations] + moved_in, p.out + p.panel_out,
+                          api_name=False)
     listing = bind(refresh_list, services)
-    gr.on([annotator.change, conversations.focus], listing, [agent, annotator, state], [conversations, guide],
+    p.agent.change(bind(refresh_versions, services), [p.agent], [p.version], api_name=False)
+    p.agent.focus(bind(refresh_agents, services), [p.agent], [p.agent], api_name=False)
+    p.agent.input(bind(switch_agent, services), moved_in, p.out + p.panel_out + [p.agent], api_name=False) \
+        .then(listing, [p.agent, annotator, p.state], [p.conversations, p.guide], api_name=False)
+
+
+def _wire_store(services: Services, p: ChatParts, annotator) -> None:
+    """What an open page picks up from the Store: the conversation list, guidelines, versions, the picker."""
+    listing = bind(refresh_list, services)
+    gr.on([annotator.change, p.conversations.focus], listing, [p.agent, annotator, p.state], [p.conversations, p.guide],
           api_name=False, show_progress="hidden")
-    annotator.change(bind(labels.rename, services), [state, annotator] + panel_in, panel_out + [chatbot],
-                     api_name=False, show_progress="hidden")
-    agent.change(bind(refresh_versions, services), [agent], [version], api_name=False)
-    agent.focus(bind(refresh_agents, services), [agent], [agent], api_name=False)
-    agent.change(fresh, [state, agent, annotator] + panel_in, out + panel_out, api_name=False) \
-        .then(listing, [agent, annotator, state], [conversations, guide], api_name=False)
-    gr.on(None, listing, [agent, annotator, state], [conversations, guide], api_name=False)  # on load
-    gr.on(None, bind(show_picker, services), None, [version], api_name=False)
-    gr.Timer(10).tick(bind(follow_store, services), [agent, version, guide], [version, guide], api_name=False,
-                      show_progress="hidden")
+    gr.on(None, listing, [p.agent, annotator, p.state], [p.conversations, p.guide], api_name=False)  # on load
+    gr.on(None, bind(show_picker, services), None, [p.version], api_name=False)
+    gr.Timer(10).tick(bind(follow_store, services), [p.agent, p.version, p.guide], [p.version, p.guide],
+                      api_name=False, show_progress="hidden")

@@ -116,7 +116,10 @@ def conversation_choices(rows: list[dict]) -> list[tuple[str, int]]:
 
 
 # ---- the label panel ----------------------------------------------------------------------------------
-KEYS_HINT = "keys **1–5** score it when you are not typing"
+# On a touch screen there are no keys to press: the hint hides there (``.rlhf-keys`` in the tab's CSS).
+KEYS_HINT = '<span class="rlhf-keys"> · keys <b>1–5</b> score it when you are not typing</span>'
+WRITING = ("**Labels of the new reply** (being written) · they open when it ends; click an earlier reply to label "
+           "that one meanwhile")
 
 
 def thumbs_shown(store: Store, ids: list, annotator: Optional[str]) -> list[Optional[str]]:
@@ -146,7 +149,19 @@ def panel_header(store: Store, reply_id: Optional[int], annotator: Optional[str]
         return "**Labels** · click a reply in the conversation to label it."
     extra = alternative_text(store, reply_id)
     who = f" as **{annotator}**" if annotator else " (type your name at the top first)"
-    return f"**Labels of reply #{reply_id}**" + (f" ({extra})" if extra else "") + who + f" · {KEYS_HINT}"
+    return f"**Labels of reply #{reply_id}**" + (f" ({extra})" if extra else "") + who + KEYS_HINT
+
+
+def mark_html(reply_id: Optional[int], ids: list, writing: bool = False) -> str:
+    """The hidden marker the page's script reads to outline the bubble the panel labels and show its number: the
+    bubble of ``reply_id`` in the shown branch, or the reply being written (the last bubble) while ``writing``."""
+    if reply_id is not None and int(reply_id) in ids:
+        index, label = ids.index(int(reply_id)), f"labelling reply #{int(reply_id)}"
+    elif reply_id is None and writing and ids and ids[-1] is None:
+        index, label = len(ids) - 1, "labelling the new reply (being written)"
+    else:
+        return '<span data-index="-1"></span>'
+    return f'<span data-index="{index}" data-label="{label}"></span>'
 
 
 def unsaved_note(store: Store, reply_id: Optional[int], annotator: Optional[str], note: Optional[str]) -> bool:

@@ -33,13 +33,14 @@ def send(services, text, state=None, annotator="alice", gen=GEN, touched=0):
                                  *gen, touched))
 
 
-def like(services, state, index, liked, annotator="alice", panel=(None, "", "", 0), value=None):
+def like(services, state, index, liked, annotator="alice", panel=(None, "", "", 0), value=None, request=None):
     return labels.like_reply(services, state, annotator, *panel, gr.LikeData(None, {
-        "index": index, "value": value if value is not None else "", "liked": liked}))
+        "index": index, "value": value if value is not None else "", "liked": liked}), request=request)
 
 
-def select(services, state, index, annotator="alice", panel=(None, "", "", 0)):
-    return labels.select_reply(services, state, annotator, *panel, gr.SelectData(None, {"index": index, "value": ""}))
+def select(services, state, index, annotator="alice", panel=(None, "", "", 0), request=None):
+    return labels.select_reply(services, state, annotator, *panel, gr.SelectData(None, {"index": index, "value": ""}),
+                               request=request)
 
 
 def choose(value, selected=True):
@@ -91,24 +92,36 @@ def test_a_refused_send_leaves_no_reply_for_the_panel_to_follow(services):
     first = send(services, "Hello")
     refused = send(services, "  ", first[1])
     assert refused[1]["reply"] is None and refused[1]["ids"] == first[1]["ids"]
-    assert labels.follow_reply(services, refused[1], "alice", None, "", "", 0) == (SKIP,) * 8
+    assert refused[9:] == (SKIP,) * labels.N_PANEL  # the panel did not move to a reply that never started
+    assert labels.follow_reply(services, refused[1], "alice", 5, "alice", "", 0)[:7] == (SKIP,) * 7
 
 
-def test_after_a_reply_the_panel_follows_it_unless_the_person_touched_it_or_types_a_note(services):
+def test_the_panel_moves_to_a_reply_as_it_starts_and_fills_in_unless_the_person_clicked_in_it(services):
     store = services.store
     first = send(services, "One")
     a = first[1]["reply"]
     panel = labels.follow_reply(services, first[1], "alice", None, "", "", 0)
-    assert panel[7].feedback_value == [None] and panel[0] == a
-    # the person did not touch the panel while the next reply streamed: it moves to the new reply
-    out = send(services, "Two", first[1], touched=3)
+    assert panel[7].feedback_value == [None] and panel[0] == a and panel[3].interactive
+    # Send moves the panel to the reply being written: scores and flags closed (keys 1-5 do nothing), the note
+    # typed for `a` kept as its draft
+    page = gr.Request(session_hash="one-page")
+    updates = list(chat.send_message(services, "Two", first[1], "assistant", "active", "alice", *GEN, 3, a, "alice",
+                                     "typed for a, not saved", request=page))
+    start = updates[0][9:]
+    assert start[0] is None and start[2] == cv.WRITING and start[5] == ""
+    assert start[3].interactive is False and start[4].interactive is False
+    assert "click a reply first" in labels.label_score(services, "alice", None, 3, choose(4))[0]  # a key meanwhile
+    out = updates[-1]
     b = out[1]["reply"]
-    assert labels.follow_reply(services, out[1], "alice", a, "alice", "", 3)[0] == b
-    # a note typed for `a` and not saved: the panel stays (and keeps the text); its header says where `b` is
-    kept = labels.follow_reply(services, out[1], "alice", a, "alice", "typed, not saved", 3)
+    # no click in the panel while it streamed: it fills in with the new reply (a note typed for it stays in the box)
+    assert labels.follow_reply(services, out[1], "alice", None, "", "", 3)[0] == b
+    typed = labels.follow_reply(services, out[1], "alice", None, "", "typed for b while it streamed", 3)
+    assert typed[0] == b and typed[5] == SKIP
+    # the person clicked a reply (or a label) in the panel while it streamed: it stays there and says where `b` is
+    kept = labels.follow_reply(services, out[1], "alice", a, "alice", "", 4)
     assert kept[:2] == (SKIP, SKIP) and kept[3:7] == (SKIP,) * 4 and f"new reply **#{b}** is in" in kept[2]
-    # the person clicked on the panel (moved it, or labelled there) while the reply streamed: it stays there
-    assert labels.follow_reply(services, out[1], "alice", a, "alice", "", 4)[0] == SKIP
+    # back on `a`, its draft comes back
+    assert select(services, out[1], 1, request=page)[5] == "typed for a, not saved"
     assert store.count("ratings") == 0  # none of this wrote a label
 
 
@@ -149,16 +162,17 @@ def test_a_click_on_a_view_that_changed_labels_nothing(services):
 def test_score_flags_and_note_are_each_stored_at_once_on_the_panels_reply(services):
     out = send(services, "Explain rain")
     reply = out[1]["reply"]
-    assert "Click a reply first" in labels.label_score(services, "alice", None, 0, choose(4))[0]
+    assert "click a reply first" in labels.label_score(services, "alice", None, 0, choose(4))[0]
     shown = labels.label_score(services, "alice", reply, 0, choose(4))
-    assert "Score 4 stored" in shown[0] and shown[3] == 4 and labels_of(services, reply) == (None, 4, [], None)
+    assert "Score 4 stored" in shown[0] and shown[4].value == 4 and labels_of(services, reply) == (None, 4, [], None)
+    assert shown[1] == reply  # the panel names the reply the click was stored on
     labels.label_flag(services, "alice", reply, 0, choose("Unsafe"))
     labels.label_flag(services, "alice", reply, 0, choose("Inaccurate"))
     shown = labels.label_flag(services, "alice", reply, 0, choose("Unsafe", selected=False))
-    assert shown[4] == ["Inaccurate"] and labels_of(services, reply) == (None, 4, ["Inaccurate"], None)
+    assert shown[5].value == ["Inaccurate"] and labels_of(services, reply) == (None, 4, ["Inaccurate"], None)
     assert "Type a note first" in labels.save_note(services, "alice", reply, "  ", 0)[0]
     stored = labels.save_note(services, "alice", reply, "a note", 5)
-    assert "Note stored" in stored[0] and stored[5] == 6  # a click on the panel: counted
+    assert "Note stored" in stored[0] and stored[6] == 6  # a click on the panel: counted
     assert "Nothing new" in labels.save_note(services, "alice", reply, "a note ")[0]
     assert "Note cleared" in labels.save_note(services, "alice", reply, "")[0]
     assert labels_of(services, reply) == (None, 4, ["Inaccurate"], "")
@@ -173,7 +187,7 @@ def test_moving_the_panel_writes_nothing_and_says_when_a_typed_note_is_left_behi
     out = send(services, "Another", out[1])
     second = out[1]["reply"]
     moved = select(services, out[1], 1, panel=(second, "alice", "typed for the second, not saved", 2))
-    assert moved[:2] == (first, "alice") and moved[3] == 2 and moved[6] == 3 and "was not saved" in moved[7]
+    assert moved[:2] == (first, "alice") and moved[3].value == 2 and moved[6] == 3 and "kept as its draft" in moved[7]
     assert "only replies" in select(services, out[1], 0)[7]
     assert [r.message_id for r in store.ratings_by(first, "alice")] == [first] and not store.ratings_by(second, "alice")
 
@@ -185,7 +199,8 @@ def test_a_new_name_shows_its_own_labels_and_writes_nothing(services):
     labels.save_note(services, "alma", reply, "alma's note")
     like(services, out[1], 1, True, annotator="alma")
     renamed = labels.rename(services, out[1], "bert", reply, "alma", "alma's note", 4)
-    assert renamed[:7] == (reply, "bert", cv.panel_header(services.store, reply, "bert"), None, [], "", SKIP)
+    assert renamed[:3] == (reply, "bert", cv.panel_header(services.store, reply, "bert"))
+    assert (renamed[3].value, renamed[4].value, renamed[5:7]) == (None, [], ("", SKIP))
     assert renamed[7].feedback_value == [None]  # bert's thumbs: none lit; and no click counted
     typing = labels.rename(services, out[1], "bert", reply, "alma", "alma typed this, unsaved", 4)
     assert typing[5] == SKIP  # a note being typed stays in its box
