@@ -168,6 +168,7 @@ def test_path_6_a_name_typed_while_the_page_loads_is_never_replaced(studio, chro
         r.continue_()
     reply = send_chat(page, "lou's own question")
     expect(box).to_have_value("lou")
+    marked(page, rf"reply #{reply}\b")  # the panel filled in with the reply once it ended: the keys go there
     page.keyboard.press("4")
     stored(store, reply, "lou", (None, 4, [], None))
     assert store.get_conversation(store.get_message(reply).conversation_id).annotator_id == store.annotator_id("lou")

@@ -209,7 +209,7 @@ def test_labels_need_a_name_in_local_mode(studio, page_of):
     assert rating(store, reply, "nina")[0] == 1
     assert rating(store, reply, None) == (None, None, [], None)  # nothing anonymous
     page.reload()
-    expect(page.get_by_placeholder(NAME_BOX)).to_have_value("nina")
+    expect(page.get_by_placeholder(NAME_BOX)).to_have_value("nina", timeout=SLOW)  # the page loads its events first
 
 
 def test_a_flag_ticked_in_the_panel_and_regenerate_act_on_the_panels_reply(studio, page_of):

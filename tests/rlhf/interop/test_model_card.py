@@ -83,7 +83,7 @@ def test_the_card_is_a_real_model_card(shipped):
     assert "**promote**" in text and "0.75 (95% interval 0.62–0.88)" in text  # the judge's, not the reward model's
     assert "on 84% of the held-out prompts" in text
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in text and "(Q4_1), dequantised" in text  # the weights it trained on
-    assert "then PPO against it" in text and "ppo" in card.data.tags  # the run config's retrain.method
+    assert "then PPO on the reward model" in text and "ppo" in card.data.tags  # the run config's retrain.method
     assert "3.25 nats per reply" in text
     assert shipped["v1"].created[:10] in text and "| License | apache-2.0" in text
     assert f'AutoModelForCausalLM.from_pretrained("{HUB_ID}")' in text and "PeftModel.from_pretrained(base" in text
