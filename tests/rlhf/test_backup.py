@@ -206,7 +206,7 @@ def test_a_small_archive_cannot_write_more_than_its_manifest_says(filled, app_co
                 dst.addfile(member, io.BytesIO(bytes(member.size)))
             else:
                 dst.addfile(member, src.extractfile(member))
-    assert bomb.stat().st_size < 1 << 20
+    assert bomb.stat().st_size < 4 << 20  # a few MB of gzip (the version's own tokenizer files included) for 64 MB
     with pytest.raises(BackupError, match="67,108,864 bytes where the manifest says"):  # refused before writing it
         restore(bomb, tmp_path / "t")
     assert not (tmp_path / "t").exists() and not [p for p in tmp_path.iterdir() if ".tmp-restore-" in p.name]
