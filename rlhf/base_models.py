@@ -273,10 +273,12 @@ def gguf_quantisation(gguf_file: str | Path) -> Optional[str]:
     """The weight type a GGUF file declares (``Q4_1``, ``Q8_0``, ``F16``, ...); None when it declares none."""
     import gguf
 
+    from rlhf.gguf_header import read_fields
+
     try:
-        field = gguf.GGUFReader(str(gguf_file)).fields.get("general.file_type")
-        return gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
-            if field is not None else None
+        file_type = read_fields(gguf_file, ["general.file_type"]).get("general.file_type")
+        return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_") \
+            if file_type is not None else None
     except (OSError, ValueError):
         return None
 

@@ -29,10 +29,9 @@ def _digits_then_gpt2():
 
 def gguf_pre(gguf_file: str | Path) -> Optional[str]:
     """The ``tokenizer.ggml.pre`` a GGUF file names (None when it names none)."""
-    import gguf
+    from rlhf.gguf_header import read_fields
 
-    field = gguf.GGUFReader(str(gguf_file)).fields.get("tokenizer.ggml.pre")
-    return field.contents() if field is not None else None
+    return read_fields(gguf_file, ["tokenizer.ggml.pre"]).get("tokenizer.ggml.pre")
 
 
 def restore_pre_tokenizer(tokenizer, pre: Optional[str]):

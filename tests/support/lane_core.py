@@ -45,11 +45,11 @@ class LaneOrderCore(EngineCore):
     def _advance(self, req: Request, count: list[int]) -> None:
         stream = req.stream
         if stream.cancelled or count[0] >= min(self.words, req.params.max_new_tokens):
-            stream._close()
+            stream.close()
             return
         count[0] += 1
         stream.n_tokens += 1
-        stream._emit(f" w{count[0]}")
+        stream.emit(f" w{count[0]}")
 
     def _wait_read(self, requests) -> None:
         for req in requests:
@@ -71,5 +71,5 @@ class LaneOrderCore(EngineCore):
 
     def fail_all(self, error: BaseException) -> None:
         for req, _ in self.rows:
-            req.stream._close(error)
+            req.stream.close(error)
         self.rows = []

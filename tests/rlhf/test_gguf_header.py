@@ -1,0 +1,46 @@
+"""The GGUF header reader gives the values gguf's own reader gives, steps over arrays, and refuses damage."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from rlhf.gguf_header import GGUFHeaderError, read_fields
+
+
+@pytest.fixture
+def small_gguf(tmp_path):
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i} ✓" for i in range(500)])  # a string array before the keys asked for
+    w.add_token_scores([0.5] * 500)                         # a float array
+    w.add_tokenizer_pre("smollm")
+    w.add_file_type(7)
+    w.add_bool("test.flag", True)
+    w.add_float32("test.scale", 0.25)
+    w.add_tensor("t", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_the_values_match_ggufs_own_reader(small_gguf):
+    keys = ["tokenizer.ggml.pre", "general.file_type", "general.architecture", "test.flag", "test.scale"]
+    ref = gguf.GGUFReader(str(small_gguf)).fields
+    got = read_fields(small_gguf, keys + ["not.there"])
+    assert got == {k: ref[k].contents() for k in keys}
+    assert read_fields(small_gguf, ["tokenizer.ggml.tokens"]) == {"tokenizer.ggml.tokens": None}
+
+
+def test_a_cut_file_or_another_format_is_a_clear_error(small_gguf, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(small_gguf.read_bytes()[:600])  # inside the vocabulary
+    with pytest.raises(GGUFHeaderError, match="cut short"):
+        read_fields(cut, ["tokenizer.ggml.pre"])
+    other = tmp_path / "x.gguf"
+    other.write_bytes(b"PK\x03\x04" + b"\0" * 64)
+    with pytest.raises(GGUFHeaderError, match="not a GGUF"):
+        read_fields(other, ["general.file_type"])
