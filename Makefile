@@ -40,10 +40,11 @@ $(STAMP): pyproject.toml
 run: setup
 	$(PY) app.py --host $(HOST) --port $(PORT)
 
+# One worker per core (pytest-xdist), each on one torch thread so the workers do not oversubscribe the cores; a
+# test module stays on one worker (--dist loadfile), so its module-wide app process or model starts once.
 test: setup
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile
 
-# One worker per core (pytest-xdist), each on one torch thread so the workers do not oversubscribe the cores.
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow and not browser"
 

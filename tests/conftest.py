@@ -1,7 +1,7 @@
 """Shared fixtures: a fresh Store per test, the real tokenizer, a tiny random model, a live app server."""
 from __future__ import annotations
 
-
+import contextlib
 import socket
 import threading
 import time
@@ -42,12 +42,28 @@ def store(tmp_path) -> Store:
     s.close()
 
 
+@contextlib.contextmanager
+def cache_lock():
+    """Held while a test process fills .cache/: with one pytest-xdist worker per core, one converts, the others
+    wait for it and then read its copy."""
+    import fcntl
+
+    CACHE.mkdir(exist_ok=True)
+    with open(CACHE / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def smol_dir() -> Path:
     """The real SmolLM2-135M-Instruct, converted once from the PyPI GGUF into .cache/."""
     from rlhf.base_models import resolve_model
 
-    return Path(resolve_model("smollm2-135m-instruct", CACHE, allow_hub=False))
+    with cache_lock():
+        return Path(resolve_model("smollm2-135m-instruct", CACHE, allow_hub=False))
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +72,8 @@ def tokenizer():
     saved under .cache/ once: tests that need only a tokenizer never convert the 135M model."""
     from rlhf.base_models import load_tokenizer, shipped_tokenizer
 
-    return load_tokenizer(str(shipped_tokenizer("smollm2-135m-instruct", CACHE)))
+    with cache_lock():
+        return load_tokenizer(str(shipped_tokenizer("smollm2-135m-instruct", CACHE)))
 
 
 def make_tiny_model(target: Path, tokenizer, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:

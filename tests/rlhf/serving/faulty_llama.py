@@ -10,7 +10,8 @@ the mode travels in a file, not in a variable):
 * ``always``: every decode;
 * ``after:N:MARKER``: the N-th decode call of a process, once (``MARKER`` is created before the fault, so the
   engine that starts again serves normally);
-* ``every:N``: the N-th decode call of every process.
+* ``every:N``: the N-th decode call of every process;
+* ``slow:SECONDS``: no fault, every decode waits ``SECONDS`` first (a reply that stays in flight for a while).
 
 Nothing in the app knows about it: the file is read by this wrapper alone.
 """
@@ -23,6 +24,7 @@ import ctypes
 import importlib
 import os
 import sys
+import time
 
 _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _root]
@@ -61,7 +63,9 @@ def llama_model_load_from_file(path, params):
 
 
 def llama_decode(ctx, batch):
-    if _should_fault():
+    if _mode.startswith("slow:"):
+        time.sleep(float(_mode.split(":")[1]))
+    elif _should_fault():
         _segfault()
     return _decode(ctx, batch)
 
