@@ -7,6 +7,7 @@ The app's output goes to a log file (a pipe nobody reads could fill up and stall
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,21 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.2):
         time.sleep(poll)
 
 
+def seed_gguf(model_dir: Path, data_dir: Path) -> None:
+    """Put a model directory's llama.cpp conversion (made once per test process, beside the model) into a data dir
+    that lacks it, under the name the app looks for: every app start of a test would otherwise convert the same
+    tiny model again. The app converts only what it does not find, so what it serves is the same."""
+    if not (model_dir / "config.json").is_file():
+        return
+    from rlhf.serving.llama_cpp.base import convert_dir, gguf_dir
+
+    made = convert_dir(model_dir, model_dir.parent / f"{model_dir.name}-gguf")
+    target = gguf_dir(data_dir) / made.name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made, target)
+
+
 class AppProcess:
     """`python app.py` with a data dir, a base model and a config file, on a free loopback port."""
 
@@ -86,6 +102,7 @@ class AppProcess:
 
     def launch(self) -> subprocess.Popen:
         """Start the process without waiting for it to serve."""
+        seed_gguf(Path(self.base_model), self.data_dir)
         env = {**os.environ, "RLHF_DATA_DIR": str(self.data_dir), "RLHF_BASE_MODEL": self.base_model,
                "RLHF_DEVICE": "cpu", **self.extra_env}
         args = [sys.executable, str(ROOT / "app.py"), "--port", str(self.port)]
