@@ -150,8 +150,7 @@ class EngineLoop(Engine):
                     self._iteration()
                 except Exception:  # never let one bad step kill serving
                     log.exception("%s step failed; failing the running replies", self.name)
-                    self.core.fail_all(RuntimeError("generation failed; please retry"))
-                    self._running = self.core.running
+                    self._fail_running(RuntimeError("generation failed; please retry"))
                 finally:
                     self._active = False
         finally:
@@ -240,13 +239,21 @@ class EngineLoop(Engine):
             self.threads = want
             log.info("%s engine now uses %d CPU thread(s)", self.name, want)
 
+    def _fail_running(self, error: BaseException) -> None:
+        """End every reply the core holds with ``error``: through the core, then here for any it left open (a core
+        whose own clean-up fails must not leave a person waiting on a reply forever)."""
+        try:
+            self.core.fail_all(error)
+        except Exception:
+            log.exception("the %s engine could not end its replies; ending them here", self.name)
+        for req, _ in self._live.values():
+            req.stream.close(error)  # a second close does nothing
+        self._running = self.core.running
+
     def _shutdown(self) -> None:
         error = RuntimeError(SHUTDOWN)
-        try:
-            if self.core is not None:
-                self.core.fail_all(error)
-        except Exception:  # shutting down anyway
-            log.exception("failing the running replies at shutdown")
+        if self.core is not None:
+            self._fail_running(error)
         while True:
             try:
                 item = self._inbox.get_nowait()
