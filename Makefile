@@ -43,7 +43,7 @@ run: setup
 # One worker per core (pytest-xdist), each on one torch thread so the workers do not oversubscribe the cores; a
 # test module stays on one worker (--dist loadfile), so its module-wide app process or model starts once.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=25
 
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow and not browser"
