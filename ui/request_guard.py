@@ -305,15 +305,12 @@ def timer_events(demo) -> Callable[[int], bool]:
     return timer
 
 
-def hide_gradio_api(demo) -> Callable[[int], bool]:
+def hide_gradio_api(demo) -> None:
     """Take every event of the Blocks out of the Gradio API (its page, ``/gradio_api/info``, gradio_client): the
     UI's events take and return widgets, not data, and REST is the API for scripts. Call before mounting (Gradio
-    reads the config then). Returns fn_index -> True for the events that had an API name (chat, votes, ...): the
-    page's own calls of those still count against the per-user rate limit."""
-    named = frozenset(i for i, fn in demo.fns.items() if getattr(fn, "api_visibility", "public") == "public")
+    reads the config then). The page's own calls still count against the per-user rate limit (``GradioCalls``)."""
     for fn in demo.fns.values():
         fn.api_visibility = "private"
-    return lambda fn_index: fn_index in named or fn_index not in demo.fns
 
 
 def gradio_login(services: Services):
