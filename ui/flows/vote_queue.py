@@ -15,9 +15,6 @@ from rlhf.vote_queue.contexts import prompt_pool
 from storage import Comparison, QueueItem, Store
 from ui.services import Services
 
-_RNG = np.random.default_rng()
-
-
 def _lease(services: Services) -> float:
     return services.config.queue.lease_minutes * 60
 
@@ -44,8 +41,8 @@ def next_item(services: Services, agent_name: Optional[str], annotator: Optional
     """The next item for ``annotator`` (their unvoted one first), or None when nothing is left for them."""
     store = services.store
     agent = store.get_agent(agent_name)  # None = the default (first) agent
-    share = services.config.queue.random_share
-    picked = store.next_queue_item(agent.id, annotator, lambda c: choose_item(c, share, rng or _RNG),
+    share, rng = services.config.queue.random_share, rng or np.random.default_rng()  # fresh entropy per call
+    picked = store.next_queue_item(agent.id, annotator, lambda c: choose_item(c, share, rng),
                                    _lease(services), _excluded(services))
     _poke(services)
     if picked is None:
