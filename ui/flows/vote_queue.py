@@ -15,6 +15,7 @@ from rlhf.vote_queue.contexts import prompt_pool
 from storage import Comparison, QueueItem, Store
 from ui.services import Services
 
+
 def _lease(services: Services) -> float:
     return services.config.queue.lease_minutes * 60
 
