@@ -1,6 +1,7 @@
 """The SQLite store: the only package that talks SQL."""
 from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy, StoreError
-from storage.feedback import FLAGS, WINNERS
+from storage.comparisons import WINNERS
+from storage.ratings import FLAGS
 from storage.paths import DataDir
 from storage.records import (Agent, Annotator, ArenaPair, Comparison, Conversation, Job, Message, Policy,
                              QueueAssignment, QueueItem, Rating, RewardModel, Withdrawal)

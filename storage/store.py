@@ -14,11 +14,13 @@ from sqlite_utils import Database
 
 from storage.credentials import CredentialsMixin
 from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy
-from storage.feedback import FeedbackMixin
+from storage.comparisons import ComparisonsMixin
+from storage.conversations import ConversationsMixin
 from storage.feedback_rows import FeedbackExportMixin
 from storage.jobs import JobsMixin
 from storage.migrations import MIGRATIONS, schema_version
 from storage.paths import DataDir, to_absolute, to_stored
+from storage.ratings import RatingsMixin
 from storage.vote_queue import QueueMixin
 from storage.records import Agent, Annotator, Policy
 from storage.util import check_slug, check_text, dumps, utcnow
@@ -45,7 +47,8 @@ def _private(path: Path) -> None:
         pass
 
 
-class Store(FeedbackMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin, QueueMixin):
+class Store(ConversationsMixin, RatingsMixin, ComparisonsMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin,
+            QueueMixin):
     """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
 
     def __init__(self, path: str | Path, max_text_chars: int = 8000, busy_timeout_s: float = BUSY_TIMEOUT_S):

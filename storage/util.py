@@ -49,3 +49,10 @@ def check_slug(value: Any, what: str) -> str:
         raise InvalidInput(f"{what} must be 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit "
                            f"(e.g. 'support-bot'), got {value!r}")
     return value
+
+
+def check_id(value: Any, what: str) -> int:
+    """An integer id, or InvalidInput naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{what} must be an integer id, got {value!r}")
+    return value

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Optional
 
 from storage.errors import Conflict, InvalidInput, NotFound
-from storage.feedback import WINNERS
+from storage.comparisons import WINNERS
 from storage.records import Comparison, QueueAssignment, QueueItem
 from storage.util import dumps, utcnow
 

@@ -17,7 +17,7 @@ from typing import Hashable, Iterable, Optional
 import numpy as np
 import pandas as pd
 
-from storage.feedback import fold_ratings
+from storage.ratings import fold_ratings
 
 ANONYMOUS = "(anonymous)"
 TIME_CAP_SECONDS = 300.0  # a longer gap between two items is a break, not work on the item

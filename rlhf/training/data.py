@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Iterable, Optional
 
-from storage.feedback import fold_ratings
+from storage.ratings import fold_ratings
 
 UNSAFE = "Unsafe"
 SOURCES = ("comparison", "siblings", "unsafe", "rated_vs_unrated")

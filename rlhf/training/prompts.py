@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from storage.feedback import context_key, fold_ratings
+from storage.conversations import context_key
+from storage.ratings import fold_ratings
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 STARTER_PROMPTS = ASSETS / "prompts.jsonl"
