@@ -1,4 +1,5 @@
-"""Our PPO for LLM RLHF (TRL 1.16 has none), as one readable page in the spirit of CleanRL's ppo.py.
+"""Our PPO for LLM RLHF (TRL 1.16 has none), in the spirit of CleanRL's ppo.py: this module runs it, one iteration
+reads as one page in ``rlhf.training.ppo.step``.
 
 Each step: Rollout (batched sampling, KV cache; each prompt ``ppo.group_size`` times) -> Score (reward model +
 rule terms) -> KL (per-token penalty against the reference = the same base with the LoRA adapter disabled) ->
@@ -28,10 +29,9 @@ import torch
 from rlhf.files import atomic_dir
 from rlhf.training.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, save_policy
 from rlhf.config import AppConfig
-from rlhf.training.ppo.core import (AdaptiveKLController, FixedKLController, compute_gae, entropy_from_logits,
-                                   group_advantages, logprobs_from_logits, masked_mean, masked_whiten,
-                                   ppo_policy_loss, token_rewards, value_loss)
+from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, score_tokens
+from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
 from rlhf.training.shaping import RewardShaper
@@ -39,10 +39,6 @@ from rlhf.training.shaping import RewardShaper
 log = logging.getLogger(__name__)
 TIMED_PHASES = ("generate", "score", "reference", "update", "eval")
 EVAL_BATCH = 32  # held-out prompts sampled together in an evaluation
-
-
-class PPOFailed(RuntimeError):
-    """The run was stopped by its guards (NaN/inf, runaway ratio or KL); nothing was published."""
 
 
 @dataclass
@@ -70,49 +66,12 @@ class PPOResult:
                 "phase_seconds": {k: round(v, 2) for k, v in self.phase_seconds.items()}}
 
 
-@dataclass
-class Batch:
-    """One rollout's tensors for the update (rows = replies, columns = response tokens)."""
-
-    logprobs: torch.Tensor
-    values: Optional[torch.Tensor]  # None with group baselines (no value head)
-    advantages: torch.Tensor
-    returns: Optional[torch.Tensor]
-    mask: torch.Tensor
-    kl_per_reply: torch.Tensor
-
-    def kl_of(self, mb: torch.Tensor) -> torch.Tensor:
-        """Mean KL per reply over the minibatch's replies that still have tokens."""
-        rows = self.mask[mb].sum(1) > 0
-        return self.kl_per_reply[mb][rows].mean() if rows.any() else torch.tensor(0.0)
-
-
-def _seed(seed: int, step: int, rank: int) -> None:
-    # Every step seeds itself from (seed, step, rank): a resumed run samples what the original would have.
-    torch.manual_seed((seed * 1_000_003 + step * 1_009 + rank) % (2**63 - 1))
-
-
-class _Guard:
-    """Counts skipped minibatches/replies; fails the run at ``limit`` events."""
-
-    def __init__(self, limit: int, events: int = 0):
-        self.limit, self.events, self.last = limit, events, ""
-
-    def event(self, reason: str, count: int = 1) -> None:
-        self.events += count
-        self.last = reason
-        log.warning("PPO guard: %s (%d/%d events)", reason, self.events, self.limit)
-        if self.events >= self.limit:
-            raise PPOFailed(f"PPO stopped after {self.events} guard events (ppo.max_guard_events="
-                            f"{self.limit}); last: {reason}")
-
-
 def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[list[dict]], cfg, device,
              seed: int) -> dict:
     """Mean score and KL to the base (nats per reply) of sampled replies to held-out prompts."""
     rewards, kls, samples = [], [], []
     ids = encode_prompts(tokenizer, list(prompts), cfg.max_prompt_tokens)
-    _seed(seed, 0, 1_000_000)  # the same sampling noise for every evaluation of a run
+    seed_step(seed, 0, 1_000_000)  # the same sampling noise for every evaluation of a run
     size = max(cfg.batch_size, EVAL_BATCH)  # a dozen eval prompts in one batch: one decode loop, not two
     for i in range(0, len(ids), size):
         chunk = list(prompts[i:i + size])
@@ -191,7 +150,7 @@ class _Run:
         self.state["phase_seconds"]["eval"] += time.perf_counter() - t
         return result
 
-    def record(self, step: int, metrics: dict, guard: "_Guard", on_step) -> None:
+    def record(self, step: int, metrics: dict, guard: "Guard", on_step) -> None:
         """Phase times, the periodic evaluation (best/), the metrics log, checkpoints and the caller's hook."""
         cfg, state = self.config.ppo, self.state
         for name in ("generate", "score", "reference", "update"):
@@ -255,7 +214,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     run = _start(config, base_source, reward_fn, eval_prompts, Path(run_dir), init_adapter, resume, device, started,
                  base)
     acc, state = run.acc, run.state
-    guard = _Guard(cfg.max_guard_events, state["guard_events"])
+    guard = Guard(cfg.max_guard_events, state["guard_events"])
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
@@ -291,154 +250,3 @@ def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, 
     return PPOResult(run_dir, info["step"], state["reward_before"], final["reward"], final["kl"], seconds,
                      dict(state["phase_seconds"]), final_dir / "adapter", run_dir / "best" / "adapter",
                      final["samples"], state["history"], guard_events, policy)
-
-
-def _reduce(acc, values: Sequence[float]) -> list[float]:
-    """Mean of each value over processes (identity in a single process)."""
-    if acc.num_processes == 1:
-        return list(values)
-    t = torch.tensor(list(values), dtype=torch.float64, device=acc.device)
-    return acc.reduce(t, "mean").tolist()
-
-
-def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffer, shaper: RewardShaper, kl_ctl,
-             guard: _Guard, cfg, acc) -> dict:
-    """One PPO iteration: rollout, score, KL, advantages (group or GAE), update; returns the step's metrics."""
-    rank, world, dev = acc.process_index, acc.num_processes, acc.device
-    t0 = time.perf_counter()
-
-    # Rollout: each prompt sampled group_size times, the copies side by side.
-    prompts = [p for p in buffer.batch(step, cfg.batch_size, rank, world) for _ in range(cfg.group_size)]
-    _seed(cfg.seed, step, rank)
-    ro = generate(policy, tokenizer, encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens),
-                  cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True,
-                  with_values=cfg.uses_value_head)
-    t1 = time.perf_counter()
-
-    # Score
-    scores_list, parts = shaper(prompts, ro.replies, ro.n_tokens, ro.finished)
-    scores = torch.tensor(scores_list, dtype=torch.float32, device=dev)
-    ok = torch.isfinite(scores)
-    # A reply with a NaN/inf score is masked out (same shapes on every process keep DDP in step).
-    n_bad = int(round(_reduce(acc, [float((~ok).sum())])[0] * world))
-    if n_bad:
-        guard.event(f"non-finite reward for {n_bad} of {len(prompts) * world} replies at step {step}", n_bad)
-    mask = ro.mask * ok.unsqueeze(1)
-    scores = torch.where(ok, scores, torch.zeros_like(scores))
-    if cfg.whiten_rewards and ok.sum() > 1:
-        scores = torch.where(ok, (scores - scores[ok].mean()) / (scores[ok].std() + 1e-8), scores)
-    t2 = time.perf_counter()
-
-    # KL: per-token log-ratio against the reference policy = the same weights with the adapter disabled.
-    # Values (ppo.advantage=gae): the value head reads the policy's last hidden state. Both come from the
-    # logits and hidden states generation already computed (a forward only when they are missing).
-    logprobs, values = ro.logprobs, ro.values
-    if logprobs is None:
-        logprobs, values = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size)
-    ref_logprobs, _ = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, reference=True)
-    rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, kl_ctl.value)
-    kl_per_reply = kl.sum(1)
-    t3 = time.perf_counter()
-
-    # Advantages. group: the reply's KL-penalised return against its prompt's other replies, on every token.
-    # gae: GAE (Schulman et al. 2016) on the value head, whitened per batch.
-    if not cfg.uses_value_head:
-        advantages = group_advantages(rewards.sum(1), mask.sum(1) > 0, cfg.group_size).unsqueeze(1) * mask
-        returns = None  # no value head, no value loss
-    else:
-        advantages, returns = compute_gae(rewards, values, mask, cfg.gamma, cfg.lam)
-        advantages = masked_whiten(advantages, mask)
-
-    # Update: several epochs over shuffled minibatches.
-    batch = Batch(logprobs, values, advantages, returns, mask, kl_per_reply)
-    stats = _update(step, model, optimizer, ro, batch, guard, cfg, acc)
-    t4 = time.perf_counter()
-
-    rows = mask.sum(1) > 0
-    finite = [s for s in scores_list if math.isfinite(s)]
-    mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
-    local = {
-        "reward/mean": mean(finite),
-        "reward/std": float(torch.tensor(finite).std()) if len(finite) > 1 else 0.0,
-        "ppo/kl": float(kl_per_reply[rows].mean()) if rows.any() else 0.0,
-        "ppo/approx_kl": mean(stats["approx_kl"]), "ppo/clipfrac": mean(stats["clipfrac"]),
-        "loss/policy": mean(stats["pg_loss"]), "loss/value": mean(stats["v_loss"]),
-        "ppo/entropy": mean(stats["entropy"]), "ppo/response_length": float(ro.mask.sum(1).mean()),
-        "time/generate": t1 - t0, "time/score": t2 - t1, "time/reference": t3 - t2, "time/update": t4 - t3,
-        **{f"reward/{name}": mean([v for v in vals if math.isfinite(v)]) for name, vals in parts.items()},
-    }
-    keys = list(local)
-    metrics = dict(zip(keys, _reduce(acc, [local[k] for k in keys])))
-    metrics["ppo/kl_coef"] = kl_ctl.value
-    # KL controller (Ziegler et al. 2019): steer the observed KL per reply toward the target.
-    kl_ctl.update(metrics["ppo/kl"], len(prompts) * world)
-    metrics["perf/tokens_per_s"] = float(ro.mask.sum()) * world / max(t4 - t0, 1e-9)
-    metrics["guard/events"] = float(guard.events)
-    metrics["ppo/minibatches"] = float(len(stats["pg_loss"]))
-    return metrics
-
-
-def _skip_reason(step: int, loss, pg_stats: dict, mb_kl, cfg, acc) -> tuple[Optional[str], float]:
-    """Why this minibatch must not be applied (or None), and its approx KL; identical on every process."""
-    # One reduction per minibatch keeps every process's skip / stop decisions identical.
-    bad_loss, ratio_mean, mb_kl, approx_kl = _reduce(acc, [
-        float(not torch.isfinite(loss)), float(pg_stats["ratio_mean"]), float(mb_kl), float(pg_stats["approx_kl"])])
-    if bad_loss > 0:
-        return f"non-finite loss at step {step}", approx_kl
-    if not 1 / cfg.ratio_limit <= ratio_mean <= cfg.ratio_limit:  # a loss spike in the making
-        return f"mean policy ratio {ratio_mean:.3g} outside ppo.ratio_limit at step {step}", approx_kl
-    if mb_kl > cfg.kl_limit:
-        return f"KL {mb_kl:.3g} nats per reply above ppo.kl_limit={cfg.kl_limit} at step {step}", approx_kl
-    return None, approx_kl
-
-
-def _apply(step: int, model, optimizer, loss, cfg, acc) -> Optional[str]:
-    """Backward, clip, step; a non-finite gradient is not applied (returns why)."""
-    optimizer.zero_grad(set_to_none=True)
-    acc.backward(loss)
-    grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    reason = None
-    if torch.isfinite(torch.as_tensor(grad_norm)):
-        optimizer.step()
-    else:
-        reason = f"non-finite gradient at step {step}"
-    optimizer.zero_grad(set_to_none=True)
-    return reason
-
-
-def _update(step: int, model, optimizer, ro, b: Batch, guard: _Guard, cfg, acc) -> dict[str, list[float]]:
-    """PPO epochs over shuffled minibatches with guards and early stop; per-minibatch stats of those applied."""
-    stats: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "approx_kl", "clipfrac", "entropy")}
-    generator = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    with_values = cfg.uses_value_head  # group baselines replace the value head
-    if _reduce(acc, [float(b.mask.sum() == 0)])[0] == 1.0:  # every reply was dropped: nothing to learn from
-        return stats
-    for _ in range(cfg.ppo_epochs):
-        b_inds = torch.randperm(b.mask.shape[0], generator=generator).to(b.mask.device)
-        for start in range(0, b.mask.shape[0], cfg.mini_batch_size):
-            mb = b_inds[start:start + cfg.mini_batch_size]
-            mb_mask = b.mask[mb]
-            logits, mb_values = model(ro.input_ids[mb], ro.attention_mask[mb], ro.response_len, cfg.temperature,
-                                      with_values=with_values)
-            mb_logprobs = logprobs_from_logits(logits, ro.response[mb])
-            # Policy loss (clipped surrogate, Schulman et al. 2017 eq. 7)
-            pg_loss, pg_stats = ppo_policy_loss(mb_logprobs, b.logprobs[mb], b.advantages[mb], mb_mask, cfg.clip_range)
-            # Value loss (clipped, as in the PPO reference implementation); none with group baselines
-            v_loss = value_loss(mb_values, b.values[mb], b.returns[mb], mb_mask, cfg.clip_range_value)[0] \
-                if with_values else torch.zeros((), device=mb_mask.device)
-            # Entropy bonus (no graph when its coefficient is 0)
-            with torch.set_grad_enabled(cfg.ent_coef != 0 and torch.is_grad_enabled()):
-                entropy = masked_mean(entropy_from_logits(logits), mb_mask)
-            loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-            # Guards, then the step
-            reason, approx_kl = _skip_reason(step, loss, pg_stats, b.kl_of(mb), cfg, acc)
-            reason = reason or _apply(step, model, optimizer, loss, cfg, acc)
-            if reason is not None:
-                guard.event(reason)
-                continue
-            for key, value in (("pg_loss", pg_loss.item()), ("v_loss", v_loss.item()), ("approx_kl", approx_kl),
-                               ("clipfrac", float(pg_stats["clipfrac"])), ("entropy", entropy.item())):
-                stats[key].append(value)
-            if approx_kl > cfg.approx_kl_stop:  # early stop: the policy moved far enough for this batch
-                return stats
-    return stats
