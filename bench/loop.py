@@ -20,7 +20,6 @@ is the fast, repeatable bench for the learning path.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -30,10 +29,9 @@ from pathlib import Path
 from typing import Optional
 
 from bench.report import report
+from bench.verdict import SAMPLES, agrees, best_of_pool, chat, gate_verdict, keeps_voice, verdict
 from rlhf.config import AppConfig, ConfigError
 
-SAMPLES = 2  # sampled replies per held-out prompt and version
-REPLY_TOKENS = 64  # as `simulate` asks for while annotating and judging
 EVAL_PROMPTS = 32  # held-out prompts judged per oracle (of the pool's 160): `--eval-prompts`
 
 
@@ -84,10 +82,6 @@ def queue_pairs(config: AppConfig, featurize, pool: list[dict], oracle: str, pro
             for i in taken if winners[i] != "tie"]
 
 
-def chat(system: str, prompt: str) -> list[dict]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
-
-
 def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     """The retrain's reward models on ``pairs``, split as the job splits them (``rlhf.training.judge``): PPO's
     head on its share with grouped CV figures, and the gate's judge on the rest -> (scorer, cv, judge, evidence,
@@ -110,108 +104,6 @@ def fit_reward(config: AppConfig, featurize, pairs: list[dict], system: str):
     evidence = Evidence.from_metrics({**cv, **judged}, prefix="")
     judge = HeadScorer(featurize, judge_head, {}) if judge_head is not None else None
     return HeadScorer(featurize, head, {}), cv, judge, evidence, [pairs[i] for i in mine]
-
-
-def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, prompts: list[str],
-                 system: str) -> dict:
-    """What the retrain job's gate would say about adapter ``new`` of ``model`` against the base: the same
-    evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts), guard and verdict rule
-    (``rlhf.retrain.gate.decide`` on the held-out judge's scores)."""
-    from rlhf.retrain.evaluation import evaluate_versions
-    from rlhf.retrain.gate import decide, judge_scores
-    from rlhf.retrain.guard import run_guard
-
-    chats = [chat(system, p) for p in prompts]
-    report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.ppo.max_new_tokens)
-    cand_text, act_text = [s["reply"] for s in report.samples], [s["reply"] for s in report.active_samples]
-    guard = run_guard(model, tokenizer, chats, cand_text, act_text, report.kl_to_base, config.gate)
-    cand, act = judge_scores(judge, chats, cand_text, act_text)
-    g = decide(cand, act, evidence, report.kl_to_base, config.retrain.min_win_rate, config.retrain.max_kl, guard,
-               report.candidate_members, report.active_members)
-    for ex in guard["examples"]:  # what tripped it, for a human to read (stderr)
-        print(f"[guard {ex['check']}] {ex['prompt'][:60]!r} -> {ex['candidate'][:200]!r}", file=sys.stderr)
-    own = g.evidence["reward_model"]
-    return {"gate": g.verdict.verdict, "gate_win_rate": round(g.verdict.win_rate, 3),
-            "gate_low": round(g.verdict.low, 3), "gate_high": round(g.verdict.high, 3),
-            "rm_gate_win_rate": round(own.get("win_rate", float("nan")), 3),
-            "judge_accuracy": round(evidence.judge_accuracy or 0.0, 3), "guard": ",".join(guard["tripped"]) or "-",
-            **{f"guard_{k}": f"{v['candidate']:.2f}/{v['active']:.2f}" for k, v in guard["checks"].items()}}
-
-
-_BASE_REPLIES: dict = {}  # (prompts, seed, tokens) -> the base's sampled replies: the same for every run of a process
-
-
-def base_replies(model, tokenizer, chats: list, seed: int):
-    """The base's sampled replies to ``chats`` (cached: they do not depend on what was trained)."""
-    from rlhf.retrain.evaluation import generate_replies
-
-    key = (tuple(json.dumps(c) for c in chats), seed, REPLY_TOKENS)
-    if key not in _BASE_REPLIES:
-        (_BASE_REPLIES[key],) = generate_replies(model, tokenizer, chats, [None], REPLY_TOKENS, 1.0, seed)
-    return _BASE_REPLIES[key]
-
-
-def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samples: int = SAMPLES) -> dict:
-    """The oracle's win rate of adapter ``new`` of ``model`` over the base on ``prompts`` (ties half), with
-    the voice figures of the same sampled replies: mean words, distinct-2 and repeated 3-grams (the guard's
-    measures, ``rlhf.retrain.guard``), and KL(new || base) in nats per reply on them."""
-    from rlhf.retrain.evaluation import generate_replies, sequence_logprobs
-    from rlhf.retrain.guard import distinct_n, repetition
-    from rlhf.simulate.oracles import ORACLES
-
-    judge = ORACLES[oracle]
-    chats = [chat(system, p) for p in prompts]
-    verdicts, new_texts, base_texts, kls = [], [], [], []
-    for s in range(samples):
-        seed = 10_000 + 1000 * s
-        base = base_replies(model, tokenizer, chats, seed)
-        (new,) = generate_replies(model, tokenizer, chats, ["new"], REPLY_TOKENS, 1.0, seed)
-        verdicts += [judge(prompt, a, b) for prompt, a, b in zip(prompts, new.texts, base.texts)]
-        new_texts += new.texts
-        base_texts += base.texts
-        # KL on the judged replies: E_y~new[log new(y) - log base(y)] (the gate's estimator, evaluation.py)
-        lp_new = sequence_logprobs(model, new.prompt_ids, new.token_ids, "new")
-        lp_base = sequence_logprobs(model, new.prompt_ids, new.token_ids, None)
-        kls += [a - b for a, b in zip(lp_new, lp_base)]
-
-    for prompt, reply in list(zip(prompts, new_texts))[:3]:  # a few replies for a human to read (stderr)
-        print(f"[{oracle}] {prompt[:60]!r} -> {reply[:300]!r}", file=sys.stderr)
-
-    def words(texts):
-        return round(statistics.mean(len(t.split()) for t in texts), 1) if texts else 0.0
-
-    def rep(texts):
-        return round(statistics.mean(repetition(t) for t in texts), 3) if texts else 0.0
-
-    return {**win_rates(verdicts), "mean_words": words(new_texts), "base_mean_words": words(base_texts),
-            "distinct_2": round(distinct_n(new_texts), 3), "base_distinct_2": round(distinct_n(base_texts), 3),
-            "repetition": rep(new_texts), "base_repetition": rep(base_texts),
-            "kl": round(statistics.mean(kls), 2) if kls else float("nan"),
-            "empty": sum(1 for t in new_texts if not t.split())}
-
-
-def win_rates(verdicts: list[str]) -> dict:
-    """Win rate with ties as half a win, and among the decisive verdicts only (``None`` when all tie)."""
-    wins, losses = verdicts.count("a"), verdicts.count("b")
-    score = wins + 0.5 * (len(verdicts) - wins - losses)
-    return {"oracle_win_rate": round(score / max(1, len(verdicts)), 3),
-            "decisive_win_rate": round(wins / (wins + losses), 3) if wins + losses else None,
-            "tie_share": round(1 - (wins + losses) / max(1, len(verdicts)), 3)}
-
-
-def best_of_pool(pool: list[dict], oracle: str, prompt_ids, seed: int = 0) -> float:
-    """What picking the oracle's favourite of the pool's base replies would score against a random one of them
-    (ties half) on ``prompt_ids``: the win rate of an ideal best-of-n reranker, a scale for the oracle's."""
-    from rlhf.simulate.oracles import ORACLES
-
-    judge, rng, allowed = ORACLES[oracle], random.Random(seed), set(prompt_ids)
-    verdicts = []
-    for rec in sorted((r for r in pool if r["prompt_id"] in allowed), key=lambda r: r["prompt_id"]):
-        best = rec["replies"][0]
-        for reply in rec["replies"][1:]:
-            best = reply if judge(rec["prompt"], reply, best) == "a" else best
-        verdicts.append(judge(rec["prompt"], best, rng.choice(rec["replies"])))
-    return win_rates(verdicts)["oracle_win_rate"]
 
 
 class PeakMemory:
@@ -261,6 +153,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     vote queue's way or at random). ``gate``: also the retrain job's verdict on the same adapter."""
     from rlhf.simulate.preference_pool import split_prompts
     from rlhf.retrain.assess import adapters_on_base
+    from rlhf.training.methods import get_method
     from storage.store import DEFAULT_SYSTEM_PROMPT as system
 
     train_ids, held_ids = split_prompts(pool)
@@ -298,25 +191,9 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
             **judged, "entropy_first": round(entropy[0], 3) if entropy else None,
             "entropy_last": round(entropy[-1], 3) if entropy else None,
             "reward_s": round(reward_s, 1), "train_s": round(train_s, 1), **memory.figures(),
+            "method_metrics": get_method(config.retrain.method).result_metrics(result, len(policy_pairs)),
+            "train_phases": {k: round(v, 1) for k, v in result.phase_seconds.items()},
             "eval_s": round(eval_s, 1)}
-
-
-def agrees(gate: str, oracle_win_rate: float) -> bool:
-    """The gate's goal: never promote when the oracle's win rate is <= 0.5, and never reject (promote or send it to
-    people's votes) when it is >= 0.6."""
-    if oracle_win_rate >= 0.6:
-        return gate != "reject"
-    return gate != "promote" if oracle_win_rate <= 0.5 else True
-
-
-DISTINCT_SLACK, REPETITION_SLACK = 0.05, 0.02  # the voice goals (#35): distinct-2 and repeated 3-grams vs the base
-
-
-def keeps_voice(row: dict) -> bool:
-    """The voice goal of a run: distinct-2 within 0.05 of the base's and repeated 3-grams at most the base's + 0.02
-    (the same sampled replies of both)."""
-    return (row["distinct_2"] >= row["base_distinct_2"] - DISTINCT_SLACK - 1e-9
-            and row["repetition"] <= row["base_repetition"] + REPETITION_SLACK + 1e-9)
 
 
 def parse_sweep(text: Optional[str]) -> tuple[Optional[str], list]:
@@ -335,8 +212,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle", help="one built-in oracle instead of all")
     p.add_argument("--votes", type=int, help="oracle-labelled votes per oracle (default 64)")
     p.add_argument("--eval-prompts", type=int, help="held-out prompts the oracle judges (default 32, at most 160)")
-    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo,rpo; default: "
-                                     "retrain.method)")
+    p.add_argument("--methods", help="comma-separated retrain methods to run on the same votes (ppo,dpo,rpo,"
+                                     "online_dpo; default: retrain.method)")
     p.add_argument("--seeds", help="comma-separated seeds (votes, PPO/DPO, sampling; default: ppo.seed)")
     p.add_argument("--sweep", metavar="KEY=V1,V2", help="one run per value of a config key: the trade-off curve of "
                                                          "win rate vs distinct-2 for that knob")

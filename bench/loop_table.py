@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.loop import keeps_voice
+from bench.verdict import keeps_voice
 
 
 def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[int], out: Path, eval_prompts: int,
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     run = sub.add_parser("run", help="one oracle at one vote count: every method x seed, JSON lines")
     run.add_argument("--oracle", required=True)
     run.add_argument("--votes", type=int, required=True)
-    run.add_argument("--methods", default="ppo,dpo,rpo")
+    run.add_argument("--methods", default="ppo,dpo,rpo,online_dpo")
     run.add_argument("--seeds", default="0,1")
     run.add_argument("--eval-prompts", type=int, default=24)
     run.add_argument("--samples", type=int, default=2)

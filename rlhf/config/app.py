@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rlhf.config.fields import check_finite, one_of, opt
 from rlhf.config.jobs import GateConfig, QueueConfig, RetrainConfig, SchedulerConfig
+from rlhf.config.online_dpo import OnlineDPOConfig
 from rlhf.config.rpo import RPOConfig
 from rlhf.config.server import ServerConfig
 from rlhf.config.serving import ServingConfig
@@ -26,6 +27,7 @@ class AppConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
     rpo: RPOConfig = field(default_factory=RPOConfig)
+    online_dpo: OnlineDPOConfig = field(default_factory=OnlineDPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -59,7 +61,8 @@ class AppConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-SECTIONS = ["serving", "reward", "ppo", "dpo", "rpo", "eval", "retrain", "gate", "scheduler", "queue", "server"]
+SECTIONS = ["serving", "reward", "ppo", "dpo", "rpo", "online_dpo", "eval", "retrain", "gate", "scheduler", "queue",
+            "server"]
 SECRETS = ("server.users", "server.hf_token")  # may hold plaintext passwords / tokens
 
 

@@ -11,9 +11,10 @@ from rlhf.training.methods import METHODS
 
 @dataclass
 class RetrainConfig(Checked):
-    method: str = opt("ppo", "ppo | dpo | rpo: how the policy learns the votes: PPO on the reward model, DPO on the "
-                      "preference pairs themselves, or RPO (DPO plus the chosen replies' likelihood); the reward "
-                      "model is fitted either way: the gate and the vote queue read it.")
+    method: str = opt("ppo", "ppo | dpo | rpo | online_dpo: how the policy learns the votes: PPO on the reward model, "
+                      "DPO on the preference pairs themselves, RPO (DPO plus the chosen replies' likelihood), or "
+                      "online DPO (the votes plus pairs of the policy's own replies the reward model ranks); the "
+                      "reward model is fitted either way: the gate and the vote queue read it.")
     auto_promote: bool = opt(True, "Make a candidate that passes the gate the active version.")
     min_win_rate: float = opt(0.5, "Gate: least reward-model win rate of candidate vs active.")
     max_kl: float = opt(20.0, "Gate: largest KL to base (nats per reply) a candidate may have (= ppo.kl_limit).")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench import loop
+from bench import loop, verdict
 from rlhf.simulate.preference_pool import load_pool, split_prompts
 from rlhf.simulate.oracles import ORACLES
 from rlhf.config import apply_overrides
@@ -40,7 +40,7 @@ def test_quick_loop_reports_the_verdict(app_config, tmp_path, capsys):
     assert all(figures["train_s"][r] > 0 for r in runs) and set(figures["keeps_voice"]) == runs
     assert 0.5 <= figures["best_of_pool"]["concrete"] <= 1.0
     assert all(figures["gate"][r] in ("promote", "inconclusive", "reject") for r in runs)
-    assert figures["gate_agrees"] == all(loop.agrees(figures["gate"][r], figures["oracle_win_rate"][r]) for r in runs)
+    assert figures["gate_agrees"] == all(verdict.agrees(figures["gate"][r], figures["oracle_win_rate"][r]) for r in runs)
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "## loop" in text and "| concrete | dpo |" in text and "base_repetition" in text
 
@@ -78,8 +78,8 @@ def test_queue_pairs_follow_the_oracle_spend_ties_and_differ_by_strategy(app_con
 
 def test_the_voice_goal_allows_005_less_distinct_2_and_002_more_repetition():
     row = {"distinct_2": 0.80, "base_distinct_2": 0.85, "repetition": 0.05, "base_repetition": 0.03}
-    assert loop.keeps_voice(row)
-    assert not loop.keeps_voice({**row, "distinct_2": 0.79}) and not loop.keeps_voice({**row, "repetition": 0.06})
+    assert verdict.keeps_voice(row)
+    assert not verdict.keeps_voice({**row, "distinct_2": 0.79}) and not verdict.keeps_voice({**row, "repetition": 0.06})
 
 
 def test_a_sweep_runs_each_value_and_plots_the_trade_off(app_config, tmp_path):
@@ -99,22 +99,22 @@ def test_a_sweep_runs_each_value_and_plots_the_trade_off(app_config, tmp_path):
 
 
 def test_win_rates_count_ties_half_and_leave_them_out_of_the_decisive_rate():
-    assert loop.win_rates(["a", "a", "b", "tie"]) == {"oracle_win_rate": 0.625, "decisive_win_rate": 0.667,
+    assert verdict.win_rates(["a", "a", "b", "tie"]) == {"oracle_win_rate": 0.625, "decisive_win_rate": 0.667,
                                                      "tie_share": 0.25}
-    assert loop.win_rates(["tie", "tie"]) == {"oracle_win_rate": 0.5, "decisive_win_rate": None, "tie_share": 1.0}
+    assert verdict.win_rates(["tie", "tie"]) == {"oracle_win_rate": 0.5, "decisive_win_rate": None, "tie_share": 1.0}
 
 
 def test_the_gate_agrees_when_it_never_rejects_clear_winners_and_never_promotes_losers():
-    assert loop.agrees("promote", 0.7) and loop.agrees("inconclusive", 0.6)  # people may decide a winner
-    assert not loop.agrees("reject", 0.65)
-    assert loop.agrees("inconclusive", 0.55) and loop.agrees("promote", 0.55)  # between: either is fine
-    assert not loop.agrees("promote", 0.5) and loop.agrees("reject", 0.4) and loop.agrees("inconclusive", 0.5)
+    assert verdict.agrees("promote", 0.7) and verdict.agrees("inconclusive", 0.6)  # people may decide a winner
+    assert not verdict.agrees("reject", 0.65)
+    assert verdict.agrees("inconclusive", 0.55) and verdict.agrees("promote", 0.55)  # between: either is fine
+    assert not verdict.agrees("promote", 0.5) and verdict.agrees("reject", 0.4) and verdict.agrees("inconclusive", 0.5)
 
 
 def test_a_perfect_reranker_scales_each_oracle():
     pool = load_pool()
     _, held_ids = split_prompts(pool)
-    ceilings = {name: loop.best_of_pool(pool, name, held_ids) for name in ORACLES}
+    ceilings = {name: verdict.best_of_pool(pool, name, held_ids) for name in ORACLES}
     assert all(0.5 <= c <= 1.0 for c in ceilings.values())
     # polite ties most pairs of the base's replies: even the best of four rarely beats a random one
     assert ceilings["polite"] < 0.6 < ceilings["concise"]

@@ -15,6 +15,7 @@ METHODS = {
     "ppo": "rlhf.training.methods.ppo:METHOD",
     "dpo": "rlhf.training.methods.dpo:METHOD",
     "rpo": "rlhf.training.methods.rpo:METHOD",
+    "online_dpo": "rlhf.training.methods.online_dpo:METHOD",
 }
 
 

@@ -106,6 +106,30 @@ def test_retrain_with_dpo_publishes_a_version_gated_like_ppo(store, app_config, 
     assert dry_run(store, app_config, "assistant", {"retrain.method": "dpo"})["estimated_minutes"] > 0
 
 
+def test_retrain_with_online_dpo_ranks_the_policys_replies_with_the_jobs_reward_model(store, app_config, tiny_server):
+    """retrain.method=online_dpo: in the job process, the fitted reward model ranks replies the starting version
+    samples on the snapshot's prompts, and DPO learns from the votes plus those pairs."""
+    seed_feedback(store)
+    sched = StudioScheduler(store, app_config, JobRunner(store, app_config))
+    job = sched.enqueue("retrain", "assistant", {
+        **FAST, "retrain.method": "online_dpo", "online_dpo.epochs": 1, "online_dpo.batch_size": 4,
+        "online_dpo.prompts": 6, "online_dpo.samples": 2, "online_dpo.max_new_tokens": 8,
+        "online_dpo.min_confidence": 0.5}, reason="test")
+    done = sched.runner.wait(job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    result = done.result
+    policy = store.get_policy(result["policy_id"])
+    assert policy.metrics["retrain/method"] == "online_dpo" and policy.metrics["online_dpo/pairs"] == 12
+    assert policy.metrics["online_dpo/sampled_prompts"] == 6 and policy.metrics["online_dpo/sampled_replies"] == 12
+    ranked = policy.metrics["online_dpo/ranked_pairs"]
+    assert ranked + policy.metrics["online_dpo/unsure_prompts"] + policy.metrics["online_dpo/alike_prompts"] == 6
+    assert {"sample", "prepare", "update"} == set(result["ppo_phase_seconds"])
+    assert "online_dpo_s_per_pair" in result["rates"] and result["gate"]["verdict"] == "inconclusive"
+    text = tiny_server.generate("", [{"role": "user", "content": "hi"}], AdapterRef(policy.id, policy.adapter_path),
+                                GenParams(max_new_tokens=4, temperature=0))
+    assert isinstance(text, str)
+
+
 def test_retrain_without_enough_data_fails_and_publishes_nothing(store, app_config):
     sched = StudioScheduler(store, app_config, JobRunner(store, app_config))
     job = sched.enqueue("retrain", "assistant", FAST, reason="test")

@@ -1,0 +1,53 @@
+"""``retrain.method: online_dpo``: DPO on the votes plus pairs of the starting version's own replies that the reward
+model ranks (``rlhf.training.ranked_pairs``), config section ``online_dpo``. The votes teach the reward model, the
+reward model labels many more of the policy's own replies, and TRL's DPOTrainer learns from both
+(``rlhf.training.dpo``)."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from rlhf.training.methods.dpo import DPO
+
+
+class OnlineDPO(DPO):
+    name, section = "online_dpo", "online_dpo"
+    title = "DPO on the votes and the reward model's ranking of the policy's replies"
+    rate_key, default_rate = "online_dpo_s_per_pair", 1.5
+
+    def units(self, config, pairs, steps=None):
+        return (max(pairs, 1) + self.settings(config).prompts) * self.settings(config).epochs
+
+    def total_steps(self, config, pairs):
+        s = self.settings(config)
+        return max(1, math.ceil(math.ceil((pairs + s.prompts) / s.batch_size) * s.epochs))
+
+    def train(self, config, base_source, reward_fn, pairs, prompts, eval_prompts, run_dir, init_adapter=None,
+              resume=None, on_step=None, device="cpu", base=None, evaluate_before=True):
+        from rlhf.base_models import load_causal_lm, load_tokenizer
+        from rlhf.training.dpo import train_dpo
+        from rlhf.training.ranked_pairs import sample_ranked_pairs
+
+        if reward_fn is None:
+            raise ValueError("online DPO ranks the policy's replies with the reward model, and none was fitted")
+        s, started = self.settings(config), time.perf_counter()
+        s.check()
+        base = base if base is not None else load_causal_lm(base_source, device)
+        ranked = sample_ranked_pairs(s, config.ppo.max_prompt_tokens, base, load_tokenizer(base_source), reward_fn,
+                                     prompts, init_adapter)
+        sampled = time.perf_counter() - started
+        result = train_dpo(config, base_source, [*pairs, *ranked.pairs], run_dir, init_adapter=init_adapter,
+                           on_step=on_step, device=device, base=base, settings=s, method=self.name,
+                           trl_args=self.extra_args(config))
+        (result.run_dir / "ranked_pairs.json").write_text(json.dumps({**ranked.summary(), "pairs": ranked.pairs}))
+        result.phase_seconds = {"sample": sampled, **result.phase_seconds}
+        result.ranked = ranked.summary()
+        return result
+
+    def result_metrics(self, trained, pairs):
+        return {f"{self.section}/pairs": pairs,
+                **{f"{self.section}/{k}": v for k, v in getattr(trained, "ranked", {}).items()}}
+
+
+METHOD = OnlineDPO()

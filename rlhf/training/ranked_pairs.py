@@ -1,0 +1,117 @@
+"""Preference pairs from the policy's own replies, ranked by the reward model (online DPO's extra data).
+
+The votes say what people prefer among the replies they were shown; the reward model fitted on them generalises
+that to replies nobody voted on. Sampling a few replies per training prompt from the version the retrain starts
+from and pairing the reward model's best with its worst gives many more pairs than votes, all of them text the
+policy itself writes (so learning from them moves its voice little). A pair is kept only where the reward model's
+ensemble agrees (``min_confidence`` of its members rank best over worst), both replies ended on their own (a cut
+reply would teach stopping mid-sentence) and the two texts differ. This is one round of iterative / online DPO with
+the reward model as the judge (Xiong et al. 2024; Guo et al. 2024), the labels coming from the votes through it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Ranked:
+    """What one sampling round produced: the pairs and why the others were left out."""
+
+    pairs: list[dict]
+    prompts: int  # prompts sampled
+    replies: int  # replies sampled
+    cut: int  # replies cut at max_new_tokens
+    unsure: int  # prompts whose best and worst the ensemble did not agree on
+    alike: int  # prompts with fewer than two distinct whole replies
+
+    def summary(self) -> dict:
+        return {"ranked_pairs": len(self.pairs), "sampled_prompts": self.prompts, "sampled_replies": self.replies,
+                "cut_replies": self.cut, "unsure_prompts": self.unsure, "alike_prompts": self.alike}
+
+
+def draw_prompts(prompts, n: int, seed: int) -> list[list[dict]]:
+    """Up to ``n`` distinct training prompts: a ``PromptBuffer``'s first batch (its seeded walk) or a seeded sample
+    of a plain list of message lists."""
+    if hasattr(prompts, "batch"):
+        drawn = prompts.batch(1, min(n, len(prompts)))
+    else:
+        drawn = list(prompts)
+        random.Random(seed).shuffle(drawn)
+    unique: dict[str, list[dict]] = {}
+    for chat in drawn:
+        unique.setdefault(json.dumps(chat, sort_keys=True), list(chat))
+    return list(unique.values())[:n]
+
+
+def member_scores(scorer, chats: list[list[dict]], texts: list[str]) -> np.ndarray:
+    """(n, members) scores: the ensemble's members where the scorer has them, else its one score as one member."""
+    members = getattr(scorer, "member_scores", None)
+    if members is not None:
+        return np.asarray(members(chats, texts), dtype=float).reshape(len(texts), -1)
+    return np.asarray(scorer(chats, texts), dtype=float).reshape(-1, 1)
+
+
+def confidence(best: np.ndarray, worst: np.ndarray) -> float:
+    """How sure the reward model is that ``best`` beats ``worst``: the share of ensemble members that say so, or
+    for a single scorer its Bradley-Terry probability."""
+    if best.size == 1:
+        return 1.0 / (1.0 + math.exp(-(float(best[0]) - float(worst[0]))))
+    return float(np.mean(best > worst))
+
+
+def rank_pairs(chats: list[list[dict]], texts: Sequence[Sequence[str]], scores: Sequence[np.ndarray],
+               cut: Sequence[Sequence[bool]], min_confidence: float) -> Ranked:
+    """One pair per prompt: the highest and lowest mean-scored of its whole, distinct replies, where the ensemble
+    agrees. ``texts[i]``, ``scores[i]`` (replies x members) and ``cut[i]``: prompt ``i``'s replies."""
+    pairs, unsure, alike, n_cut = [], 0, 0, 0
+    for chat, replies, s, was_cut in zip(chats, texts, scores, cut):
+        n_cut += sum(was_cut)
+        whole = [j for j, text in enumerate(replies) if not was_cut[j] and text.strip()]
+        if len({replies[j].strip() for j in whole}) < 2:
+            alike += 1
+            continue
+        mean = s.mean(axis=1)
+        best = max(whole, key=lambda j: mean[j])
+        worst = min((j for j in whole if replies[j].strip() != replies[best].strip()), key=lambda j: mean[j])
+        if confidence(s[best], s[worst]) < min_confidence:
+            unsure += 1
+            continue
+        pairs.append({"prompt": chat, "chosen": replies[best], "rejected": replies[worst], "source": "reward_model"})
+    return Ranked(pairs, len(chats), sum(len(r) for r in texts), n_cut, unsure, alike)
+
+
+def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, scorer, prompts,
+                        adapter: Optional[str]) -> Ranked:
+    """Sample ``settings.samples`` replies to each of ``settings.prompts`` training prompts from ``base`` with
+    ``adapter`` (None = the base itself; the adapter is taken off again afterwards, so ``base`` comes back as it
+    was) and rank them with ``scorer`` (``settings``: the ``online_dpo`` section)."""
+    from rlhf.retrain.evaluation import generate_replies
+
+    s = settings
+    chats = draw_prompts(prompts, s.prompts, s.seed)
+    if not chats:
+        return Ranked([], 0, 0, 0, 0, 0)
+    rows = [chat for chat in chats for _ in range(s.samples)]
+    model, name = base, None
+    if adapter:
+        from peft import PeftModel
+
+        model, name = PeftModel.from_pretrained(base, str(adapter), adapter_name="start"), "start"
+    try:
+        model.eval()
+        (replies,) = generate_replies(model, tokenizer, rows, [name], s.max_new_tokens, s.temperature, s.seed,
+                                      max_prompt_tokens=max_prompt_tokens)
+    finally:
+        if adapter:
+            model.unload()  # the LoRA layers out of the shared base again
+    scores = member_scores(scorer, rows, replies.texts)
+    k = s.samples
+    texts = [replies.texts[i * k:(i + 1) * k] for i in range(len(chats))]
+    cut = [[len(ids) >= s.max_new_tokens for ids in replies.token_ids[i * k:(i + 1) * k]] for i in range(len(chats))]
+    return rank_pairs(chats, texts, [scores[i * k:(i + 1) * k] for i in range(len(chats))], cut, s.min_confidence)
