@@ -4,8 +4,10 @@ The votes say what people prefer among the replies they were shown; the reward m
 that to replies nobody voted on. Sampling a few replies per training prompt from the version the retrain starts
 from and pairing the reward model's best with its worst gives many more pairs than votes, all of them text the
 policy itself writes (so learning from them moves its voice little). A pair is kept only where the reward model's
-ensemble agrees (``min_confidence`` of its members rank best over worst), both replies ended on their own (a cut
-reply would teach stopping mid-sentence) and the two texts differ. This is one round of iterative / online DPO with
+ensemble agrees (``min_confidence`` of its members rank best over worst), both replies end where a sentence ends
+and the two texts differ: a reply cut at ``max_new_tokens`` is taken back to its last whole sentence (DPO closes
+every reply with the end-of-turn token, so a reply cut mid-sentence would teach stopping there), and one without a
+whole sentence joins no pair. This is one round of iterative / online DPO with
 the reward model as the judge (Xiong et al. 2024; Guo et al. 2024), the labels coming from the votes through it.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -26,13 +29,25 @@ class Ranked:
     pairs: list[dict]
     prompts: int  # prompts sampled
     replies: int  # replies sampled
-    cut: int  # replies cut at max_new_tokens
+    cut: int  # replies cut at max_new_tokens without a whole sentence (left out)
     unsure: int  # prompts whose best and worst the ensemble did not agree on
     alike: int  # prompts with fewer than two distinct whole replies
+    trimmed: int = 0  # replies cut at max_new_tokens, taken back to their last whole sentence
 
     def summary(self) -> dict:
         return {"ranked_pairs": len(self.pairs), "sampled_prompts": self.prompts, "sampled_replies": self.replies,
-                "cut_replies": self.cut, "unsure_prompts": self.unsure, "alike_prompts": self.alike}
+                "trimmed_replies": self.trimmed, "cut_replies": self.cut, "unsure_prompts": self.unsure,
+                "alike_prompts": self.alike}
+
+
+SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)|\n")
+
+
+def whole_sentences(text: str) -> str:
+    """``text`` up to the end of its last whole sentence (a full stop, ! or ? before a space or the end, or a line
+    break); empty when it has none."""
+    ends = [m.end() for m in SENTENCE_END.finditer(text)]
+    return text[:ends[-1]].rstrip() if ends else ""
 
 
 def draw_prompts(prompts, n: int, seed: int) -> list[list[dict]]:
@@ -110,8 +125,12 @@ def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, score
     finally:
         if adapter:
             model.unload()  # the LoRA layers out of the shared base again
-    scores = member_scores(scorer, rows, replies.texts)
+    was_cut = [len(ids) >= s.max_new_tokens for ids in replies.token_ids]
+    flat = [whole_sentences(t) if c else t for t, c in zip(replies.texts, was_cut)]
+    dropped = [c and not t.strip() for t, c in zip(flat, was_cut)]
+    scores = member_scores(scorer, rows, flat)
     k = s.samples
-    texts = [replies.texts[i * k:(i + 1) * k] for i in range(len(chats))]
-    cut = [[len(ids) >= s.max_new_tokens for ids in replies.token_ids[i * k:(i + 1) * k]] for i in range(len(chats))]
-    return rank_pairs(chats, texts, [scores[i * k:(i + 1) * k] for i in range(len(chats))], cut, s.min_confidence)
+    per = lambda xs: [xs[i * k:(i + 1) * k] for i in range(len(chats))]  # noqa: E731  (prompt i's replies)
+    ranked = rank_pairs(chats, per(flat), per(scores), per(dropped), s.min_confidence)
+    ranked.trimmed = sum(was_cut) - sum(dropped)
+    return ranked

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlhf.config import ConfigError, load_config
-from rlhf.training.ranked_pairs import confidence, draw_prompts, rank_pairs
+from rlhf.training.ranked_pairs import confidence, draw_prompts, rank_pairs, whole_sentences
 from tests.rlhf.training.test_dpo import PAIRS, one_thread  # noqa: F401 (an autouse fixture)
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -36,6 +36,13 @@ def test_cut_empty_alike_and_unsure_replies_make_no_pair():
     unsure = rank_pairs([CHAT], [["a", "b", "c", "d"]], [scores([1, -1], [0, 0], [0, 0], [-1, 1])], [[False] * 4],
                         0.8)
     assert unsure.pairs == [] and unsure.unsure == 1  # the members disagree: half of them is not 0.8
+
+
+def test_a_cut_reply_keeps_its_whole_sentences_only():
+    assert whole_sentences("Tea is a drink. It comes from a pla") == "Tea is a drink."
+    assert whole_sentences('He said "yes." Then he wa') == 'He said "yes."'
+    assert whole_sentences("Steps:\n- boil water\n- ad") == "Steps:\n- boil water"
+    assert whole_sentences("Version 1.2 is out and") == ""  # no sentence ends inside: the reply joins no pair
 
 
 def test_confidence_of_one_scorer_is_its_bradley_terry_probability():
@@ -87,6 +94,7 @@ def test_online_dpo_trains_on_the_votes_and_its_ranked_replies(tmp_path, tiny_mo
     saved = json.loads((result.run_dir / "ranked_pairs.json").read_text())
     assert saved["sampled_prompts"] == 6 and saved["sampled_replies"] == 18
     assert saved["ranked_pairs"] + saved["unsure_prompts"] + saved["alike_prompts"] == 6
+    assert saved["trimmed_replies"] + saved["cut_replies"] <= 18
     for pair in saved["pairs"]:  # the ranking followed the reward model
         assert len(pair["chosen"]) < len(pair["rejected"])
     assert (result.final_dir / "adapter_model.safetensors").is_file() and "sample" in result.phase_seconds
