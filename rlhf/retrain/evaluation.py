@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -117,10 +117,12 @@ class Replies:
 
 def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequence[Optional[str]],
                      max_new_tokens: int, temperature: float, seed: int, max_batch_size: int = 64,
-                     max_prompt_tokens: Optional[int] = None) -> list[Replies]:
+                     max_prompt_tokens: Optional[int] = None,
+                     on_reply: Optional[Callable[[int, int], None]] = None) -> list[Replies]:
     """Every adapter's (None = base) reply to every prompt, all decoded together by the serving engine.
 
     Prompts are fitted to ``max_prompt_tokens`` by ``rlhf.prompting.encode_prompt`` (the rule PPO's rollouts use).
+    ``on_reply(done, total)`` hears each finished reply, for a progress bar.
 
     One continuous batch instead of one ``generate`` per adapter and chunk: rows of different adapters share
     each forward pass (peft mixed-adapter batches) and leave as they finish. Greedy at temperature 0; otherwise
@@ -144,8 +146,10 @@ def generate_replies(model, tokenizer, prompts: list[list[dict]], adapters: Sequ
         engine.submit(Request(ids[i], adapter, params, stream))
     engine.start()  # everything is queued: the first prefill takes all of it (up to max_batch_size)
     try:
-        for stream in streams:
+        for done, stream in enumerate(streams, 1):
             stream.text()  # wait for the end (the stream's text holds back a last incomplete character)
+            if on_reply is not None:
+                on_reply(done, len(streams))
     finally:
         engine.close()
     texts = [tokenizer.decode(stream.token_ids, skip_special_tokens=True) for stream in streams]

@@ -17,7 +17,7 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -102,10 +102,11 @@ def rank_pairs(chats: list[list[dict]], texts: Sequence[Sequence[str]], scores: 
 
 
 def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, scorer, prompts,
-                        adapter: Optional[str]) -> Ranked:
+                        adapter: Optional[str], on_reply: Optional[Callable[[int, int], None]] = None) -> Ranked:
     """Sample ``settings.samples`` replies to each of ``settings.prompts`` training prompts from ``base`` with
     ``adapter`` (None = the base itself; the adapter is taken off again afterwards, so ``base`` comes back as it
-    was) and rank them with ``scorer`` (``settings``: the ``online_dpo`` section)."""
+    was) and rank them with ``scorer`` (``settings``: the ``online_dpo`` section). ``on_reply(done, total)``:
+    progress of the sampling."""
     from rlhf.retrain.evaluation import generate_replies
 
     s = settings
@@ -121,7 +122,7 @@ def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, score
     try:
         model.eval()
         (replies,) = generate_replies(model, tokenizer, rows, [name], s.max_new_tokens, s.temperature, s.seed,
-                                      max_prompt_tokens=max_prompt_tokens)
+                                      max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
     finally:
         if adapter:
             model.unload()  # the LoRA layers out of the shared base again

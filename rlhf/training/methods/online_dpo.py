@@ -11,6 +11,9 @@ import time
 from rlhf.training.methods.dpo import DPO
 
 
+SAMPLING_STEPS = 4  # progress reports while sampling (each a quarter of the replies), before DPO's own steps
+
+
 class OnlineDPO(DPO):
     name, section = "online_dpo", "online_dpo"
     title = "DPO on the votes and the reward model's ranking of the policy's replies"
@@ -21,7 +24,7 @@ class OnlineDPO(DPO):
 
     def total_steps(self, config, pairs):
         s = self.settings(config)
-        return max(1, math.ceil(math.ceil((pairs + s.prompts) / s.batch_size) * s.epochs))
+        return SAMPLING_STEPS + max(1, math.ceil(math.ceil((pairs + s.prompts) / s.batch_size) * s.epochs))
 
     def train(self, config, base_source, reward_fn, pairs, prompts, eval_prompts, run_dir, init_adapter=None,
               resume=None, on_step=None, device="cpu", base=None, evaluate_before=True):
@@ -35,10 +38,12 @@ class OnlineDPO(DPO):
         s.check()
         base = base if base is not None else load_causal_lm(base_source, device)
         ranked = sample_ranked_pairs(s, config.ppo.max_prompt_tokens, base, load_tokenizer(base_source), reward_fn,
-                                     prompts, init_adapter)
+                                     prompts, init_adapter, on_reply=_sampling_progress(on_step))
         sampled = time.perf_counter() - started
+        # DPO's steps come after the sampling's in the job's progress and metrics
+        after = None if on_step is None else (lambda step, metrics: on_step(SAMPLING_STEPS + step, metrics))
         result = train_dpo(config, base_source, [*pairs, *ranked.pairs], run_dir, init_adapter=init_adapter,
-                           on_step=on_step, device=device, base=base, settings=s, method=self.name,
+                           on_step=after, device=device, base=base, settings=s, method=self.name,
                            trl_args=self.extra_args(config))
         (result.run_dir / "ranked_pairs.json").write_text(json.dumps({**ranked.summary(), "pairs": ranked.pairs}))
         result.phase_seconds = {"sample": sampled, **result.phase_seconds}
@@ -51,3 +56,18 @@ class OnlineDPO(DPO):
 
 
 METHOD = OnlineDPO()
+
+
+def _sampling_progress(on_step):
+    """``on_reply(done, total)`` -> ``on_step`` at each quarter of the replies sampled (steps 1..SAMPLING_STEPS, with
+    the share sampled as ``online_dpo/sampled``), so the job's progress moves while the policy samples."""
+    if on_step is None:
+        return None
+    reported = [0]
+
+    def on_reply(done: int, total: int) -> None:
+        step = done * SAMPLING_STEPS // total
+        while reported[0] < step:
+            reported[0] += 1
+            on_step(reported[0], {"online_dpo/sampled": reported[0] / SAMPLING_STEPS})
+    return on_reply

@@ -89,8 +89,12 @@ def test_online_dpo_trains_on_the_votes_and_its_ranked_replies(tmp_path, tiny_mo
         "online_dpo.max_new_tokens=12", "online_dpo.min_confidence=0.5"])
     prompts = [[{"role": "user", "content": f"Say something about {w}."}] for w in "abcdefgh"]
     base = load_causal_lm(str(tiny_model_dir), "cpu")
+    steps = []
     result = train_policy(config, str(tiny_model_dir), ShortIsBetter(), PAIRS, prompts, [], tmp_path / "run",
-                          device="cpu", base=base)
+                          device="cpu", base=base, on_step=lambda step, metrics: steps.append((step, metrics)))
+    # progress while sampling (a quarter of the replies per step), then DPO's steps after them
+    assert [(n, m["online_dpo/sampled"]) for n, m in steps[:4]] == [(1, 0.25), (2, 0.5), (3, 0.75), (4, 1.0)]
+    assert [n for n, _ in steps[4:]] == list(range(5, 5 + result.steps)) and "loss/policy" in steps[4][1]
     saved = json.loads((result.run_dir / "ranked_pairs.json").read_text())
     assert saved["sampled_prompts"] == 6 and saved["sampled_replies"] == 18
     assert saved["ranked_pairs"] + saved["unsure_prompts"] + saved["alike_prompts"] == 6
