@@ -4,17 +4,18 @@ the verdict (the measurements live in ``evaluation``, ``guard`` and ``gate``; th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from rlhf.config import AppConfig
 from rlhf.jobs.context import JobContext
 
 
 def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_dir: Optional[str], scorer,
-                   eval_prompts: list):
+                   eval_prompts: list, progress: Optional[Callable[[float, str], None]] = None):
     """Generate with candidate and active adapters on one base (one batch) and compare them with the reward
     model; the KL to the base is PPO's final estimate on the same prompts (measured here when missing). Then the
     reward-hacking guard on the same replies, with the same base as the judge of relevance: (report, guard).
+    ``progress(fraction, message)``: how far the phase is (the replies are most of it, then the guard).
 
     The base is PPO's own (its trained adapter is the candidate; the active one is loaded beside it), so the job
     holds one copy of the base weights; without PPO's model in memory, the base is loaded with both adapters."""
@@ -23,9 +24,12 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
 
     cfg = ctx.config
     model, tokenizer, candidate = candidate_on_base(base_source, device, ppo, active_dir)
+    say = progress or (lambda fraction, message: None)
     report = evaluate_versions(model, tokenizer, eval_prompts, scorer, candidate, "active" if active_dir else None,
                                cfg.eval.max_new_tokens, cfg.eval.temperature, seed=cfg.ppo.seed + cfg.eval.seed_offset,
-                               kl_to_base=ppo.kl, max_prompt_tokens=cfg.eval.max_prompt_tokens)
+                               kl_to_base=ppo.kl, max_prompt_tokens=cfg.eval.max_prompt_tokens,
+                               on_reply=lambda done, total: say(0.7 * done / total, f"eval replies {done}/{total}"))
+    say(0.75, "reward-hacking checks on the replies")
     guard = run_guard(model, tokenizer, eval_prompts, [s["reply"] for s in report.samples],
                       [s["reply"] for s in report.active_samples], report.kl_to_base, cfg.gate,
                       max_prompt_tokens=cfg.eval.max_prompt_tokens)

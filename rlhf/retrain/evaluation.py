@@ -187,16 +187,18 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], reply_ids: list[list[i
 def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: RewardFn, candidate: str,
                       active: Optional[str], max_new_tokens: int = 48, temperature: float = 1.0,
                       seed: int = 1234, kl_to_base: Optional[float] = None,
-                      max_prompt_tokens: Optional[int] = None) -> EvalReport:
+                      max_prompt_tokens: Optional[int] = None,
+                      on_reply: Optional[Callable[[int, int], None]] = None) -> EvalReport:
     """Candidate (adapter name) vs active (adapter name or None = base) on held-out prompts.
 
     ``kl_to_base``: the candidate's KL already measured on these prompts (PPO's final evaluation samples the
     candidate and scores it against the base: the same estimate); when None or NaN it is measured here.
+    ``on_reply(done, total)``: progress of the compared replies.
     """
     import math
 
     cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, 0.0, seed,
-                                 max_prompt_tokens=max_prompt_tokens)
+                                 max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
     cand_text, act_text = cand.texts, act.texts
     members = getattr(scorer, "member_scores", None)  # an ensemble: the gate also resamples its members
     if members:  # the reward is the members' mean: one feature pass scores both versions

@@ -47,7 +47,9 @@ def retrain(ctx: JobContext) -> dict:
 
     # Evaluation against the active version (on the trained policy and its base, already loaded), then the gate
     phases.enter("eval", "evaluating candidate vs active version")
-    report, guard = evaluate_phase(ctx, base_source, device, trained, parent.adapter_path, scorer, eval_prompts)
+    report, guard = evaluate_phase(ctx, base_source, device, trained, parent.adapter_path, scorer, eval_prompts,
+                                   progress=lambda fraction, message: phases.report("eval", fraction, message))
+    phases.report("eval", 0.9, "the gate's held-out judge")
     judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device, features)
     verdict = judged.verdict
     passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])

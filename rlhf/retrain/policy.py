@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlhf.config import AppConfig
 from rlhf.jobs.context import JobContext
 from rlhf.retrain.progress import Phases
 from storage import InvalidInput, Policy, Store
