@@ -61,14 +61,8 @@ def retrain(ctx: JobContext) -> dict:
 
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
-    metrics = {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
-               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("cv_accuracy", "cv_low", "cv_high",
-                                                                                    "cv_p_value", "cv_chance")},
-               **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in ("judge_accuracy", "judge_low",
-                                                                               "judge_high", "judge_pairs")},
-               "feedback_used": snapshot.feedback_count, "gate/passed": passed,
-               "gate/reasons": reasons, **judged.metrics(), "retrain/method": method.name,
-               **method.result_metrics(trained, len(rm.pairs))}
+    metrics = {**version_metrics(report, rm, judged, method, trained), "feedback_used": snapshot.feedback_count,
+               "gate/passed": passed, "gate/reasons": reasons}
     promote = passed and cfg.retrain.auto_promote
     policy = publish_version(store, cfg, agent.name, trained.final_dir, parent_id=start.id, promote=promote,
                              job_id=ctx.job_id, reward_model_id=rm.reward_model_id, data_snapshot=snapshot.watermark,
@@ -82,6 +76,18 @@ def retrain(ctx: JobContext) -> dict:
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
             "gate_reasons": reasons, "gate": judged.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
             "run_dir": str(trained.run_dir), "rates": rates, **phase_split(phases.seconds, trained.phase_seconds)}
+
+
+RM_FIGURES = ("cv_accuracy", "cv_low", "cv_high", "cv_p_value", "cv_chance", "judge_accuracy", "judge_low",
+              "judge_high", "judge_pairs")
+
+
+def version_metrics(report, rm, judged, method, trained) -> dict:
+    """What a published version records of how it was made: the evaluation, the reward model's figures, the gate
+    and the method's own."""
+    return {**report.metrics(), "reward_model/eval_accuracy": rm.eval_accuracy,
+            **{f"reward_model/{k}": rm.metrics.get(f"reward/{k}") for k in RM_FIGURES},
+            **judged.metrics(), "retrain/method": method.name, **method.result_metrics(trained, len(rm.pairs))}
 
 
 def eval_samples(ctx: JobContext) -> dict:
