@@ -65,7 +65,7 @@ def verdict(model, tokenizer, oracle: str, prompts: list[str], system: str, samp
     the voice figures of the same sampled replies: mean words, distinct-2 and repeated 3-grams (the guard's
     measures, ``rlhf.retrain.guard``), and KL(new || base) in nats per reply on them."""
     from rlhf.retrain.evaluation import generate_replies, sequence_logprobs
-    from rlhf.retrain.guard import distinct_n, repetition
+    from rlhf.voice import distinct_n, repetition
     from rlhf.simulate.oracles import ORACLES
 
     judge = ORACLES[oracle]

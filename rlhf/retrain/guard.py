@@ -20,44 +20,15 @@ Candidate and active replies to the same held-out prompts are compared on five c
 """
 from __future__ import annotations
 
-import re
 from typing import Optional, Sequence
 
 import numpy as np
 
+from rlhf.voice import distinct_n, most_repeated, repetition, words
+
 CHECKS = ("length", "distinct", "repetition", "off_prompt", "kl")
 SHOWN_FIRST = ("off_prompt", "repetition", "distinct", "length", "kl")  # whose examples speak most plainly
 EXAMPLES = 3
-_WORD = re.compile(r"\w+(?:'\w+)?")
-
-
-def words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
-
-
-def distinct_n(texts: Sequence[str], n: int = 2) -> float:
-    """Unique word n-grams over all n-grams of all replies (1.0 when there are none)."""
-    grams = [tuple(w[i:i + n]) for w in map(words, texts) for i in range(len(w) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 1.0
-
-
-def repetition(text: str, n: int = 3) -> float:
-    """Share of the reply's word n-grams that repeat an earlier n-gram of the same reply."""
-    w = words(text)
-    grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
-    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
-
-
-def most_repeated(text: str, n: int = 3) -> str:
-    """The word n-gram the reply repeats most often ('' when none repeats): what a reader hears looping."""
-    w = words(text)
-    counts: dict = {}
-    for i in range(len(w) - n + 1):
-        counts[tuple(w[i:i + n])] = counts.get(tuple(w[i:i + n]), 0) + 1
-    gram, times = max(counts.items(), key=lambda kv: kv[1], default=((), 0))
-    return " ".join(gram) if times > 1 else ""
-
-
 def prompt_text(prompt) -> str:
     """The last user turn of a chat prompt (or the prompt itself when it is text)."""
     if isinstance(prompt, str):

@@ -14,6 +14,7 @@ import re
 from typing import Callable, Optional, Sequence
 
 from rlhf.plugins import load_callable
+from rlhf.voice import repetition
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +33,9 @@ def length_term(n_tokens: int, target: int) -> float:
 
 
 def repetition_term(reply: str, n: int = 3) -> float:
-    """Minus the share of repeated word n-grams: 0 for no repeats, towards -1 for a reply in a loop."""
-    words = reply.lower().split()
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-    if not grams:
-        return 0.0
-    return -(1.0 - len(set(grams)) / len(grams))
+    """Minus the share of repeated word n-grams (``rlhf.voice.repetition``, the measure the guard checks): 0 for no
+    repeats, towards -1 for a reply in a loop."""
+    return -repetition(reply, n)
 
 
 def polite_ending(messages: Sequence[dict], reply: str, finished: bool = True) -> float:

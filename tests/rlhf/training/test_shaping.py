@@ -36,6 +36,8 @@ def test_repetition_term():
     # 6 trigrams: "a b c" x2, "b c a" x2, "c a b" x2 -> 3 distinct of 6 -> -0.5
     assert repetition_term("a b c a b c a b") == -0.5
     assert repetition_term("too short") == 0.0
+    # the guard's measure: punctuation and case do not make two 3-grams differ
+    assert repetition_term("Go on. Go on, go on!") == -0.5
 
 
 @pytest.mark.parametrize("reply, finished, value", [

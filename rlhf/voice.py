@@ -1,0 +1,38 @@
+"""How a reply sounds, in words: word n-grams, distinct-n over replies, the share of a reply's 3-grams that repeat,
+and the phrase it repeats most. One measure for all who ask: PPO's repetition penalty (``rlhf.training.shaping``),
+the reward-hacking guard (``rlhf.retrain.guard``) and ``bench loop``'s voice figures, so the policy is penalised on
+the same measure it is checked on. Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
+never makes two n-grams differ."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+_WORD = re.compile(r"\w+(?:'\w+)?")
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def distinct_n(texts: Sequence[str], n: int = 2) -> float:
+    """Unique word n-grams over all n-grams of all replies (1.0 when there are none)."""
+    grams = [tuple(w[i:i + n]) for w in map(words, texts) for i in range(len(w) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def repetition(text: str, n: int = 3) -> float:
+    """Share of the reply's word n-grams that repeat an earlier n-gram of the same reply."""
+    w = words(text)
+    grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def most_repeated(text: str, n: int = 3) -> str:
+    """The word n-gram the reply repeats most often ('' when none repeats): what a reader hears looping."""
+    w = words(text)
+    counts: dict = {}
+    for i in range(len(w) - n + 1):
+        counts[tuple(w[i:i + n])] = counts.get(tuple(w[i:i + n]), 0) + 1
+    gram, times = max(counts.items(), key=lambda kv: kv[1], default=((), 0))
+    return " ".join(gram) if times > 1 else ""
