@@ -17,9 +17,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 from urllib.parse import unquote
 
+T = TypeVar("T")
 FILE_ROUTES = ("/gradio_api/file=", "/gradio_api/file/")  # every route Gradio serves a file by its path at
 UPLOAD_ROUTE = "/gradio_api/upload"  # Gradio's file upload: no component of this UI takes a file
 TTL = 300.0  # seconds an undownloaded export stays on disk
@@ -78,6 +79,18 @@ class PrivateDownloads:
         timer.start()
         return path
 
+    def offer(self, write: Callable[[Path], T], prefix: str = "rlhf-export-") -> T:
+        """``write(folder)`` into a fresh private directory, then seal it; what ``write`` returns (the file to offer).
+        A write that fails leaves nothing behind."""
+        work = self.new_dir(prefix)
+        try:
+            result = write(work)
+            self.seal(work)
+        except BaseException:
+            self.remove(work)
+            raise
+        return result
+
     def seal(self, folder: Path) -> None:
         """Make a download's directory and everything in it owner-only (0700 directories, 0600 files)."""
         for path in [Path(folder), *Path(folder).rglob("*")]:
@@ -112,14 +125,13 @@ class PrivateDownloads:
             self.remove(path)
 
 
-DOWNLOADS = PrivateDownloads()  # one per process: the Data tab writes, AdminOnlyFiles serves
 
 
 class AdminOnlyFiles:
     """Pure ASGI middleware (innermost in the Gradio app) guarding private downloads on every route that could
     serve them: non-admins get 403; a complete download deletes the directory."""
 
-    def __init__(self, app, may_download: Callable, downloads: PrivateDownloads = DOWNLOADS):
+    def __init__(self, app, may_download: Callable, downloads: PrivateDownloads):
         self.app = app
         self.may_download = may_download  # Starlette request -> bool
         self.downloads = downloads

@@ -6,15 +6,20 @@ import functools
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from rlhf.config import AppConfig
 from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Conflict, Store
+from ui.downloads import PrivateDownloads
 from ui.feedback_stats import FeedbackStats
 from ui.flows.leaderboard import Leaderboards
 from ui.flows.slots import ReplySlots
 from ui.label_desk import LabelDesk
+
+if TYPE_CHECKING:  # built by ui.webapp when the app runs; heavy (APScheduler, sign-in, the queue's model work)
+    from rlhf.jobs.scheduler import StudioScheduler
+    from rlhf.vote_queue.refill import QueueRefill
 
 
 @dataclass
@@ -24,14 +29,15 @@ class Services:
     config: AppConfig
     store: Store
     server: PolicyServer
-    scheduler: Optional[Any] = None  # rlhf.jobs.scheduler.StudioScheduler when running
-    auth: Optional[Any] = None  # ui.auth.Auth when users are configured
-    refill: Optional[Any] = None  # rlhf.vote_queue.refill.QueueRefill when the vote queue refills in the background
+    scheduler: Optional[StudioScheduler] = None  # when running
+    auth: Optional[Any] = None  # ui.auth.Auth when users are configured (it reads Services: not imported here)
+    refill: Optional[QueueRefill] = None  # when the vote queue refills in the background
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
     leaderboards: Optional[Leaderboards] = None  # made from the Store when not given
     replies: Optional[ReplySlots] = None  # replies generating per person (server.max_replies_per_user)
     feedback_stats: Optional[FeedbackStats] = None  # the Data tab's statistics, once per change of the feedback
     labels: LabelDesk = field(default_factory=LabelDesk)  # what each open Chat page shows; one write per person
+    downloads: PrivateDownloads = field(default_factory=PrivateDownloads)  # exports offered once to an admin
     _servers_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:

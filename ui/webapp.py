@@ -31,7 +31,7 @@ from ui.api.jobs import build_jobs_router
 from ui.api.middleware import body_size_guard
 from ui.api.policies import build_policies_router
 from ui.api.vote_queue import build_queue_router
-from ui.downloads import DOWNLOADS, AdminOnlyFiles, NoUploads, seal_upload_folder
+from ui.downloads import AdminOnlyFiles, NoUploads, seal_upload_folder
 from ui.request_guard import (GradioCalls, allowed_hosts, gradio_login, hide_gradio_api, install_security,
                               timer_events)
 from ui.permissions import is_admin
@@ -115,7 +115,8 @@ def create_app(services: Services, ui: bool = True) -> FastAPI:
     timer_limiter = RateLimiter(services.config.server.timer_rate_limit_per_minute)  # open pages tick on their own
     gradio_app.user_middleware.append(Middleware(GradioCalls, services=services, limiter=limiter,
                                                  timer_limiter=timer_limiter, timers=timer_events(demo)))
-    gradio_app.user_middleware.append(Middleware(AdminOnlyFiles, may_download=lambda r: is_admin(services, r)))
+    gradio_app.user_middleware.append(Middleware(AdminOnlyFiles, may_download=lambda r: is_admin(services, r),
+                                                 downloads=services.downloads))
     gradio_app.user_middleware.append(Middleware(NoUploads))
     return app
 
@@ -133,7 +134,7 @@ def serve(config: AppConfig) -> None:
         log.warning("any Host header is accepted: list this server's names in server.allowed_hosts")
     # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so code after run() (and atexit) may never run:
     # the private UI exports are deleted in the shutdown step, which always runs.
-    app.router.on_shutdown.append(DOWNLOADS.clear)
+    app.router.on_shutdown.append(services.downloads.clear)
     app.router.on_shutdown.append(services.replies.cancel_all)
     print(f"RLHF Studio on http://{config.server.host}:{config.server.port}", flush=True)
     # proxy_headers off: uvicorn would believe X-Forwarded-For from any loopback peer; ui.forwarded applies

@@ -16,7 +16,6 @@ from starlette.datastructures import Headers
 from rlhf.config import ConfigError, load_config
 from tests.conftest import LiveServer
 from ui.throttles import LoginThrottle
-from ui.downloads import DOWNLOADS
 from ui.request_guard import allowed_hosts, check_origins, foreign_origin, host_name, space_host
 from ui.tabs import data as data_tab
 from ui.views.text import literal_html
@@ -196,13 +195,13 @@ def test_ui_export_is_private_and_deleted(noted):
     services, _ = noted
     button, status = data_tab.run_export(services, "assistant", "openrlhf", gr.Request(username="alice"))
     path = Path(button.value["path"])
-    folder = DOWNLOADS.owner_dir(path)
+    folder = services.downloads.owner_dir(path)
     assert folder is not None and "kept for" in status
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     files = [p for p in folder.rglob("*") if p.is_file()]
     assert path in files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
-    DOWNLOADS.remove(folder)
-    assert not folder.exists() and DOWNLOADS.owner_dir(path) is None
+    services.downloads.remove(folder)
+    assert not folder.exists() and services.downloads.owner_dir(path) is None
     refused, status = data_tab.run_export(services, "assistant", "jsonl", gr.Request(username="bob"))
     assert "admin" in status and refused.visible is False
 

@@ -17,7 +17,6 @@ from rlhf.config import ConfigError, load_config
 from rlhf.interop.export import ExportError, default_name
 from rlhf.training.data import build_pairs
 from tests.conftest import LiveServer, make_adapter
-from ui.downloads import DOWNLOADS
 from ui.tabs import data as data_tab
 
 USERS = "alice:a-pass:admin,bob:b-pass,carol:c-pass"
@@ -299,7 +298,7 @@ def test_agent_names_are_safe_slugs_and_exports_never_use_them(team):
     button, _ = data_tab.run_export(services, "../../../../outside/pwn", "jsonl", gr.Request(username="alice"))
     path = Path(button.value["path"])
     assert path.name.startswith(f"rlhf-studio-agent{bad_id}-") and path.parent.name.startswith("rlhf-export-")
-    DOWNLOADS.remove(path.parent)
+    services.downloads.remove(path.parent)
     with pytest.raises(ExportError, match="unknown format"):
         default_name("../x", None)
 

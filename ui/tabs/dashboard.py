@@ -200,18 +200,10 @@ def download_version(services: Services, policy_id, request: gr.Request = None):
 
     Like the Data tab's exports it lies in a private directory that only admins can download from, deleted
     after the download or within ``ui.downloads.TTL`` seconds."""
-    from ui.downloads import DOWNLOADS
-
     require_admin(services, request)
     if policy_id is None:
         return gr.DownloadButton(visible=False), "Pick a version first."
-    work = DOWNLOADS.new_dir("rlhf-version-")
-    try:
-        path = zip_version(services.store, int(policy_id), work)
-        DOWNLOADS.seal(work)
-    except BaseException:  # no half-written zip is left behind
-        DOWNLOADS.remove(work)
-        raise
+    path = services.downloads.offer(lambda work: zip_version(services.store, int(policy_id), work), "rlhf-version-")
     return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
             f"{path.name}: load it with `PeftModel.from_pretrained(base, folder)`; its README.md is the model card.")
 

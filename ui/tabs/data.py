@@ -14,7 +14,6 @@ from rlhf.analysis import quality
 from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
 from storage import FLAGS, NotFound
 from ui.tabs.agents import build_agents_panel
-from ui.downloads import DOWNLOADS
 from ui import charts
 from ui.flows import decisions as decisions_flow
 from ui.permissions import current_user, is_admin, require_admin, sees_all_feedback
@@ -163,17 +162,15 @@ def run_export(services: Services, agent: str, fmt: str, request: gr.Request = N
     deleted after the download or within ``ui.downloads.TTL`` seconds.
     """
     require_admin(services, request)
-    work = DOWNLOADS.new_dir()
-    try:
-        agent_id = services.store.get_agent(agent).id if agent else None
+    agent_id = services.store.get_agent(agent).id if agent else None
+
+    def write(work):
         result = export(services.store, services.config, fmt, work / default_name(fmt, agent_id), agent)
-        path = archive(result, work)
-        DOWNLOADS.seal(work)
-    except BaseException:  # no half-written export is left behind
-        DOWNLOADS.remove(work)
-        raise
+        return result, archive(result, work)
+
+    result, path = services.downloads.offer(write)
     counts = ", ".join(f"{v} {k}" for k, v in result.counts.items())
-    minutes = max(1, round(DOWNLOADS.ttl / 60))
+    minutes = max(1, round(services.downloads.ttl / 60))
     return (gr.DownloadButton(value=str(path), label=f"Download {path.name}", visible=True),
             f"Exported {counts}. The file is kept for {minutes} min or until downloaded.")
 
