@@ -81,13 +81,14 @@ def confidence(best: np.ndarray, worst: np.ndarray) -> float:
 
 
 def rank_pairs(chats: list[list[dict]], texts: Sequence[Sequence[str]], scores: Sequence[np.ndarray],
-               cut: Sequence[Sequence[bool]], min_confidence: float) -> Ranked:
+               left_out: Sequence[Sequence[bool]], min_confidence: float) -> Ranked:
     """One pair per prompt: the highest and lowest mean-scored of its whole, distinct replies, where the ensemble
-    agrees. ``texts[i]``, ``scores[i]`` (replies x members) and ``cut[i]``: prompt ``i``'s replies."""
-    pairs, unsure, alike, n_cut = [], 0, 0, 0
-    for chat, replies, s, was_cut in zip(chats, texts, scores, cut):
-        n_cut += sum(was_cut)
-        whole = [j for j, text in enumerate(replies) if not was_cut[j] and text.strip()]
+    agrees. ``texts[i]``, ``scores[i]`` (replies x members) and ``left_out[i]`` (cut without a whole sentence):
+    prompt ``i``'s replies."""
+    pairs, unsure, alike, n_left_out = [], 0, 0, 0
+    for chat, replies, s, out in zip(chats, texts, scores, left_out):
+        n_left_out += sum(out)
+        whole = [j for j, text in enumerate(replies) if not out[j] and text.strip()]
         if len({replies[j].strip() for j in whole}) < 2:
             alike += 1
             continue
@@ -98,7 +99,7 @@ def rank_pairs(chats: list[list[dict]], texts: Sequence[Sequence[str]], scores: 
             unsure += 1
             continue
         pairs.append({"prompt": chat, "chosen": replies[best], "rejected": replies[worst], "source": "reward_model"})
-    return Ranked(pairs, len(chats), sum(len(r) for r in texts), n_cut, unsure, alike)
+    return Ranked(pairs, len(chats), sum(len(r) for r in texts), n_left_out, unsure, alike)
 
 
 def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, scorer, prompts,

@@ -63,11 +63,11 @@ def _sampling_progress(on_step):
     the share sampled as ``online_dpo/sampled``), so the job's progress moves while the policy samples."""
     if on_step is None:
         return None
-    reported = [0]
+    reported = 0
 
     def on_reply(done: int, total: int) -> None:
-        step = done * SAMPLING_STEPS // total
-        while reported[0] < step:
-            reported[0] += 1
-            on_step(reported[0], {"online_dpo/sampled": reported[0] / SAMPLING_STEPS})
+        nonlocal reported
+        while reported < done * SAMPLING_STEPS // total:
+            reported += 1
+            on_step(reported, {"online_dpo/sampled": reported / SAMPLING_STEPS})
     return on_reply
