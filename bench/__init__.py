@@ -9,7 +9,7 @@ import importlib
 from types import ModuleType
 
 BENCHMARKS: tuple[str, ...] = ("serve", "ingest", "train", "memory", "reward", "queue", "loop", "gate", "decide",
-                               "fidelity")
+                               "fidelity", "model", "rollouts")
 # A benchmark flag that runs a sibling module instead (the flag is declared by the benchmark's add_arguments).
 VARIANTS: dict[tuple[str, str], str] = {("serve", "during_retrain"): "serve_retrain", ("reward", "active"): "reward_active"}
 

@@ -22,7 +22,7 @@ def anchor_python() -> Optional[Path]:
     """A python that has llama-cpp-python: this one (``make setup`` builds it), else ``.venv-anchors``."""
     import sys
 
-    from rlhf.serving.interface import llama_cpp_installed
+    from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 
     if llama_cpp_installed():
         return Path(sys.executable)

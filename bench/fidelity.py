@@ -128,11 +128,11 @@ def run(config: AppConfig, args, path=None) -> dict:
     """Measure (a), (b), (c) for the base and a trained version; report and return the figures."""
     from peft import PeftModel
 
-    from rlhf.retrain.evaluation import bootstrap_interval, encode_prompt, generate_replies, win_matrix
+    from rlhf.prompting import encode_prompt
+    from rlhf.training.generation import generate_replies
     from rlhf.base_models import load_causal_lm, load_tokenizer, resolve_model, shipped_gguf
     from rlhf.serving.llama_cpp.base import llama_base
     from rlhf.serving.llama_cpp.convert import BaseInfo, lora_to_gguf
-    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
     from rlhf.training.reward import load_reward_model
 
     from rlhf.cpu import apply_torch_threads, thread_plan
@@ -154,27 +154,47 @@ def run(config: AppConfig, args, path=None) -> dict:
         fid_v = agreement(model, gguf, lora, prompts, torch_replies["v"].token_ids)
         with model.disable_adapter():
             fid_b = agreement(model, gguf, None, prompts, torch_replies[None].token_ids)
-        server = PolicyServer.load(config.base_model, "cpu", "fidelity", engine="llama_cpp", data_dir=tmp)
-        try:
-            greedy = GenParams(max_new_tokens=max_new, temperature=0)
-            refs = {"v": AdapterRef(1, adapter), None: AdapterRef(0)}
-            llama_texts = {k: [s.text() for s in [server.stream_ids(p, ref, greedy) for p in prompts]]
-                           for k, ref in refs.items()}
-        finally:
-            server.close()
+        llama_texts = llama_replies(config, tmp, adapter, prompts, max_new)
         scorer = load_reward_model(rm_path, device="cpu")
-        members = getattr(scorer, "member_scores", None)
+        w_torch = version_wins(scorer, chats, torch_replies["v"].texts, torch_replies[None].texts)
+        w_llama = version_wins(scorer, chats, llama_texts["v"], llama_texts[None])
+    return _report(config, n, max_new, adapter, rm_path, {"base": fid_b, "trained": fid_v}, w_torch, w_llama, path)
 
-        def wins(texts_v: list, texts_b: list) -> np.ndarray:
-            """(prompts, members) wins of the version, scored as the retrain's gate scores them."""
-            if members:
-                both = np.asarray(members(chats + chats, texts_v + texts_b), dtype=float)
-            else:
-                both = np.asarray(scorer(chats + chats, texts_v + texts_b), dtype=float)[:, None]
-            return win_matrix(both[:len(chats)], both[len(chats):])
 
-        w_torch = wins(torch_replies["v"].texts, torch_replies[None].texts)
-        w_llama = wins(llama_texts["v"], llama_texts[None])
+def llama_replies(config: AppConfig, data_dir: str, adapter: str, prompts: list[list[int]],
+                  max_new: int) -> dict:
+    """The llama.cpp engine's greedy reply texts, as the app serves them, for the version (``"v"``) and the base
+    (None)."""
+    from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
+
+    server = PolicyServer.load(config.base_model, "cpu", "fidelity", engine="llama_cpp", data_dir=data_dir)
+    try:
+        greedy = GenParams(max_new_tokens=max_new, temperature=0)
+        refs = {"v": AdapterRef(1, adapter), None: AdapterRef(0)}
+        return {k: [s.text() for s in [server.stream_ids(p, ref, greedy) for p in prompts]]
+                for k, ref in refs.items()}
+    finally:
+        server.close()
+
+
+def version_wins(scorer, chats: list, texts_v: list, texts_b: list) -> np.ndarray:
+    """(prompts, members) wins of the version, scored as the retrain's gate scores them."""
+    from rlhf.retrain.evaluation import win_matrix
+
+    members = getattr(scorer, "member_scores", None)
+    if members:
+        both = np.asarray(members(chats + chats, texts_v + texts_b), dtype=float)
+    else:
+        both = np.asarray(scorer(chats + chats, texts_v + texts_b), dtype=float)[:, None]
+    return win_matrix(both[:len(chats)], both[len(chats):])
+
+
+def _report(config: AppConfig, n: int, max_new: int, adapter: str, rm_path: str, fid: dict, w_torch: np.ndarray,
+            w_llama: np.ndarray, path) -> dict:
+    """The table (base and trained), the figures and the notes, reported; the figures."""
+    from rlhf.retrain.evaluation import bootstrap_interval
+
+    fid_b, fid_v = fid["base"], fid["trained"]
     low, high = bootstrap_interval(w_torch)
     rate_t, rate_l = float(w_torch.mean()), float(w_llama.mean())
     rows = [{"version": "base", "prompts": n, "reply_tokens": fid_b["tokens"],

@@ -154,7 +154,7 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     from rlhf.simulate.preference_pool import split_prompts
     from rlhf.retrain.assess import adapters_on_base
     from rlhf.training.methods import get_method
-    from storage.store import DEFAULT_SYSTEM_PROMPT as system
+    from storage.agents import DEFAULT_SYSTEM_PROMPT as system
 
     train_ids, held_ids = split_prompts(pool)
     text = {r["prompt_id"]: r["prompt"] for r in pool}

@@ -115,7 +115,7 @@ def run(config: AppConfig, args, path=None) -> dict:
     quick = bool(getattr(args, "quick", False))
     source = resolve_model(config.base_model, config.data_path)
     device = pick_device(config.device)
-    from rlhf.serving.interface import llama_cpp_installed
+    from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 
     engines = ["transformers"] + (["llama_cpp"] if llama_cpp_installed() and device == "cpu" else [])
     rows, figures = [], {"device": device}

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from bench.preferences import HELDOUT_SEED, PREFERENCES, _word_count, preference_stats
+from bench.report import ROOT
 from rlhf.simulate.oracles import words
-from rlhf.simulate.preference_pool import POOL_PATH, ROOT, load_pool, split_prompts
+from rlhf.simulate.preference_pool import POOL_PATH, load_pool, split_prompts
 
 TABLES = json.loads((ROOT / "assets" / "preference_pool" / "prompts.json").read_text(encoding="utf-8"))
 # family -> (templates, fillers). A filler is a string, or a tuple for templates with several slots.

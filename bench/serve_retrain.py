@@ -13,11 +13,13 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional
 
 from bench.report import report
 from bench.retrain import AGENT, QUICK, RetrainRun, retrain_config, seed_votes
-from bench.serve import Level, LiveApp, bench_config, load_policy_server, percentile, run_level
+from bench.serve_load import Level, LiveApp, bench_config, load_policy_server, percentile, run_level
 from rlhf.config import AppConfig
 
 
@@ -44,7 +46,7 @@ def _job_row(mode: str, seconds: float, phases: dict) -> dict:
             "job_s": seconds}
 
 
-class _Ticker:
+class JobTicker:
     """Ticks the app's job runner (the scheduler is off in benchmarks) until stopped."""
 
     def __init__(self, runner, every: float = 0.5):
@@ -55,7 +57,7 @@ class _Ticker:
         while not self.stop.wait(self.every):
             self.runner.tick()
 
-    def __enter__(self) -> "_Ticker":
+    def __enter__(self) -> "JobTicker":
         self.thread.start()
         return self
 
@@ -64,10 +66,24 @@ class _Ticker:
         self.thread.join(timeout=10)
 
 
+@dataclass
+class _Chat:
+    """What the app measured: idle levels, the levels while the retrain ran, one level after it."""
+
+    idle: dict
+    idle_threads: dict
+    budget: Any  # the app's CPU budget (the job runner's)
+    during: dict = field(default_factory=dict)
+    threads_seen: dict = field(default_factory=dict)
+    job_seconds: float = 0.0
+    done: Any = None  # the job as it ended
+    after: Optional[Level] = None
+    after_threads: Optional[int] = None
+
+
 def run(config: AppConfig, args, path=None) -> dict:
     """Idle chat, the retrain alone, then chat during the same retrain; report and return the figures."""
     from rlhf.base_models import resolve_model
-    from ui.webapp import build_services, create_app
 
     quick = bool(getattr(args, "quick", False))
     levels = [args.users] if getattr(args, "users", None) else [1, 8]
@@ -75,72 +91,99 @@ def run(config: AppConfig, args, path=None) -> dict:
            "top_p": config.serving.top_p}
     per_user = 1 if quick else 2
     n_pairs = 16 if quick else 64
-    job_settings = dict(QUICK) if quick else {}
-    source = resolve_model(config.base_model, config.data_path)
+    job_config = {"base_model": resolve_model(config.base_model, config.data_path), **(dict(QUICK) if quick else {})}
     with tempfile.TemporaryDirectory(prefix="bench-serve-retrain-") as tmp:
-        # 1. The retrain alone
-        alone = RetrainRun(retrain_config(config, Path(tmp) / "alone", quick), n_pairs, label="alone")
-        alone.start()
-        idle_job = alone.wait()
-        if idle_job["status"] != "succeeded":
-            raise RuntimeError(f"the unloaded retrain failed: {idle_job['error']}")
-        cfg = bench_config(config, str(Path(tmp) / "app"))
-        server = load_policy_server(config)
-        services = build_services(cfg, server=server)
-        budget = services.scheduler.runner.budget
-        try:
-            with LiveApp(create_app(services)) as live:
-                # 2. Idle chat
-                idle, idle_threads = {}, {}
-                for users in levels:
-                    idle[users] = run_level(live.url, users, per_user, gen)
-                    idle_threads[users] = server.engine.threads
-                # 3. Chat during the same retrain, run by the app's runner (the CPU budget applies)
-                seed_votes(services.store, n_pairs)
-                job = services.scheduler.enqueue("retrain", AGENT, {"base_model": source, **job_settings},
-                                                 reason="bench")
-                during = {users: Level(users) for users in levels}
-                threads_seen: dict[int, set] = {users: set() for users in levels}
-                t0 = time.perf_counter()
-                with _Ticker(services.scheduler.runner):
-                    while not services.store.get_job(job.id).done:
-                        for users in levels:
-                            if services.store.get_job(job.id).done:
-                                break
-                            threads_seen[users].add(server.engine.threads)
-                            _merge(during[users], run_level(live.url, users, per_user, gen))
-                            threads_seen[users].add(server.engine.threads)
-                    job_seconds = time.perf_counter() - t0
-                    done = services.store.get_job(job.id)
-                    deadline = time.monotonic() + 60
-                    while budget.job_threads and time.monotonic() < deadline:  # the job process exits
-                        time.sleep(0.2)
-                    after = run_level(live.url, levels[0], 1, gen)  # serving took its cores back
-                    after_threads = server.engine.threads
-        finally:
-            services.close()
-    if done.status != "succeeded":
-        raise RuntimeError(f"the retrain under load failed: {done.error}")
+        idle_job = _retrain_alone(config, Path(tmp) / "alone", quick, n_pairs)
+        chat = _chat_idle_then_during_retrain(config, Path(tmp) / "app", levels, per_user, gen, n_pairs, job_config)
+    if chat.done.status != "succeeded":
+        raise RuntimeError(f"the retrain under load failed: {chat.done.error}")
     pick = 8 if 8 in levels else levels[-1]
-    rows = [_job_row("retrain alone", idle_job["seconds"], idle_job["phase_seconds"])]
-    rows += [_row("idle: HTTP stream, batched", idle[u], idle_threads[u]) for u in levels]
-    rows += [_row("during retrain: HTTP stream, batched", during[u],
-                  "/".join(str(t) for t in sorted(t for t in threads_seen[u] if t))) for u in levels]
-    rows.append(_job_row("retrain under chat load", job_seconds, done.result.get("phase_seconds", {})))
-    rows.append(_row("after the retrain", after, after_threads))
-    tps = during[pick].tokens / during[pick].wall_s if during[pick].wall_s else 0.0
-    idle_tps = idle[pick].tokens / idle[pick].wall_s if idle[pick].wall_s else 0.0
+    during, idle = chat.during[pick], chat.idle[pick]
+    tps = during.tokens / during.wall_s if during.wall_s else 0.0
+    idle_tps = idle.tokens / idle.wall_s if idle.wall_s else 0.0
     figures = {"users": pick, "tokens_per_s": round(tps, 2), "idle_tokens_per_s": round(idle_tps, 2),
                "ratio_vs_idle": round(tps / idle_tps, 3) if idle_tps else 0.0,
-               "ttft_p95_s": round(percentile(during[pick].ttft, 95), 3), "job_seconds": round(job_seconds, 1),
+               "ttft_p95_s": round(percentile(during.ttft, 95), 3), "job_seconds": round(chat.job_seconds, 1),
                "idle_job_seconds": idle_job["seconds"]}
-    plan = budget.plan
-    errors = [e for lv in list(idle.values()) + list(during.values()) for e in lv.errors]
-    notes = (f"Model `{config.base_model}`; retrain config: {'the --quick one (' + str(QUICK) + ')' if quick else 'the default'}"
-             f", {n_pairs} votes from the shipped preference pool, the same for both retrains (each starts from the "
-             f"base version). {per_user} chat(s) per annotator per level, max_new_tokens={gen['max_new_tokens']}, "
-             f"temperature={gen['temperature']}; during the retrain the levels ran in turn until it ended. CPU budget: "
-             f"{plan.describe()}. The retrain took {job_seconds / idle_job['seconds']:.2f}x its unloaded time under "
-             f"chat load. Goal: >= 0.45x idle tokens/s at 8 users and TTFT p95 <= 2 s during a retrain."
-             + (f" Errors: {errors[:3]}" if errors else ""))
-    return report("serve during retrain", rows, figures, notes, path=path)
+    notes = _notes(config, quick, n_pairs, per_user, gen, chat, idle_job)
+    return report("serve during retrain", _rows(chat, levels, idle_job), figures, notes, path=path)
+
+
+def _retrain_alone(config: AppConfig, data_dir: Path, quick: bool, n_pairs: int) -> dict:
+    """1. The retrain alone, run by the job runner in its own process with nothing else of ours on the machine."""
+    alone = RetrainRun(retrain_config(config, data_dir, quick), n_pairs, label="alone")
+    alone.start()
+    idle_job = alone.wait()
+    if idle_job["status"] != "succeeded":
+        raise RuntimeError(f"the unloaded retrain failed: {idle_job['error']}")
+    return idle_job
+
+
+def _chat_idle_then_during_retrain(config: AppConfig, data_dir: Path, levels: list[int], per_user: int, gen: dict,
+                                   n_pairs: int, job_config: dict) -> _Chat:
+    """2. Idle chat on the real app over loopback HTTP, then 3. chat during the same retrain, run by the app's own
+    runner (the CPU budget applies)."""
+    from ui.webapp import build_services, create_app
+
+    cfg = bench_config(config, str(data_dir))
+    server = load_policy_server(config)
+    services = build_services(cfg, server=server)
+    try:
+        with LiveApp(create_app(services)) as live:
+            chat = _Chat({}, {}, services.scheduler.runner.budget)
+            for users in levels:
+                chat.idle[users] = run_level(live.url, users, per_user, gen)
+                chat.idle_threads[users] = server.engine.threads
+            seed_votes(services.store, n_pairs)
+            job = services.scheduler.enqueue("retrain", AGENT, job_config, reason="bench")
+            _chat_during_job(services, server, live.url, job.id, levels, per_user, gen, chat)
+    finally:
+        services.close()
+    return chat
+
+
+def _chat_during_job(services, server, url: str, job_id: int, levels: list[int], per_user: int, gen: dict,
+                     chat: _Chat) -> None:
+    """The levels in turn, again and again, until the job ends (into ``chat``); then one level once the job's
+    process has exited and serving took its cores back."""
+    chat.during = {users: Level(users) for users in levels}
+    chat.threads_seen = {users: set() for users in levels}
+    t0 = time.perf_counter()
+    with JobTicker(services.scheduler.runner):
+        while not services.store.get_job(job_id).done:
+            for users in levels:
+                if services.store.get_job(job_id).done:
+                    break
+                chat.threads_seen[users].add(server.engine.threads)
+                _merge(chat.during[users], run_level(url, users, per_user, gen))
+                chat.threads_seen[users].add(server.engine.threads)
+        chat.job_seconds = time.perf_counter() - t0
+        chat.done = services.store.get_job(job_id)
+        deadline = time.monotonic() + 60
+        while chat.budget.job_threads and time.monotonic() < deadline:  # the job process exits
+            time.sleep(0.2)
+        chat.after = run_level(url, levels[0], 1, gen)  # serving took its cores back
+        chat.after_threads = server.engine.threads
+
+
+def _rows(chat: _Chat, levels: list[int], idle_job: dict) -> list[dict]:
+    rows = [_job_row("retrain alone", idle_job["seconds"], idle_job["phase_seconds"])]
+    rows += [_row("idle: HTTP stream, batched", chat.idle[u], chat.idle_threads[u]) for u in levels]
+    rows += [_row("during retrain: HTTP stream, batched", chat.during[u],
+                  "/".join(str(t) for t in sorted(t for t in chat.threads_seen[u] if t))) for u in levels]
+    rows.append(_job_row("retrain under chat load", chat.job_seconds, chat.done.result.get("phase_seconds", {})))
+    rows.append(_row("after the retrain", chat.after, chat.after_threads))
+    return rows
+
+
+def _notes(config: AppConfig, quick: bool, n_pairs: int, per_user: int, gen: dict, chat: _Chat,
+           idle_job: dict) -> str:
+    plan = chat.budget.plan
+    errors = [e for lv in list(chat.idle.values()) + list(chat.during.values()) for e in lv.errors]
+    return (f"Model `{config.base_model}`; retrain config: {'the --quick one (' + str(QUICK) + ')' if quick else 'the default'}"
+            f", {n_pairs} votes from the shipped preference pool, the same for both retrains (each starts from the "
+            f"base version). {per_user} chat(s) per annotator per level, max_new_tokens={gen['max_new_tokens']}, "
+            f"temperature={gen['temperature']}; during the retrain the levels ran in turn until it ended. CPU budget: "
+            f"{plan.describe()}. The retrain took {chat.job_seconds / idle_job['seconds']:.2f}x its unloaded time under "
+            f"chat load. Goal: >= 0.45x idle tokens/s at 8 users and TTFT p95 <= 2 s during a retrain."
+            + (f" Errors: {errors[:3]}" if errors else ""))

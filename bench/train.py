@@ -54,6 +54,26 @@ def run_ours(config: AppConfig, source: str, prompts: list, work: Path, device: 
             "response_len": statistics.mean(m["ppo/response_length"] for m in timed)}
 
 
+def run_anchor(config: AppConfig, source: str, prompts: list, threads: int) -> dict:
+    """The yardstick of PPO's rollouts: the same number of replies to the same prompts, of the same length, decoded
+    by llama.cpp's batched decode (the serving engine, on the same threads): tokens per second."""
+    from rlhf.base_models import load_tokenizer
+    from rlhf.serving.policy_server import load_server
+    from rlhf.training.generation import served_replies
+
+    cfg = config.ppo
+    rows = [prompts[i % len(prompts)] for i in range(completions(cfg))]
+    server = load_server(config, threads=threads, warmup=False)
+    try:
+        started = time.perf_counter()
+        replies = served_replies(server, load_tokenizer(source, config.chat_template), rows, None,
+                                 cfg.max_new_tokens, 1.0, 0, cfg.max_prompt_tokens)
+        seconds = time.perf_counter() - started
+    finally:
+        server.close()
+    return {"tokens_per_s": sum(map(len, replies.token_ids)) / seconds, "engine": replies.sampled_by}
+
+
 def run_rloo(config: AppConfig, source: str, prompts: list, work: Path, device: str) -> dict:
     """TRL's RLOOTrainer on the same settings: seconds per rollout step after the first."""
     from datasets import Dataset
@@ -137,12 +157,14 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
         with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
             ours = run_ours(config, source, prompts, Path(tmp), device)
             rloo = run_rloo(config, source, prompts, Path(tmp), device)
+        anchor = run_anchor(config, source, prompts, threads)
     finally:
         torch.set_num_threads(threads_before)
     retrain = run_retrain(config, quick)
     ours_sps = completions(cfg) / ours["step_s"]
     rloo_sps = completions(cfg) / rloo["step_s"]
     split = {k: round(v / ours["step_s"], 3) for k, v in ours["phases"].items()}
+    rollout_tps = completions(cfg) * ours["response_len"] / ours["phases"]["generate"]
     rows = [{"trainer": "ours (PPO)", "samples_per_s": ours_sps, "s_per_step": ours["step_s"],
              "reply_tokens": ours["response_len"]},
             {"trainer": "TRL RLOOTrainer", "samples_per_s": rloo_sps, "s_per_step": rloo["step_s"],
@@ -155,11 +177,16 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
                "retrain_peak_rss_mb": retrain["peak_rss_mb"], "retrain_phase_seconds": retrain["phase_seconds"],
                "load_average": [round(x, 2) for x in os.getloadavg()],
                "retrain_ppo_phase_seconds": retrain["ppo_phase_seconds"], "eval_share": retrain["eval_share"],
-               "eval_share_with_ppo": retrain["eval_share_with_ppo"]}
+               "eval_share_with_ppo": retrain["eval_share_with_ppo"],
+               "rollout_tokens_per_s": round(rollout_tps, 1), "anchor_tokens_per_s": round(anchor["tokens_per_s"], 1),
+               "anchor_engine": anchor["engine"], "rollout_vs_anchor": round(rollout_tps / anchor["tokens_per_s"], 2)}
     notes = (f"Model `{config.base_model}` on {device}; {completions(cfg)} completions per rollout "
              f"({cfg.batch_size} prompts x {cfg.group_size}), "
              f"{cfg.max_new_tokens} new tokens, {cfg.ppo_epochs} epoch(s) in minibatches of {cfg.mini_batch_size}, "
              f"LoRA r={cfg.lora_r}; {cfg.steps} steps, the first untimed; {threads} CPU thread(s). "
+             f"Rollouts: {rollout_tps:.1f} reply tokens/s in our generate phase against {anchor['tokens_per_s']:.1f} "
+             f"for the same replies through the serving engine's batched decode ({anchor['engine']}, same threads): "
+             f"{rollout_tps / anchor['tokens_per_s']:.2f}x (goal >= 0.5x). "
              "Our phase split (share of a step): "
              + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ". "
              + f"A whole retrain job ({'the --quick config' if quick else 'the default config'}, {retrain['pairs']} votes "

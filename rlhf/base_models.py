@@ -143,6 +143,33 @@ def resolve_model(name: str, data_dir: str | Path, allow_hub: bool = True) -> st
     raise ModelNotFound(f"cannot find base model {shown!r}. {HOW_TO}")
 
 
+def needs_conversion(name: str, data_dir: str | Path) -> bool:
+    """Whether ``resolve_model(name)`` would first convert a GGUF into safetensors (minutes for a large model, so a
+    request never waits for it: ``prepare_base`` does it in a job): a shipped model not converted yet, or a local
+    GGUF file whose converted copy is not in the data dir."""
+    if not isinstance(name, str) or not name:
+        return False
+    if name in SHIPPED:
+        return not _is_model_dir(cached_model_dir(name, data_dir)) and _package_dir(SHIPPED[name][0]) is not None
+    path = Path(name).expanduser()
+    try:
+        return path.is_file() and path.suffix == ".gguf" and not _is_model_dir(gguf_model_dir(path, data_dir))
+    except OSError:  # a name no file system can hold: not a local file
+        return False
+
+
+def prepare_base(ctx) -> dict:
+    """The ``prepare_base`` job: convert the job's base model (an agent's, ``ctx.config.base_model``) once, so its
+    chats and retrains load the converted copy."""
+    cfg = ctx.config
+    ctx.progress(0.05, "convert", f"converting {Path(cfg.base_model).name} to safetensors (once)")
+    model_dir = resolve_model(cfg.base_model, cfg.data_path, allow_hub=False)
+    ctx.progress(0.9, "check", "loading the converted tokenizer")
+    load_tokenizer(model_dir)
+    ctx.progress(1.0, "done", f"{Path(cfg.base_model).name} is ready")
+    return {"model_dir": model_dir}
+
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 
 
@@ -202,8 +229,14 @@ def shipped_tokenizer(name: str, data_dir: str | Path) -> Path:
     return target
 
 
-def load_tokenizer(source: str):
-    """Tokenizer with a pad token, padding on the left (for batched generation)."""
+def canonical_model(name: str) -> str:
+    """A shipped model's hub id (the shipped GGUF and the hub checkpoint are the same model); other names as they are."""
+    return SHIPPED[name][2] if name in SHIPPED else name
+
+
+def load_tokenizer(source: str, template: str = ""):
+    """Tokenizer with a pad token, padding on the left (for batched generation); ``template``: a chat template in
+    place of the model's own (``chat_template`` of the config or of an agent), so every prompt is encoded with it."""
     from transformers import AutoTokenizer
 
     try:
@@ -213,6 +246,8 @@ def load_tokenizer(source: str):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    if template:
+        tok.chat_template = template
     return tok
 
 

@@ -25,12 +25,21 @@ class GGUFHeaderError(ValueError):
 def read_fields(path: str | Path, keys: Iterable[str]) -> dict[str, Any]:
     """The values of ``keys`` that the GGUF at ``path`` holds (a key it lacks is left out). Arrays come back
     as None: this reader is for the header's small values."""
-    wanted = set(keys)
+    return _read(path, set(keys), tensors=False)[0]
+
+
+def read_header(path: str | Path, keys: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """``read_fields``'s values and every tensor's shape, name -> dims in the file's order (ne: [in, out])."""
+    return _read(path, set(keys), tensors=True)
+
+
+def _read(path: str | Path, wanted: set, tensors: bool) -> tuple[dict[str, Any], dict[str, list[int]]]:
     found: dict[str, Any] = {}
+    shapes: dict[str, list[int]] = {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != MAGIC:
             raise GGUFHeaderError(f"{path} is not a GGUF file")
-        version, _tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
         if not 2 <= version < 256:  # version 1 had 32-bit counts; a huge number means big-endian
             raise GGUFHeaderError(f"{path}: GGUF version {version} is not read here")
         at = 24
@@ -41,11 +50,16 @@ def read_fields(path: str | Path, keys: Iterable[str]) -> dict[str, Any]:
                 value, at = _value(buf, at, kind, decode=key in wanted)
                 if key in wanted:
                     found[key] = value
-                    if len(found) == len(wanted):
+                    if len(found) == len(wanted) and not tensors:
                         break
+            for _ in range(n_tensors if tensors else 0):  # name, dims, then type and data offset (skipped)
+                name, at = _string(buf, at)
+                (n_dims,) = struct.unpack_from("<I", buf, at)
+                shapes[name] = list(struct.unpack_from(f"<{n_dims}Q", buf, at + 4))
+                at += 4 + 8 * n_dims + 4 + 8
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise GGUFHeaderError(f"{path}: its metadata is cut short or damaged ({exc})") from exc
-    return found
+    return found, shapes
 
 
 def _string(buf, at: int) -> tuple[str, int]:

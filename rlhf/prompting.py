@@ -25,6 +25,39 @@ def chat_template(tokenizer, template: Optional[str] = None) -> str:
     return template or getattr(tokenizer, "chat_template", None) or PLAIN_TEMPLATE
 
 
+# A short chat every template must render: each message's words must come out, in order.
+SAMPLE_CHAT = ({"role": "system", "content": "SYSTEM-WORDS"}, {"role": "user", "content": "USER-WORDS"},
+               {"role": "assistant", "content": "ASSISTANT-WORDS"}, {"role": "user", "content": "LAST-WORDS"})
+
+
+def check_template(template: str) -> str:
+    """``template`` (a Jinja chat template) when it renders a chat of system, user, assistant and user messages with
+    each message's words in order; ValueError with the reason otherwise. Rendered as transformers renders chat
+    templates: in Jinja's immutable sandbox, with ``raise_exception`` and ``add_generation_prompt``."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        text = env.from_string(template).render(messages=list(SAMPLE_CHAT), add_generation_prompt=True,
+                                                bos_token="", eos_token="")
+    except TemplateError as exc:
+        raise ValueError(f"the chat template does not render a chat of system, user, assistant and user "
+                         f"messages: {exc}") from None
+    at = 0
+    for message in SAMPLE_CHAT:
+        found = text.find(message["content"], at)
+        if found < 0:
+            raise ValueError(f"the chat template leaves out (or reorders) the {message['role']} message's words: "
+                             "it must render messages[i]['content'] for each message, in order")
+        at = found + len(message["content"])
+    return template
+
+
 def template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
                  template: Optional[str] = None) -> list[int]:
     """Ids of ``messages`` templated (``chat_template``), ready for the assistant's reply unless

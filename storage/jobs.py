@@ -72,10 +72,12 @@ class JobsMixin:
     def job_progress(self, job_id: int, progress: Optional[float] = None, phase: Optional[str] = None,
                      message: Optional[str] = None, checkpoint: Optional[str] = None) -> bool:
         """Heartbeat plus optional progress; returns True when a cancel was requested."""
-        sets, params = ["heartbeat = ?"], [utcnow()]
+        now = utcnow()
+        sets, params = ["heartbeat = ?"], [now]
         if progress is not None:
-            sets.append("progress = ?")
-            params.append(min(1.0, max(0.0, float(progress))))
+            progress = min(1.0, max(0.0, float(progress)))
+            sets += ["progressed = CASE WHEN ? > progress THEN ? ELSE progressed END", "progress = ?"]
+            params += [progress, now, progress]
         checkpoint = self._stored_path(checkpoint) if checkpoint is not None else None
         for name, value in (("phase", phase), ("message", message), ("checkpoint", checkpoint)):
             if value is not None:

@@ -288,6 +288,19 @@ CREATE TABLE rating_withdrawals (
 """)
 
 
+@MIGRATIONS(name="m010_job_progressed")
+def m010_job_progressed(db: Database) -> None:
+    # When a job's progress last moved (issue 42): the time left is counted down from the pace at that moment, so
+    # it never grows while the progress stands still, and the page can say for how long it has stood.
+    _run(db, "ALTER TABLE jobs ADD COLUMN progressed TEXT")
+
+
+@MIGRATIONS(name="m011_agent_chat_template")
+def m011_agent_chat_template(db: Database) -> None:
+    # An agent's own chat template (issue 43): NULL means the base model's (or plain lines when it has none).
+    _run(db, "ALTER TABLE agents ADD COLUMN chat_template TEXT")
+
+
 def schema_version(db: Database) -> int:
     """Number of applied migrations: the queryable schema version."""
     return len(MIGRATIONS.applied(db))

@@ -51,6 +51,7 @@ class Agent(Record):
     created: str
     updated: str
     guidelines: str = ""
+    chat_template: Optional[str] = None  # the agent's own Jinja chat template; None: the base model's
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ class Job(Record):
     started: Optional[str]
     finished: Optional[str]
     heartbeat: Optional[str]
+    progressed: Optional[str] = None  # when the progress last moved (None: not since the job started)
 
     @property
     def done(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 
 from sqlite_utils import Database
 
+from storage.agents import AgentsMixin
 from storage.credentials import CredentialsMixin
 from storage.errors import Conflict, InvalidInput, NotFound, StorageUnavailable, StoreBusy
 from storage.comparisons import ComparisonsMixin
@@ -22,14 +23,10 @@ from storage.migrations import MIGRATIONS, schema_version
 from storage.paths import DataDir, to_absolute, to_stored
 from storage.ratings import RatingsMixin
 from storage.vote_queue import QueueMixin
-from storage.records import Agent, Annotator, Policy
-from storage.util import check_slug, check_text, dumps, utcnow
+from storage.records import Annotator, Policy
+from storage.util import check_text, dumps, utcnow
 
 BUSY_TIMEOUT_S = 5.0  # the one bound on waiting for another writer (no retry loop on top)
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful, honest and concise assistant. Answer the user's question directly, "
-    "say so when you are not sure, and keep replies short unless asked for detail."
-)
 
 
 def _private(path: Path) -> None:
@@ -47,7 +44,7 @@ def _private(path: Path) -> None:
         pass
 
 
-class Store(ConversationsMixin, RatingsMixin, ComparisonsMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin,
+class Store(AgentsMixin, ConversationsMixin, RatingsMixin, ComparisonsMixin, FeedbackExportMixin, JobsMixin, CredentialsMixin,
             QueueMixin):
     """All reads and writes of RLHF Studio's data. Records go in and out as frozen dataclasses."""
 
@@ -222,69 +219,6 @@ class Store(ConversationsMixin, RatingsMixin, ComparisonsMixin, FeedbackExportMi
                 raise NotFound(f"unknown annotator {name!r}")
             db.execute("UPDATE annotators SET excluded = ? WHERE id = ?", [int(bool(excluded)), row["id"]])
         return Annotator.from_row(self._one("SELECT * FROM annotators WHERE name = ?", [name]))
-
-    # ---- agents ------------------------------------------------------------------------------
-    def create_agent(self, name: str, system_prompt: str, base_model: str,
-                     generation: Optional[dict] = None) -> Agent:
-        """A new agent with its version 0 (the base model, no adapter) active."""
-        name = check_slug(name, "agent name")
-        system_prompt = check_text(system_prompt, "system prompt", self.max_text_chars, allow_empty=True)
-        with self._tx() as db:
-            if self._one("SELECT id FROM agents WHERE name = ?", [name]):
-                raise Conflict(f"agent {name!r} already exists")
-            now = utcnow()
-            agent_id = self._insert(db, "agents", {
-                "name": name, "system_prompt": system_prompt, "base_model": base_model,
-                "generation": dumps(generation or {}), "created": now, "updated": now})
-            self._insert(db, "policies", {"agent_id": agent_id, "version": 0, "status": "active",
-                                          "created": now, "config": dumps({"base_model": base_model})})
-        return self.get_agent(agent_id)
-
-    def update_agent(self, name: str, system_prompt: Optional[str] = None,
-                     generation: Optional[dict] = None, guidelines: Optional[str] = None) -> Agent:
-        """Change an agent's system prompt, generation defaults or annotation guidelines (its versions stay)."""
-        agent = self.get_agent(name)
-        if guidelines is not None:
-            check_text(guidelines, "guidelines", self.max_text_chars, allow_empty=True)
-        with self._tx() as db:
-            if guidelines is not None:
-                db.execute("UPDATE agents SET guidelines = ?, updated = ? WHERE id = ?",
-                           [guidelines, utcnow(), agent.id])
-            if system_prompt is not None:
-                check_text(system_prompt, "system prompt", self.max_text_chars, allow_empty=True)
-                db.execute("UPDATE agents SET system_prompt = ?, updated = ? WHERE id = ?",
-                           [system_prompt, utcnow(), agent.id])
-            if generation is not None:
-                db.execute("UPDATE agents SET generation = ?, updated = ? WHERE id = ?",
-                           [dumps(generation), utcnow(), agent.id])
-        return self.get_agent(agent.id)
-
-    def ensure_default_agent(self, base_model: str, name: str = "assistant") -> Agent:
-        """The default agent, created on first start."""
-        row = self._one("SELECT id FROM agents WHERE name = ?", [name])
-        if row:
-            return self.get_agent(row["id"])
-        try:
-            return self.create_agent(name, DEFAULT_SYSTEM_PROMPT, base_model)
-        except Conflict:  # another process created it meanwhile
-            return self.get_agent(name)
-
-    def get_agent(self, key: int | str | None = None) -> Agent:
-        """An agent by id or name; None gives the first agent."""
-        if key is None:
-            row = self._one("SELECT * FROM agents ORDER BY id LIMIT 1")
-        elif isinstance(key, int) and not isinstance(key, bool):
-            row = self._one("SELECT * FROM agents WHERE id = ?", [key])
-        elif isinstance(key, str):
-            row = self._one("SELECT * FROM agents WHERE name = ?", [key])
-        else:
-            raise InvalidInput("agent must be a name or an id")
-        if row is None:
-            raise NotFound(f"unknown agent {key!r}" if key is not None else "no agents yet")
-        return Agent.from_row(row)
-
-    def list_agents(self) -> list[Agent]:
-        return [Agent.from_row(r) for r in self._all("SELECT * FROM agents ORDER BY id")]
 
     # ---- policies ----------------------------------------------------------------------------
     def get_policy(self, policy_id: int) -> Policy:

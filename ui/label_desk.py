@@ -74,6 +74,26 @@ class LabelDesk:
             entry = self._pages.get(page, {}).get("seen", {}).get(int(reply))
         return dict(entry[1]) if entry is not None and entry[0] == name else None
 
+    def point(self, page: Optional[str], reply: Optional[int]) -> None:
+        """The page's panel now labels ``reply`` (None: the reply being written): a re-read sent for another reply
+        before this is out of date and must not move the panel back."""
+        if page is None:
+            return
+        with self._lock:
+            self._page(page)["panel"] = None if reply is None else int(reply)
+
+    def moved_from(self, page: Optional[str], reply: int) -> bool:
+        """True when the page's panel was pointed at another reply than ``reply`` (never pointed: False)."""
+        pointed = self.pointed(page)
+        return pointed is not None and pointed != int(reply)
+
+    def pointed(self, page: Optional[str]) -> Optional[int]:
+        """The reply the page's panel was last pointed at (None: never, or the reply being written)."""
+        if page is None:
+            return None
+        with self._lock:
+            return self._pages.get(page, {}).get("panel")
+
     def keep_draft(self, page: Optional[str], reply: Optional[int], text: Optional[str]) -> None:
         """Keep a note typed for ``reply`` and not saved (an empty text drops the draft)."""
         if page is None or reply is None:

@@ -8,17 +8,19 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from rlhf.base_models import canonical_model, needs_conversion
 from rlhf.config import AppConfig
 from rlhf.serving.policy_server import PolicyServer, load_server
 from storage import Conflict, Store
 from ui.downloads import PrivateDownloads
 from ui.feedback_stats import FeedbackStats
-from ui.flows.leaderboard import Leaderboards
-from ui.flows.slots import ReplySlots
+from ui.state.leaderboard import Leaderboards
+from ui.state.slots import ReplySlots
 from ui.label_desk import LabelDesk
 
 if TYPE_CHECKING:  # built by ui.webapp when the app runs; heavy (APScheduler, sign-in, the queue's model work)
     from rlhf.jobs.scheduler import StudioScheduler
+    from rlhf.retrain.triggers import RetrainTriggers
     from rlhf.vote_queue.refill import QueueRefill
 
 
@@ -30,6 +32,7 @@ class Services:
     store: Store
     server: PolicyServer
     scheduler: Optional[StudioScheduler] = None  # when running
+    triggers: Optional[RetrainTriggers] = None  # each agent's automatic-retrain rule, checked on the scheduler's timers
     auth: Optional[Any] = None  # ui.auth.Auth when users are configured (it reads Services: not imported here)
     refill: Optional[QueueRefill] = None  # when the vote queue refills in the background
     servers: dict = field(default_factory=dict)  # base model (hub id if shipped) -> its PolicyServer
@@ -53,13 +56,15 @@ class Services:
         """The PolicyServer for an agent's base model: the app's own (a shipped name and its hub id are the same
         model), or one loaded (once) on first use. ``load=False``: only a server already in memory, else None (the
         vote queue's refill never loads a model)."""
-        base = _canonical(getattr(agent, "base_model", None) or "")
-        if not base or base in (_canonical(self.config.base_model), _canonical(self.server.model_name)):
+        base = canonical_model(getattr(agent, "base_model", None) or "")
+        if not base or base in (canonical_model(self.config.base_model), canonical_model(self.server.model_name)):
             return self.server
         with self._servers_lock:
             if base not in self.servers:
                 if not load:
                     return None
+                if needs_conversion(agent.base_model, self.config.data_path):  # minutes: a job's work, not a request's
+                    raise Conflict(self.preparing(agent))
                 try:
                     self.servers[base] = load_server(dataclasses.replace(self.config, base_model=agent.base_model),
                                                      [agent.system_prompt])
@@ -69,6 +74,20 @@ class Services:
                     raise Conflict(f"agent {agent.name!r}: base model {agent.base_model!r} cannot be loaded: "
                                    f"{exc}") from exc
             return self.servers[base]
+
+    def preparing(self, agent) -> str:
+        """Why ``agent`` cannot chat yet: its base model is being converted by a ``prepare_base`` job (one is queued
+        here when none is), or that job failed."""
+        job = prepare_job(self.store, agent.id)
+        if (job is None or job.status in ("succeeded", "cancelled")) and self.scheduler is not None:
+            job = self.scheduler.enqueue("prepare_base", agent.name, reason="first chat")
+        if job is None:
+            return f"agent {agent.name!r}: its base model is not prepared yet and no job can prepare it here"
+        if job.status == "failed":
+            return (f"agent {agent.name!r}: preparing its base model failed (job #{job.id}): {job.error}. Fix the "
+                    "base model file, then chat again to retry")
+        return (f"agent {agent.name!r}: its base model is being prepared (job #{job.id}, {job.status}, "
+                f"{job.progress:.0%}): chat once it is done (the Training tab shows its progress)")
 
     def close(self) -> None:
         self.leaderboards.close()
@@ -82,11 +101,9 @@ class Services:
         self.store.close()
 
 
-def _canonical(name: str) -> str:
-    """A shipped model's hub id (the shipped GGUF and the hub checkpoint are the same model)."""
-    from rlhf.base_models import SHIPPED
-
-    return SHIPPED[name][2] if name in SHIPPED else name
+def prepare_job(store, agent_id: int):
+    """The agent's latest ``prepare_base`` job (its base model's conversion), or None."""
+    return next((j for j in store.list_jobs(agent_id) if j.kind == "prepare_base"), None)
 
 
 def bind(fn: Callable, *args: Any) -> Callable:

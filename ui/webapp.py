@@ -15,6 +15,7 @@ from rlhf.config import AppConfig
 from rlhf.cpu import apply_torch_threads
 from rlhf.retrain.decisions import settle
 from rlhf.retrain.publish import check_adapters, clean_leftovers
+from rlhf.retrain.triggers import RetrainTriggers
 from rlhf.jobs.scheduler import StudioScheduler
 from rlhf.vote_queue.refill import QueueRefill
 from rlhf.serving.policy_server import PolicyServer, load_server
@@ -60,12 +61,13 @@ def build_services(config: AppConfig, server: PolicyServer | None = None) -> Ser
     check_adapters(store)
     scheduler = StudioScheduler(store, config)
     scheduler.add_timer("decide", functools.partial(settle, store, config), config.gate.decision_check_seconds)
+    triggers = RetrainTriggers(store, config, scheduler).install()  # each agent's threshold and cron rule
     budget = scheduler.runner.budget  # one CPU budget: the job runner reports jobs, serving engines follow it
     apply_torch_threads(budget.plan.serving_idle)  # this thread (model loading); the engine applies its own
     server = server or load_server(config, [a.system_prompt for a in store.list_agents()])
     server.use_budget(budget)
     log.info("%s", budget.plan.describe())
-    services = Services(config=config, store=store, server=server, scheduler=scheduler, auth=auth)
+    services = Services(config=config, store=store, server=server, scheduler=scheduler, triggers=triggers, auth=auth)
     if config.scheduler.enabled:
         scheduler.start()
     else:

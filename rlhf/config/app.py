@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlhf.config.fields import check_finite, one_of, opt
+from rlhf.config.fields import ConfigError, check_finite, one_of, opt
 from rlhf.config.jobs import GateConfig, QueueConfig, RetrainConfig, SchedulerConfig
 from rlhf.config.online_dpo import OnlineDPOConfig
 from rlhf.config.rpo import RPOConfig
@@ -22,6 +22,8 @@ class AppConfig:
     base_model: str = opt("smollm2-135m-instruct",
                           "Shipped model name, Hugging Face model id, local dir, or local .gguf file.")
     device: str = opt("auto", "auto | cpu | cuda.")
+    chat_template: str = opt("", "A Jinja chat template used in place of the base model's (empty: the base's, or "
+                                 "plain 'role: text' lines for a base that has none). An agent may set its own.")
     serving: ServingConfig = field(default_factory=ServingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -72,6 +74,13 @@ def check(cfg: AppConfig) -> None:
     Every way a config is built ends here: ``load_config`` (file, env, ``--set``), ``apply_overrides`` (REST bodies,
     the scheduler's enqueue) and ``from_dict`` (a job's or a run's saved config: the worker, resume)."""
     one_of("device", cfg.device, ("auto", "cpu", "cuda"))
+    if cfg.chat_template:
+        from rlhf.prompting import check_template
+
+        try:
+            check_template(cfg.chat_template)
+        except ValueError as exc:
+            raise ConfigError(f"chat_template: {exc}") from None
     check_finite("", cfg)
     for name in SECTIONS:
         section = getattr(cfg, name)

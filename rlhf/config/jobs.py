@@ -4,9 +4,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf.config.fields import Checked, ConfigError, one_of, opt
-from rlhf.training.methods import METHODS
+from rlhf.registry import METHODS
 
 
+@dataclass(frozen=True)
+class RetrainRule:
+    """When to retrain an agent automatically: ``scheduler.*`` holds the default, the Store one per agent, and
+    ``rlhf.retrain.triggers`` applies it."""
+
+    enabled: bool
+    min_new_feedback: int
+    min_interval_minutes: float
+    cron: str = ""
 
 
 @dataclass
@@ -99,7 +108,7 @@ class SchedulerConfig(Checked):
     cron: str = opt("", "Optional crontab expression that also triggers a retrain.")
     auto_retrain: bool = opt(False, "Enqueue retrains automatically (admins can turn this on in the UI).")
     job_kinds: dict = opt({}, "Extra job kinds: name -> import path 'mod:fn'; fn(ctx) -> result dict, imported by the "
-                          "job process that runs one (the built-in retrain and eval_samples cannot be replaced).")
+                          "job process that runs one (the built-in kinds, rlhf.registry.JOB_KINDS, cannot be replaced).")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
@@ -108,6 +117,10 @@ class SchedulerConfig(Checked):
             if not (str(name).isidentifier() and sep and module and attr):
                 raise ConfigError(f"scheduler.job_kinds: expected name: 'package.module:function', got "
                                   f"{name!r}: {path!r}")
+
+    def default_rule(self) -> RetrainRule:
+        """The retrain trigger rule of an agent that has none stored."""
+        return RetrainRule(self.auto_retrain, self.min_new_feedback, self.min_interval_minutes, self.cron)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf.config.fields import Checked, ConfigError, one_of, opt
+from rlhf.registry import ENGINE_CHOICES  # the registry of serving backends (imports no library)
 
 
 @dataclass
@@ -23,7 +24,7 @@ class ServingConfig(Checked):
                        "`config show` prints the budget).")
     adaptive_threads: bool = opt(True, "Decode with fewer threads while other processes keep cores busy (a thread "
                                  "sharing its core stalls every decode step); false: always the budget's threads.")
-    engine: str = opt("auto", "auto | llama_cpp | transformers: what decodes replies (auto: the first that works "
+    engine: str = opt("auto", f"{' | '.join(ENGINE_CHOICES)}: what decodes replies (auto: the first that works "
                       "here, proved at start: llama.cpp on CPU when installed, then llama.cpp's safe load, then "
                       "transformers; transformers on CUDA). Training always runs in torch.")
     isolation: str = opt("process", "process | thread: run the engine in its own process (a native fault ends the "
@@ -39,7 +40,7 @@ class ServingConfig(Checked):
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
-        one_of("serving.engine", self.engine, ("auto", "llama_cpp", "transformers"))
+        one_of("serving.engine", self.engine, ENGINE_CHOICES)
         one_of("serving.isolation", self.isolation, ("process", "thread"))
         one_of("serving.llama_weights", self.llama_weights, ("shipped", "q4_0", "q8_0", "f16"))
         if self.llama_contexts < 1:

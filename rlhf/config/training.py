@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlhf.config.fields import Checked, ConfigError, default_of, groups, one_of, opt
+from rlhf.registry import REWARD_KINDS
 
 GAE_ONLY = ("gamma", "lam", "vf_coef", "clip_range_value")  # ppo keys that only the value-head path reads
 
@@ -45,9 +46,7 @@ class RewardConfig(Checked):
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
         one_of("reward.mode", self.mode, ("auto", "pairwise", "pointwise"))
-        if not self.method.isidentifier():  # auto or a kind registered in rlhf.training.reward_kinds (checked there)
-            raise ConfigError(f"reward.method must be auto or a reward model kind such as head or lora, "
-                              f"got {self.method!r}")
+        one_of("reward.method", self.method, ("auto", *REWARD_KINDS))
         if min(self.min_pairs, self.min_decided_pairs, self.min_pointwise, self.ensemble, self.batch_size,
                self.lora_r) < 1:
             raise ConfigError("reward.min_pairs, reward.min_decided_pairs, reward.min_pointwise, reward.ensemble, "

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from rlhf.adapter_patterns import check_adapter
+from rlhf.serving.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.base_models import load_causal_lm, load_tokenizer, name_local_base, resolve_model
 from rlhf.retrain.publish import publish_version

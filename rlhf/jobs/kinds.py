@@ -1,34 +1,25 @@
-"""The job kinds a job process can run: the app's own (``rlhf.registry.JOB_KINDS``, import paths, so this package
-imports nothing of what it runs) and those the server's config names (``scheduler.job_kinds``), each imported when
-a job of its kind runs.
+"""The job kinds a job process can run, as ``name -> "module:function"`` tables: the app's own
+(``rlhf.registry.JOB_KINDS``, import paths, so this package imports nothing of what it runs), extended by those the
+server's config names (``scheduler.job_kinds``). A kind's module is imported when a job of its kind runs.
 """
 from __future__ import annotations
 
 from typing import Callable, Mapping
 
 from rlhf.plugins import load_callable
-from rlhf.registry import JOB_KINDS as BUILTIN
-
-JOB_KINDS: dict[str, Callable] = {}  # kind -> fn(ctx) -> result dict
+from rlhf.registry import JOB_KINDS
 
 
-def register_job_kind(name: str, fn: Callable) -> None:
-    """Make ``fn(ctx) -> result dict`` runnable as jobs of kind ``name``."""
-    JOB_KINDS[name] = fn
-
-
-def register_builtin_kinds() -> None:
-    """Register every job kind the app ships (what a job process can run), imported from its table."""
-    for name, path in BUILTIN.items():
-        if name not in JOB_KINDS:
-            register_job_kind(name, load_callable(path, f"job kind {name}"))
+def job_kinds(configured: Mapping[str, str]) -> dict[str, str]:
+    """Every kind's import path: the config's ``scheduler.job_kinds`` extend the built-in table (a built-in kind
+    cannot be replaced)."""
+    return {**configured, **JOB_KINDS}
 
 
 def job_kind(name: str, configured: Mapping[str, str]) -> Callable:
-    """The function of kind ``name``: a registered one, else the import path ``configured`` (the config's
-    ``scheduler.job_kinds``) gives it, imported and registered now; ValueError for a kind neither knows."""
-    if name not in JOB_KINDS and name in configured:
-        register_job_kind(name, load_callable(configured[name], f"scheduler.job_kinds.{name}"))
-    if name not in JOB_KINDS:
-        raise ValueError(f"unknown job kind {name!r}; known: {sorted(set(JOB_KINDS) | set(configured))}")
-    return JOB_KINDS[name]
+    """The function ``fn(ctx) -> result dict`` of kind ``name``, imported now; ValueError for a kind neither table
+    knows, or naming the config key when its import path cannot be used."""
+    table = job_kinds(configured)
+    if name not in table:
+        raise ValueError(f"unknown job kind {name!r}; known: {sorted(table)}")
+    return load_callable(table[name], f"job kind {name}" if name in JOB_KINDS else f"scheduler.job_kinds.{name}")

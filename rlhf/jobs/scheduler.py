@@ -1,15 +1,16 @@
-"""The app's background scheduler (APScheduler): drains the job queue and triggers retrains by rule.
+"""The app's background scheduler (APScheduler): drains the job queue and runs the timers the app registers.
 
 APScheduler drops an on-demand trigger while a job runs and never reruns a killed one, so the Store's
 jobs table is the queue and APScheduler only *times* things: one interval job drains the queue (woken
-at once on enqueue), one evaluates each agent's trigger rule, and per-agent cron jobs enqueue retrains.
+at once on enqueue); the rest are what the app's composition root registers (``add_timer``, ``set_cron``): the
+retrain's trigger rules, settling people's decisions. It knows no job kind.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
@@ -23,34 +24,6 @@ from storage import InvalidInput, Job, Store
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Rule:
-    """When to retrain an agent automatically."""
-
-    enabled: bool
-    min_new_feedback: int
-    min_interval_minutes: float
-    cron: str = ""
-
-
-def should_trigger(rule: Rule, new_feedback: int, minutes_since_last: Optional[float]) -> bool:
-    """The threshold rule: enough new feedback and enough time since the last retrain (None = never)."""
-    if not rule.enabled or new_feedback < rule.min_new_feedback:
-        return False
-    return minutes_since_last is None or minutes_since_last >= rule.min_interval_minutes
-
-
-def validate_cron(expr: str) -> str:
-    """The expression, or InvalidInput with the parser's reason."""
-    expr = (expr or "").strip()
-    if expr:
-        try:
-            CronTrigger.from_crontab(expr, timezone=timezone.utc)
-        except ValueError as exc:
-            raise InvalidInput(f"invalid cron expression {expr!r}: {exc}") from None
-    return expr
-
-
 def _pin_local_paths(cfg: AppConfig) -> AppConfig:
     """Local files the config names relative to the app's working directory, made absolute: the job process
     works elsewhere (its data dir's jobs area)."""
@@ -59,6 +32,29 @@ def _pin_local_paths(cfg: AppConfig) -> AppConfig:
         if value and not os.path.isabs(value) and os.path.exists(os.path.expanduser(value)):
             setattr(section, key, os.path.abspath(os.path.expanduser(value)))
     return cfg
+
+
+def _for_agent(cfg: AppConfig, agent, overrides: dict) -> AppConfig:
+    """The job's config for ``agent``: its base model (a job trains on the weights that serve the agent) and its own
+    chat template, unless the job's overrides name them."""
+    from rlhf.base_models import canonical_model
+
+    changes = {}
+    if agent.base_model and "base_model" not in overrides \
+            and canonical_model(agent.base_model) != canonical_model(cfg.base_model):
+        changes["base_model"] = agent.base_model
+    if agent.chat_template and "chat_template" not in overrides:
+        changes["chat_template"] = agent.chat_template
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _guarded(timer_id: str, fn: Callable[[], object]) -> Callable[[], None]:
+    def tick() -> None:
+        try:
+            fn()
+        except Exception:  # a timer job must not die; the next tick tries again
+            log.exception("timer %s failed", timer_id)
+    return tick
 
 
 class StudioScheduler:
@@ -71,38 +67,67 @@ class StudioScheduler:
         self._aps: Optional[BackgroundScheduler] = None
         self._lock = threading.Lock()
         self._timers: dict[str, tuple[Callable[[], object], float]] = {}
+        self._crons: dict[str, tuple[str, Callable[[], object]]] = {}
+
+    # ---- what the app registers --------------------------------------------------------------
+    @staticmethod
+    def validate_cron(expr: str) -> str:
+        """The crontab expression, stripped, or InvalidInput with the parser's reason."""
+        expr = (expr or "").strip()
+        if expr:
+            try:
+                CronTrigger.from_crontab(expr, timezone=timezone.utc)
+            except ValueError as exc:
+                raise InvalidInput(f"invalid cron expression {expr!r}: {exc}") from None
+        return expr
 
     def add_timer(self, timer_id: str, fn: Callable[[], object], seconds: float) -> None:
         """Run ``fn()`` every ``seconds`` once started (the app's composition root registers what it needs timed,
-        e.g. settling people's decisions); an error is logged and the next tick tries again."""
+        e.g. the retrain's trigger rules, settling people's decisions); an error is logged and the next tick tries
+        again."""
         if self._aps is not None:
             raise RuntimeError("add timers before the scheduler starts")
         self._timers[timer_id] = (fn, float(seconds))
 
+    def set_cron(self, timer_id: str, expr: str, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` on the crontab expression ``expr`` (UTC), replacing the timer of that id; an empty ``expr``
+        removes it. Before the start it is kept and scheduled at start; InvalidInput for a bad expression."""
+        expr = self.validate_cron(expr)
+        self._crons.pop(timer_id, None)
+        if expr:
+            self._crons[timer_id] = (expr, fn)
+        if self._aps is None:
+            return
+        if self._aps.get_job(timer_id):
+            self._aps.remove_job(timer_id)
+        if expr:
+            self._add_cron(self._aps, timer_id, expr, fn)
+
     @staticmethod
-    def _guarded(timer_id: str, fn: Callable[[], object]) -> Callable[[], None]:
-        def tick() -> None:
-            try:
-                fn()
-            except Exception:  # a timer job must not die; the next tick tries again
-                log.exception("timer %s failed", timer_id)
-        return tick
+    def _add_cron(aps: BackgroundScheduler, timer_id: str, expr: str, fn: Callable[[], object]) -> None:
+        aps.add_job(_guarded(timer_id, fn), CronTrigger.from_crontab(expr, timezone=timezone.utc), id=timer_id,
+                    coalesce=True)
+
+    def next_run(self, timer_id: str) -> Optional[datetime]:
+        """When the timer ``timer_id`` runs next (None when the scheduler is not running or has no such timer)."""
+        if self._aps is None:
+            return None
+        job = self._aps.get_job(timer_id)
+        return job.next_run_time if job else None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Sweep interrupted jobs, then start draining the queue and checking trigger rules."""
+        """Sweep interrupted jobs, then start draining the queue and running the registered timers."""
         self.runner.sweep()
         aps = BackgroundScheduler(timezone=timezone.utc)
         aps.add_job(self.runner.tick, "interval", seconds=self.config.scheduler.poll_seconds, id="drain",
                     max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
-        aps.add_job(self.check_triggers, "interval", minutes=self.config.scheduler.check_minutes, id="trigger",
-                    max_instances=1, coalesce=True)
         for timer_id, (fn, seconds) in self._timers.items():
-            aps.add_job(self._guarded(timer_id, fn), "interval", seconds=seconds, id=timer_id, max_instances=1,
+            aps.add_job(_guarded(timer_id, fn), "interval", seconds=seconds, id=timer_id, max_instances=1,
                         coalesce=True)
+        for timer_id, (expr, fn) in self._crons.items():
+            self._add_cron(aps, timer_id, expr, fn)
         self._aps = aps
-        for agent in self.store.list_agents():
-            self._schedule_cron(agent.name, self.rule(agent.name))
         aps.start()
 
     def shutdown(self) -> None:
@@ -129,61 +154,8 @@ class StudioScheduler:
             cfg = job_overrides(self.config, overrides or {})
         except ValueError as exc:
             raise InvalidInput(f"config: {exc}") from None
+        if agent is not None:
+            cfg = _for_agent(cfg, self.store.get_agent(agent), overrides or {})
         job = self.store.enqueue_job(kind, agent, {"app": _pin_local_paths(cfg).to_dict(), **extra}, key=key)
         self.wake()
         return job
-
-    # ---- rules -------------------------------------------------------------------------------
-    def rule(self, agent: str) -> Rule:
-        """The agent's stored rule, or the config defaults when none was saved yet."""
-        row = self.store.get_scheduler_rule(agent)
-        if row is None:
-            s = self.config.scheduler
-            return Rule(s.auto_retrain, s.min_new_feedback, s.min_interval_minutes, s.cron)
-        return Rule(bool(row["enabled"]), row["min_new_feedback"], row["min_interval_minutes"], row["cron"])
-
-    def update_rule(self, agent: str, rule: Rule) -> Rule:
-        """Store an agent's rule (it survives restarts) and reschedule its cron trigger."""
-        cron = validate_cron(rule.cron)
-        self.store.set_scheduler_rule(agent, rule.enabled, rule.min_new_feedback, rule.min_interval_minutes, cron)
-        saved = self.rule(agent)
-        self._schedule_cron(agent, saved)
-        return saved
-
-    def _schedule_cron(self, agent: str, rule: Rule) -> None:
-        if self._aps is None:
-            return
-        job_id = f"cron:{agent}"
-        if self._aps.get_job(job_id):
-            self._aps.remove_job(job_id)
-        if rule.enabled and rule.cron:
-            self._aps.add_job(self.enqueue, CronTrigger.from_crontab(rule.cron, timezone=timezone.utc),
-                              id=job_id, args=["retrain", agent], kwargs={"reason": "cron"}, coalesce=True)
-
-    def last_retrain(self, agent: str) -> Optional[Job]:
-        """The agent's most recent retrain job (any status)."""
-        return next((j for j in self.store.list_jobs(agent, limit=200) if j.kind == "retrain"), None)
-
-    def new_feedback(self, agent: str) -> int:
-        """Ratings + comparisons since the data snapshot of the agent's newest trained version."""
-        trained = [p for p in self.store.list_policies(agent) if p.data_snapshot]
-        return self.store.count_feedback_since(agent, trained[-1].data_snapshot if trained else None)
-
-    def check_triggers(self) -> list[Job]:
-        """Enqueue a retrain for every agent whose rule fires now."""
-        queued = []
-        now = datetime.now(timezone.utc)
-        for agent in self.store.list_agents():
-            last = self.last_retrain(agent.name)
-            minutes = None if last is None else (now - datetime.fromisoformat(last.created)).total_seconds() / 60
-            if should_trigger(self.rule(agent.name), self.new_feedback(agent.name), minutes):
-                queued.append(self.enqueue("retrain", agent.name, reason="threshold"))
-                log.info("threshold rule enqueued retrain job %s for %s", queued[-1].id, agent.name)
-        return queued
-
-    def next_check(self) -> Optional[datetime]:
-        """When the trigger rule is evaluated next (None when the scheduler is not running)."""
-        if self._aps is None:
-            return None
-        job = self._aps.get_job("trigger")
-        return job.next_run_time if job else None

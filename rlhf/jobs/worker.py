@@ -21,7 +21,7 @@ from typing import Mapping, Optional
 
 from rlhf.config import AppConfig, from_dict
 from rlhf.jobs.context import JobCancelled, JobContext
-from rlhf.jobs.kinds import job_kind, register_builtin_kinds
+from rlhf.jobs.kinds import job_kind
 from rlhf.plugins import refuse_imports_under, with_app_code
 from storage import Job, Store
 from storage.paths import DataDir
@@ -108,7 +108,6 @@ def main(argv: list[str]) -> int:
     if parent and os.getppid() != parent:
         return 3
     refuse_imports_under(DataDir.of_database(db_path).root)
-    register_builtin_kinds()
     store = Store(db_path)
     try:
         job = run_job(store, job_id, code, parent, lower_priority=True)

@@ -23,7 +23,7 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
     from rlhf.retrain.guard import run_guard
 
     cfg = ctx.config
-    model, tokenizer, candidate = candidate_on_base(base_source, device, ppo, active_dir)
+    model, tokenizer, candidate = candidate_on_base(base_source, device, ppo, active_dir, cfg.chat_template)
     say = progress or (lambda fraction, message: None)
     report = evaluate_versions(model, tokenizer, eval_prompts, scorer, candidate, "active" if active_dir else None,
                                cfg.eval.max_new_tokens, cfg.eval.temperature, seed=cfg.ppo.seed + cfg.eval.seed_offset,
@@ -36,13 +36,15 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
     return report, guard
 
 
-def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[str]):
-    """(peft model, tokenizer, candidate adapter name) with the active adapter (if any) loaded as ``active``."""
+def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[str], template: str = ""):
+    """(peft model, tokenizer, candidate adapter name) with the active adapter (if any) loaded as ``active``;
+    ``template``: the chat template the tokenizer encodes prompts with ("" = the base's)."""
     from rlhf.base_models import load_tokenizer
 
     policy = getattr(ppo.policy, "policy", None)  # PolicyWithValue -> the PeftModel PPO (or DPO) trained
     if policy is None or not hasattr(policy, "load_adapter"):
-        model, tokenizer = adapters_on_base(base_source, device, {"cand": str(ppo.final_dir), "active": active_dir})
+        model, tokenizer = adapters_on_base(base_source, device, {"cand": str(ppo.final_dir), "active": active_dir},
+                                            template)
         return model, tokenizer, "cand"
     import gc
 
@@ -51,7 +53,7 @@ def candidate_on_base(base_source: str, device: str, ppo, active_dir: Optional[s
     if active_dir is not None:
         policy.load_adapter(active_dir, adapter_name="active")
     policy.eval()
-    return policy, load_tokenizer(base_source), policy.active_adapter
+    return policy, load_tokenizer(base_source, template), policy.active_adapter
 
 
 def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: list, device: str, features=None):
@@ -83,8 +85,9 @@ def load_gate_judge(rm_path: str, scorer, device: str, cfg: AppConfig, features=
     return load_judge(rm_path, features)
 
 
-def adapters_on_base(base_source: str, device: str, adapters: dict):
-    """One base model with named LoRA adapters (None entries are skipped) and its tokenizer."""
+def adapters_on_base(base_source: str, device: str, adapters: dict, template: str = ""):
+    """One base model with named LoRA adapters (None entries are skipped) and its tokenizer (``template``: the chat
+    template it encodes prompts with, "" = the base's)."""
     from peft import PeftModel
 
     from rlhf.base_models import load_causal_lm, load_tokenizer
@@ -98,4 +101,4 @@ def adapters_on_base(base_source: str, device: str, adapters: dict):
         else:
             model = PeftModel.from_pretrained(model, path, adapter_name=name)
     model.eval()
-    return model, load_tokenizer(base_source)
+    return model, load_tokenizer(base_source, template)

@@ -51,13 +51,7 @@ def retrain(ctx: JobContext) -> dict:
                                    progress=lambda fraction, message: phases.report("eval", fraction, message))
     phases.report("eval", 0.9, "the gate's held-out judge")
     judged = gate_phase(ctx, rm, scorer, report, guard, eval_prompts, device, features)
-    verdict = judged.verdict
-    passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
-    ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
-    if judged.guarded:
-        ctx.log(f"guard tripped: {', '.join(guard['tripped'])}", level="warning")
-    ctx.metrics(trained.steps + 1, {**report.metrics(), "gate/win_rate": verdict.win_rate, "gate/low": verdict.low,
-                                    "gate/high": verdict.high})
+    passed, reasons = record_verdict(ctx, judged, guard, report, trained.steps + 1)
 
     # Publish (directory, then one transaction); promote when the gate passes and auto-promote is on
     phases.enter("publish", "publishing the new version")
@@ -76,6 +70,18 @@ def retrain(ctx: JobContext) -> dict:
     return {"policy_id": policy.id, "version": policy.version, "promoted": promote, "gate_passed": passed,
             "gate_reasons": reasons, "gate": judged.to_dict(), "reward_model_id": rm.reward_model_id, "metrics": metrics,
             "run_dir": str(trained.run_dir), "rates": rates, **phase_split(phases.seconds, trained.phase_seconds)}
+
+
+def record_verdict(ctx: JobContext, judged, guard: dict, report, step: int) -> tuple[bool, list]:
+    """Log the gate's verdict (and a tripped guard) and its figures at ``step``; (passed, reasons)."""
+    verdict = judged.verdict
+    passed, reasons = verdict.verdict == "promote", ([] if verdict.verdict == "promote" else [verdict.reason])
+    ctx.log(f"gate: {verdict.verdict} — {verdict.reason}")
+    if judged.guarded:
+        ctx.log(f"guard tripped: {', '.join(guard['tripped'])}", level="warning")
+    ctx.metrics(step, {**report.metrics(), "gate/win_rate": verdict.win_rate, "gate/low": verdict.low,
+                       "gate/high": verdict.high})
+    return passed, reasons
 
 
 RM_FIGURES = ("cv_accuracy", "cv_low", "cv_high", "cv_p_value", "cv_chance", "judge_accuracy", "judge_low",
@@ -106,7 +112,7 @@ def eval_samples(ctx: JobContext) -> dict:
     ctx.progress(0.1, "generate", f"replies of version {policy.version}")
     _, prompts = prompt_sets(store, cfg, policy.agent_id)
     model, tokenizer = adapters_on_base(resolve_model(cfg.base_model, cfg.data_path), device,
-                                        {"version": policy.adapter_path})
+                                        {"version": policy.adapter_path}, cfg.chat_template)
     (replies,) = generate_replies(model, tokenizer, prompts, ["version" if policy.adapter_path else None],
                                   cfg.eval.max_new_tokens, cfg.eval.temperature, cfg.ppo.seed + cfg.eval.seed_offset,
                                   max_prompt_tokens=cfg.eval.max_prompt_tokens)

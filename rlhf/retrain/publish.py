@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from rlhf.adapter_patterns import check_adapter
+from rlhf.serving.adapter_patterns import check_adapter
 from rlhf.config import AppConfig
 from rlhf.files import atomic_dir, is_temp_dir
 from rlhf.retrain import bundle
@@ -65,11 +65,12 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
     orphan = final.exists() and not referenced(store, final)  # a publish that died between rename and insert
     if final.exists() and not orphan:
         raise FileExistsError(f"{final} already exists")
-    base = store.get_agent(agent).base_model
+    agent_rec = store.get_agent(agent)
+    base, template = agent_rec.base_model, agent_rec.chat_template or config.chat_template
     with atomic_dir(final, replace=orphan) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         about_base = name_base(tmp, base, config.data_path)
-        bundled = _bundle(tmp, base, config)
+        bundled = _bundle(tmp, base, template, config)
         (tmp / "version.json").write_text(json.dumps({"agent": agent, "parent_id": parent_id, "job_id": job_id,
                                                       "reward_model_id": reward_model_id, **about_base,
                                                       "bundle": bundled}, indent=1))
@@ -87,13 +88,14 @@ def publish_version(store: Store, config: AppConfig, agent: str, adapter_dir: st
     return policy
 
 
-def _bundle(folder: Path, base: str, config: AppConfig) -> dict:
-    """The tokenizer and GGUF LoRA beside the adapter (``rlhf.retrain.bundle``); a failure is logged, and the
-    version still publishes (a download adds what is missing)."""
+def _bundle(folder: Path, base: str, template: str, config: AppConfig) -> dict:
+    """The tokenizer (with the agent's chat template, ``template``; "" = the base's) and GGUF LoRA beside the adapter
+    (``rlhf.retrain.bundle``); a failure is logged, and the version still publishes (a download adds what is
+    missing)."""
     from rlhf.base_models import resolve_model
 
     try:
-        return bundle.complete(folder, resolve_model(base, config.data_path))
+        return bundle.complete(folder, resolve_model(base, config.data_path), template or None)
     except Exception as exc:  # a tokenizer or config that does not load: the trained adapter is still worth keeping
         log.warning("version in %s published without its tokenizer/GGUF LoRA: %s", folder, exc)
         return {"tokenizer": False, "gguf_lora": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -141,7 +143,7 @@ def leftover_parents(config: AppConfig) -> list[Path]:
 
 def check_adapters(store: Store) -> list[Policy]:
     """Mark versions whose adapter directory is missing or unreadable, or whose module patterns cannot be matched
-    safely (``rlhf.adapter_patterns``), as broken (the app serves the rest)."""
+    safely (``rlhf.serving.adapter_patterns``), as broken (the app serves the rest)."""
     broken = []
     for p in store.list_policies():
         if p.adapter_path is None or p.status == "broken":

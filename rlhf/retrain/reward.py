@@ -18,7 +18,7 @@ def shared_base(cfg: AppConfig, base_source: str, device: str):
     if cfg.reward.load_in_4bit or cfg.ppo.load_in_4bit:  # k-bit training prepares (casts) the base it gets
         return None, None
     base = load_causal_lm(base_source, device)
-    return base, reward_features(cfg, device, base_source, model=base.base_model, tokenizer=load_tokenizer(base_source))
+    return base, reward_features(cfg, device, base_source, model=base.base_model, tokenizer=load_tokenizer(base_source, cfg.chat_template))
 
 
 def train_reward_phase(ctx: JobContext, phases: Phases, agent: str, device: str, snapshot, features=None):

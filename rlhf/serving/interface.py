@@ -7,8 +7,10 @@ registry of backends.
 * ``Engine``: what ``PolicyServer`` talks to. Two implementations drive any core: ``rlhf.serving.loop.EngineLoop``
   (the queue, the worker thread and shutdown, in this process) and ``rlhf.serving.process.EngineProcess`` (the
   same loop in a child process, so a fault in native code ends replies, not the app).
-* ``ENGINES``: backend name -> ``"module:factory"``. A new backend is one module whose factory takes keyword
-  settings and returns an ``EngineCore``, plus one line here.
+* ``ENGINES``: backend name -> ``Backend`` (import paths only), in the order ``serving.engine: auto`` tries them;
+  the table lives in ``rlhf.registry`` (the config check reads it there). A new backend is one package (a factory
+  that takes keyword settings and returns an ``EngineCore``, and a light spec module that says what to try for a
+  config) plus one line in that table.
 """
 from __future__ import annotations
 
@@ -21,16 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol, runtime_checkable
 
+from rlhf.registry import ENGINES, Backend  # noqa: F401  (the backends' table, shared here)
+
 # HF ``generate`` applies top-k 50 when a model sets none; the server sampled that way before batching existed,
 # so every engine keeps it: replies keep their character, and a 50-way top-p sort is far cheaper than a 49k-way one.
 TOP_K = 50
-
-# backend name -> "module:factory"; the factory takes keyword settings (``EngineSpec.settings``) -> EngineCore
-ENGINES = {
-    "transformers": "rlhf.serving.transformers.engine:build",
-    "llama_cpp": "rlhf.serving.llama_cpp.engine:build",
-}
-ENGINE_CHOICES = ("auto", *ENGINES)
 
 
 class AdapterError(RuntimeError):
@@ -366,17 +363,19 @@ class Engine(abc.ABC):
         """Stop within seconds; unfinished replies end with an error."""
 
 
+def backend(name: str) -> Backend:
+    """The registry entry of backend ``name``; ValueError for a name the registry does not know."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown serving engine {name!r}; choose one of {', '.join(('auto', *ENGINES))}")
+    return ENGINES[name]
+
+
+def spec_module(name: str):
+    """Backend ``name``'s spec module (``options``, ``specs``; see ``Backend``): light, it imports no library."""
+    return importlib.import_module(backend(name).specs)
+
+
 def build_core(name: str, **settings) -> EngineCore:
     """The core of backend ``name`` built with ``settings``; ValueError for an unknown name."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown serving engine {name!r}; choose one of {', '.join(ENGINE_CHOICES)}")
-    module, _, attr = ENGINES[name].partition(":")
+    module, _, attr = backend(name).core.partition(":")
     return getattr(importlib.import_module(module), attr)(**settings)
-
-
-def llama_cpp_installed() -> bool:
-    """True when llama-cpp-python can be imported here (``make setup`` builds it). Finds the package without
-    importing it: loading the native library is for the engine's own process."""
-    import importlib.util
-
-    return importlib.util.find_spec("llama_cpp") is not None

@@ -20,6 +20,7 @@ from rlhf.serving.interface import AdapterError, Busy, Engine, EngineLoad, Engin
     Request, build_core
 from rlhf.serving.loop import EngineLoop
 from rlhf.serving.process import EngineProcess, EngineSpec
+from rlhf.serving.transformers.spec import NAME as TORCH_ENGINE  # serves the torch weights as trained
 
 __all__ = ["AdapterError", "AdapterRef", "Busy", "GenParams", "PolicyServer", "ReplyStream", "load_server"]
 
@@ -48,7 +49,7 @@ class PolicyServer:
         self.device = device
         self.model_name = model_name
         self.max_context_tokens = max_context_tokens
-        self._system_ids: dict[str, list[int]] = {}  # system prompt -> its templated ids (the shared prefix)
+        self._system_ids: dict[tuple, list[int]] = {}  # (system prompt, template) -> its templated ids (the shared prefix)
 
     @classmethod
     def from_model(cls, model, tokenizer, device: str = "cpu", model_name: str = "", max_context_tokens: int = 2048,
@@ -58,35 +59,27 @@ class PolicyServer:
                    device)
 
     @classmethod
-    def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048,
-             load_in_4bit: bool = False, queue_size: int = 64, max_batch_size: int = 32,
-             batch_window_ms: float = 10.0, engine: str = "transformers", data_dir: Optional[str] = None,
-             options: Optional[dict] = None, isolation: str = "thread") -> "PolicyServer":
-        """Load a base model + tokenizer and start an engine on it, in this process (``isolation="thread"``) or
-        in its own (``"process"``).
+    def load(cls, source: str, device: str, model_name: str, max_context_tokens: int = 2048, queue_size: int = 64,
+             max_batch_size: int = 32, batch_window_ms: float = 10.0, engine: str = TORCH_ENGINE,
+             data_dir: Optional[str] = None, options: Optional[dict] = None,
+             isolation: str = "thread") -> "PolicyServer":
+        """Load base model ``source`` and its tokenizer and start backend ``engine`` on it (the specs its spec module
+        offers, as ``load_server`` does from a config), in this process (``isolation="thread"``) or in its own
+        (``"process"``, falling back along those specs). EngineUnavailable when the engine cannot run here.
 
-        ``engine="transformers"``: ``source`` is what ``from_pretrained`` loads. ``engine="llama_cpp"``: ``source``
-        is a shipped model name, a ``.gguf`` file or a model directory (converted to GGUF once, cached under
-        ``data_dir``); ``options`` are the llama.cpp engine's settings (``rlhf.serving.llama_cpp.engine``).
+        ``source``: a shipped model name, a model directory, a hub id or (llama.cpp) a ``.gguf`` file, converted
+        once under ``data_dir`` when the engine needs it; ``options``: the backend's options (its ``options(config)``
+        keys, e.g. llama.cpp's ``weights``) and its factory's settings, e.g. ``load_in_4bit`` or ``kv_cache_tokens``.
         """
         from rlhf.base_models import load_tokenizer
+        from rlhf.serving.startup import backend_specs
 
-        options = dict(options or {})
-        if engine == "llama_cpp":
-            from rlhf.serving.llama_cpp.base import llama_base
-
-            gguf, tokenizer_source = llama_base(source, data_dir, options.pop("weights", "shipped"))
-            spec = EngineSpec("llama_cpp", {"gguf": str(gguf), "tokenizer_source": tokenizer_source,
-                                            "max_batch_size": max_batch_size, "cache_dir": data_dir, **options},
-                              "llama.cpp")
-        else:
-            tokenizer_source = source
-            spec = EngineSpec("transformers", {"model_source": source, "device": device,
-                                               "load_in_4bit": load_in_4bit, "max_batch_size": max_batch_size,
-                                               **options}, "transformers")
+        specs = backend_specs(engine, source, device, data_dir, required=True,
+                              **{"max_batch_size": max_batch_size, **(options or {})})
+        tokenizer_source = next(s.settings.get("tokenizer_source") for s in specs if not s.unavailable) or source
         loop_settings = {"queue_size": queue_size, "max_batch_size": max_batch_size,
                          "batch_window_ms": batch_window_ms}
-        return cls(start_engine([spec], isolation, loop_settings), load_tokenizer(tokenizer_source), model_name,
+        return cls(start_engine(specs, isolation, loop_settings), load_tokenizer(tokenizer_source), model_name,
                    max_context_tokens, device)
 
     def use_budget(self, budget) -> None:
@@ -95,7 +88,7 @@ class PolicyServer:
 
     @property
     def engine_name(self) -> str:
-        """``llama_cpp`` or ``transformers``."""
+        """The serving backend's name (a key of ``rlhf.registry.ENGINES``)."""
         return self.engine.name
 
     @property
@@ -136,23 +129,24 @@ class PolicyServer:
         return load.submitted - mark - len(mine), load.running + load.waiting - open_mine
 
     # ---- prompts ----------------------------------------------------------------------------
-    def build_prompt(self, system_prompt: str, history: list[dict]) -> list[int]:
-        """Token ids of the chat-templated state, dropping the oldest turns to fit the context limit."""
+    def build_prompt(self, system_prompt: str, history: list[dict], template: Optional[str] = None) -> list[int]:
+        """Token ids of the chat-templated state, dropping the oldest turns to fit the context limit; ``template``:
+        the agent's own chat template (None: the tokenizer's)."""
         system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        return encode_prompt(self.tokenizer, system + list(history), self.max_context_tokens)
+        return encode_prompt(self.tokenizer, system + list(history), self.max_context_tokens, template=template)
 
-    def shared_prefix_len(self, system_prompt: str, ids: list[int]) -> int:
+    def shared_prefix_len(self, system_prompt: str, ids: list[int], template: Optional[str] = None) -> int:
         """How many leading ``ids`` are the templated system prompt alone (0 if none): the engine computes
         that prefix's KV cache once per adapter and reuses it for every chat of the agent."""
         if not system_prompt:
             return 0
-        prefix = self._system_ids.get(system_prompt)
+        prefix = self._system_ids.get((system_prompt, template))
         if prefix is None:
             prefix = template_ids(self.tokenizer, [{"role": "system", "content": system_prompt}],
-                                  add_generation_prompt=False)
+                                  add_generation_prompt=False, template=template)
             if len(self._system_ids) > 256:  # agents are few; this only guards against unbounded growth
                 self._system_ids.clear()
-            self._system_ids[system_prompt] = prefix
+            self._system_ids[(system_prompt, template)] = prefix
         return len(prefix) if len(prefix) < len(ids) and ids[:len(prefix)] == prefix else 0
 
     # ---- adapters ---------------------------------------------------------------------------
@@ -180,12 +174,13 @@ class PolicyServer:
 
     # ---- requests ---------------------------------------------------------------------------
     def stream(self, system_prompt: str, history: list[dict], adapter: AdapterRef,
-               params: GenParams) -> ReplyStream:
-        """Queue a reply and return its stream at once; raises Busy when the queue is full."""
+               params: GenParams, template: Optional[str] = None) -> ReplyStream:
+        """Queue a reply and return its stream at once (``template``: the agent's own chat template, None: the
+        tokenizer's); raises Busy when the queue is full."""
         params.validated()
         self.ensure_adapter(adapter)
-        ids = self.build_prompt(system_prompt, history)
-        return self.stream_ids(ids, adapter, params, prefix_len=self.shared_prefix_len(system_prompt, ids))
+        ids = self.build_prompt(system_prompt, history, template)
+        return self.stream_ids(ids, adapter, params, prefix_len=self.shared_prefix_len(system_prompt, ids, template))
 
     def stream_ids(self, ids: list[int], adapter: AdapterRef, params: GenParams, prefix_len: int = 0) -> ReplyStream:
         """Queue a reply to prompt token ids as they are (already templated); raises Busy when the queue is full."""
@@ -247,10 +242,12 @@ def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, t
     return loop
 
 
-def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",)) -> PolicyServer:
+def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",), threads: Optional[int] = None,
+                warmup: Optional[bool] = None) -> PolicyServer:
     """The base model behind the engine that works here (``serving.engine``, proved in its own process unless
     ``serving.isolation`` is ``thread``), warmed up with the agents' ``system_prompts``; the log says which engine
-    serves and why."""
+    serves and why. ``threads``: the engine's (default: the CPU plan's for serving); ``warmup``: overrides
+    ``serving.warmup`` (a job's rollouts need none)."""
     from rlhf.cpu import thread_plan
     from rlhf.base_models import load_tokenizer
     from rlhf.serving.startup import Verdicts, engine_specs, loop_settings
@@ -259,11 +256,12 @@ def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",)) -> P
     s = config.serving
     device = pick_device(config.device)
     specs, tokenizer_source = engine_specs(config, device)
-    engine = start_engine(specs, s.isolation, loop_settings(config), threads=thread_plan(config).serving_idle,
+    engine = start_engine(specs, s.isolation, loop_settings(config),
+                          threads=thread_plan(config).serving_idle if threads is None else threads,
                           verdicts=Verdicts(config.paths.serving_verdicts))
     server = PolicyServer(engine, load_tokenizer(tokenizer_source), config.base_model, s.max_context_tokens, device)
     log.info("model %s served by %s, ready in %.1f s", config.base_model, server.engine_status,
              time.perf_counter() - t0)
-    if config.serving.warmup:
+    if config.serving.warmup if warmup is None else warmup:
         log.info("warm-up generation took %.1f s", server.warmup(system_prompts))
     return server

@@ -24,15 +24,18 @@ SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGILL: "illegal instruc
 
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
-    """One engine to try: the backend (``rlhf.serving.interface.ENGINES``), its factory's keyword settings
+    """One engine to try: the backend (``rlhf.registry.ENGINES``), its factory's keyword settings
     (JSON values) and a label for people (``llama.cpp``, ``llama.cpp, safe load``, ``transformers``).
     ``unavailable``: why it cannot run here, known before trying it: it is passed over with that reason, which the
-    status and the log show (an engine is never dropped silently)."""
+    status and the log show (an engine is never dropped silently). ``build``: what its native code is (a library
+    build's fingerprint; "" when the backend has none), so a fault recorded for one build is not held against the
+    next."""
 
     name: str
     settings: dict
     label: str
     unavailable: str = ""
+    build: str = ""
 
 
 def describe_exit(code: Optional[int]) -> str:

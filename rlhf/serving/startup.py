@@ -1,9 +1,10 @@
 """Which engine serves here, proved rather than assumed.
 
-``serving.engine: auto`` means "works here": on CPU with llama.cpp installed, the candidates are llama.cpp as
-built, llama.cpp with the safe load (no repacking into extra buffer types such as AMX, whose kernels fault on some
-virtual machines), then transformers; on CUDA, or without llama.cpp, transformers alone. An explicit
-``llama_cpp`` tries both llama.cpp loads and stops start-up with the reasons when neither runs. Under ``auto``, an
+``serving.engine: auto`` means "works here": the backends of the registry (``rlhf.registry.ENGINES``)
+that try this device, in its order, each offering its specs (``rlhf.serving.<backend>.spec``). On CPU that is
+llama.cpp as built, llama.cpp with the safe load (no repacking into extra buffer types such as AMX, whose kernels
+fault on some virtual machines), then transformers; on CUDA transformers alone. An explicit engine offers its own
+specs alone (both llama.cpp loads) and stops start-up with the reasons when none runs. Under ``auto``, an
 engine that cannot even be tried here (llama-cpp-python missing, a base it cannot get) stays in the list with its
 reason (``EngineSpec.unavailable``), so the status and the log say why it does not serve. Each candidate is
 proved by its own process (``rlhf.serving.process``); the verdict is kept per library build and CPU in
@@ -12,8 +13,6 @@ proved by its own process (``rlhf.serving.process``); the verdict is kept per li
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -23,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from rlhf.serving.interface import ENGINE_CHOICES, EngineUnavailable, llama_cpp_installed
+from rlhf.serving.interface import ENGINES, EngineUnavailable, spec_module
 from rlhf.serving.process import EngineSpec
 
 
@@ -61,21 +60,6 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def llama_build() -> str:
-    """This llama-cpp-python build (version and its native libraries' sizes and times), hashed; found on disk,
-    never imported here."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.origin:
-        return "none"
-    lib = Path(spec.origin).parent / "lib"
-    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in lib.glob("*.so*") if p.is_file())
-    try:
-        version = importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:
-        version = "?"
-    return hashlib.sha256(json.dumps([version, str(lib), files]).encode()).hexdigest()[:16]
-
-
 class Verdicts:
     """What each engine did on this CPU with this build: ``fault(spec)`` is the recorded fault (None: none
     recorded, or it worked), ``record(spec, fault)`` keeps a new verdict. One JSON file, replaced atomically."""
@@ -86,8 +70,7 @@ class Verdicts:
 
     @staticmethod
     def key(spec: EngineSpec) -> str:
-        build = llama_build() if spec.name == "llama_cpp" else spec.name
-        return f"{spec.label}|{build}|{cpu_fingerprint()}"
+        return f"{spec.label}|{spec.build or spec.name}|{cpu_fingerprint()}"
 
     def read(self) -> dict:
         try:
@@ -123,30 +106,20 @@ class Verdicts:
 
 def engine_specs(config, device: str) -> tuple[list[EngineSpec], str]:
     """The engines to try for this config on ``device``, in order, and the tokenizer the app builds prompts
-    with. EngineUnavailable when an explicit ``serving.engine`` cannot run at all."""
-    s = config.serving
-    if s.engine not in ENGINE_CHOICES:
-        raise ValueError(f"serving.engine must be one of {', '.join(ENGINE_CHOICES)}, got {s.engine!r}")
+    with: ``serving.engine`` alone, or under ``auto`` every backend of the registry that tries ``device``, in its
+    order (one that cannot run here stays in the list with its reason). EngineUnavailable when an explicit
+    ``serving.engine`` cannot run here; ValueError for a name the registry does not know."""
+    engine = config.serving.engine
+    names = [n for n, b in ENGINES.items() if b.auto_devices is None or device in b.auto_devices] \
+        if engine == "auto" else [engine]
     specs: list[EngineSpec] = []
     tokenizer_source = None
-    want_llama = s.engine == "llama_cpp" or (s.engine == "auto" and device == "cpu")
-    if want_llama:
-        try:
-            gguf, tokenizer_source = llama_files(config)
-        except (EngineUnavailable, OSError) as exc:  # OSError: e.g. no room in the data dir for a converted base
-            if s.engine == "llama_cpp":
-                raise EngineUnavailable(f"serving.engine=llama_cpp cannot run here: {exc}") from exc
-            specs.append(EngineSpec("llama_cpp", {}, "llama.cpp", unavailable=str(exc)))  # passed over, with why
-        else:
-            settings = {"gguf": str(gguf), "tokenizer_source": tokenizer_source, **llama_options(config)}
-            specs.append(EngineSpec("llama_cpp", {**settings, "extra_buffers": True}, "llama.cpp"))
-            specs.append(EngineSpec("llama_cpp", {**settings, "extra_buffers": False},
-                                    "llama.cpp, safe load (weights not repacked for AMX)"))
-    if s.engine != "llama_cpp":
-        specs.append(EngineSpec("transformers", {
-            "model_source": config.base_model, "data_dir": str(config.data_path), "device": device,
-            "tokenizer_source": tokenizer_source, "load_in_4bit": s.load_in_4bit,
-            "max_batch_size": s.max_batch_size}, "transformers" if device == "cpu" else f"transformers ({device})"))
+    for name in names:
+        found = backend_specs(name, config.base_model, device, str(config.data_path), tokenizer_source,
+                              required=engine != "auto", **spec_module(name).options(config))
+        tokenizer_source = tokenizer_source or next((s.settings.get("tokenizer_source") for s in found
+                                                     if not s.unavailable), None)
+        specs += found
     if tokenizer_source is None:
         from rlhf.base_models import resolve_model
 
@@ -154,21 +127,15 @@ def engine_specs(config, device: str) -> tuple[list[EngineSpec], str]:
     return specs, tokenizer_source
 
 
-def llama_files(config) -> tuple[Path, str]:
-    """(GGUF file, tokenizer source) llama.cpp serves for the config's base model; EngineUnavailable when
-    llama-cpp-python is missing or the model cannot be served by it."""
-    from rlhf.serving.llama_cpp.base import llama_base
-
-    if not llama_cpp_installed():
-        raise EngineUnavailable("llama-cpp-python is not installed (`make setup` builds it)")
-    return llama_base(config.base_model, str(config.data_path), config.serving.llama_weights)
-
-
-def llama_options(config) -> dict:
-    """The llama.cpp engine's settings from the config."""
-    s = config.serving
-    return {"kv_cache_tokens": max(s.kv_cache_tokens, s.max_context_tokens + 64), "max_contexts": s.llama_contexts,
-            "max_batch_size": s.max_batch_size, "cache_dir": str(config.data_path)}
+def backend_specs(name: str, source: str, device: str, data_dir: Optional[str],
+                  tokenizer_source: Optional[str] = None, *, required: bool = False, **options) -> list[EngineSpec]:
+    """Backend ``name``'s specs for base ``source`` (its ``specs``); with ``required``, EngineUnavailable with the
+    reasons when none of them can run here."""
+    specs = spec_module(name).specs(source, device, data_dir, tokenizer_source, **options)
+    if required and all(s.unavailable for s in specs):
+        reasons = "; ".join(s.unavailable for s in specs) or "it offers nothing to try"
+        raise EngineUnavailable(f"serving.engine={name} cannot run here: {reasons}")
+    return specs
 
 
 def loop_settings(config) -> dict:

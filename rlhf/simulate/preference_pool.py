@@ -11,8 +11,9 @@ import random
 from pathlib import Path
 from typing import Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[2]
-POOL_PATH = ROOT / "assets" / "preference_pool.jsonl.gz"
+from rlhf.assets import asset_path
+
+POOL_PATH = asset_path("preference_pool.jsonl.gz")
 HELDOUT_PROMPTS = 160  # of 320; at most 2 pairs each gives 200 held-out pairs per preference (152 is the least)
 
 

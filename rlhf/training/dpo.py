@@ -90,6 +90,20 @@ def _callback(on_step: Optional[Callable[[int, dict], None]], history: list):
     return Steps()
 
 
+def _trl_config(cfg, output_dir: str, device: str, trl_args: Optional[dict]):
+    """TRL's DPOConfig for one run: our settings, then ``trl_args`` (a variant's extra keys) on top."""
+    from trl import DPOConfig as TrlDPOConfig
+
+    return TrlDPOConfig(**{**dict(
+        output_dir=output_dir, beta=cfg.beta, learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs,
+        per_device_train_batch_size=cfg.micro_batch_size, max_length=cfg.max_length, loss_type=[cfg.loss_type],
+        gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
+        precompute_ref_log_probs=True, precompute_ref_batch_size=cfg.micro_batch_size, seed=cfg.seed, data_seed=cfg.seed, logging_steps=1,
+        save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True, use_cpu=device == "cpu",
+        bf16=False, activation_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant"),
+        **(trl_args or {})})
+
+
 def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_dir: Path, init_adapter: Optional[str] = None,
               on_step: Optional[Callable[[int, dict], None]] = None, device: str = "cpu", base=None,
               settings=None, method: str = "dpo", trl_args: Optional[dict] = None) -> DPOResult:
@@ -100,7 +114,6 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     from datasets import Dataset, disable_progress_bars
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import DPOConfig as TrlDPOConfig
     from trl import DPOTrainer
 
     from rlhf.base_models import load_tokenizer
@@ -113,7 +126,7 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
                          "pairs of replies, or set retrain.method=ppo")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(base_source)
+    tokenizer = load_tokenizer(base_source, config.chat_template)
     set_seed(cfg.seed)  # the adapter's init and the pair order
     model = build_policy(base_source, cfg, device, init_adapter, base=base)
     policy = model.policy  # the PeftModel DPO trains; the value head stays unused
@@ -122,16 +135,9 @@ def train_dpo(config: AppConfig, base_source: str, pairs: Sequence[dict], run_di
     history: list[dict] = []
     work = tempfile.mkdtemp(prefix="rlhf-dpo-")
     try:
-        args = TrlDPOConfig(**{**dict(
-            output_dir=work, beta=cfg.beta, learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs,
-            per_device_train_batch_size=cfg.micro_batch_size, max_length=cfg.max_length, loss_type=[cfg.loss_type],
-            gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
-            precompute_ref_log_probs=True, precompute_ref_batch_size=cfg.micro_batch_size, seed=cfg.seed, data_seed=cfg.seed, logging_steps=1,
-            save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True, use_cpu=device == "cpu",
-            bf16=False, activation_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant"),
-            **(trl_args or {})})
-        trainer = DPOTrainer(model=policy, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer, callbacks=[_callback(on_step, history)])
+        trainer = DPOTrainer(model=policy, args=_trl_config(cfg, work, device, trl_args),
+                             train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                             callbacks=[_callback(on_step, history)])
         for cb in (PrinterCallback, ProgressCallback):  # they print to stdout; the CLI keeps stdout for JSON
             trainer.remove_callback(cb)
         t_prepared = time.perf_counter()  # the reference log-probs were computed in the constructor

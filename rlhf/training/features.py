@@ -43,8 +43,9 @@ class ReplyFeatures:
     @classmethod
     def load(cls, source: str, device: str = "cpu", max_length: int = 512, depths: Sequence[float] = DEFAULT_DEPTHS,
              batch_size: int = 8, load_in_4bit: bool = False, max_prompt_tokens: Optional[int] = None,
-             ) -> "ReplyFeatures":
-        """The base model (no LM head) and tokenizer from a model directory."""
+             template: str = "") -> "ReplyFeatures":
+        """The base model (no LM head) and tokenizer from a model directory (``template``: the chat template
+        prompts are encoded with, "" = the model's)."""
         from transformers import AutoModel
 
         from rlhf.base_models import load_tokenizer, quantization, torch_dtype
@@ -55,7 +56,7 @@ class ReplyFeatures:
         if quant is None:
             model.to(device)
         model.eval()
-        return cls(model, load_tokenizer(source), device, max_length, depths, batch_size, max_prompt_tokens)
+        return cls(model, load_tokenizer(source, template), device, max_length, depths, batch_size, max_prompt_tokens)
 
     @property
     def dim(self) -> int:
@@ -114,14 +115,15 @@ def base_only(model):
 
 def reply_features(source: str, device: str, max_length: int, load_in_4bit: bool = False,
                    max_prompt_tokens: Optional[int] = None, depths: Sequence[float] = DEFAULT_DEPTHS,
-                   batch_size: int = 8, model=None, tokenizer=None, memo: bool = True):
+                   batch_size: int = 8, model=None, tokenizer=None, memo: bool = True, template: str = ""):
     """Frozen reply features of the base: on ``model``/``tokenizer`` when given (a base body already loaded in
     this process), else loaded from ``source``; memoised (``feature_cache``) unless ``memo`` is False (a caller
     that keeps its own, bounded memo)."""
     if model is not None:
         features = ReplyFeatures(model, tokenizer, device, max_length, depths, batch_size, max_prompt_tokens)
     else:
-        features = ReplyFeatures.load(source, device, max_length, depths, batch_size, load_in_4bit, max_prompt_tokens)
+        features = ReplyFeatures.load(source, device, max_length, depths, batch_size, load_in_4bit, max_prompt_tokens,
+                                      template)
     return feature_cache(features) if memo else features
 
 
@@ -134,7 +136,7 @@ def reward_features(config: "AppConfig", device: str, source: Optional[str] = No
 
         source = resolve_model(config.base_model, config.data_path)
     return reply_features(source, device, config.reward.max_length, config.reward.load_in_4bit,
-                          config.ppo.max_prompt_tokens, **kwargs)
+                          config.ppo.max_prompt_tokens, **{"template": config.chat_template, **kwargs})
 
 
 def feature_key(prompt: list[dict], reply: str) -> tuple:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
+from rlhf.assets import asset_path
 from storage.conversations import context_key
 from storage.ratings import fold_ratings
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
-STARTER_PROMPTS = ASSETS / "prompts.jsonl"
+STARTER_PROMPTS = asset_path("prompts.jsonl")
 LOW_FLAGS = frozenset({"Unsafe", "Inaccurate"})
 
 

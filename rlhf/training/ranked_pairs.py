@@ -17,9 +17,12 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rlhf.training.generation import Replies
 
 
 @dataclass
@@ -33,6 +36,8 @@ class Ranked:
     unsure: int  # prompts whose best and worst the ensemble did not agree on
     alike: int  # prompts with fewer than two distinct whole replies
     trimmed: int = 0  # replies cut at max_new_tokens, taken back to their last whole sentence
+    sampled_by: str = ""  # the engine that sampled the replies ("torch": the job's own model)
+    tokens: int = 0  # reply tokens sampled
 
     def summary(self) -> dict:
         return {"ranked_pairs": len(self.pairs), "sampled_prompts": self.prompts, "sampled_replies": self.replies,
@@ -102,31 +107,16 @@ def rank_pairs(chats: list[list[dict]], texts: Sequence[Sequence[str]], scores: 
     return Ranked(pairs, len(chats), sum(len(r) for r in texts), n_left_out, unsure, alike)
 
 
-def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, scorer, prompts,
-                        adapter: Optional[str], on_reply: Optional[Callable[[int, int], None]] = None) -> Ranked:
-    """Sample ``settings.samples`` replies to each of ``settings.prompts`` training prompts from ``base`` with
-    ``adapter`` (None = the base itself; the adapter is taken off again afterwards, so ``base`` comes back as it
-    was) and rank them with ``scorer`` (``settings``: the ``online_dpo`` section). ``on_reply(done, total)``:
-    progress of the sampling."""
-    from rlhf.retrain.evaluation import generate_replies
-
+def sample_ranked_pairs(settings, scorer, prompts, replies_to: Callable[[list[list[dict]]], "Replies"]) -> Ranked:
+    """Sample ``settings.samples`` replies to each of ``settings.prompts`` training prompts with ``replies_to``
+    (``torch_sampler`` or ``served_sampler``: one reply per chat it is given) and rank them with ``scorer``
+    (``settings``: the ``online_dpo`` section)."""
     s = settings
     chats = draw_prompts(prompts, s.prompts, s.seed)
     if not chats:
         return Ranked([], 0, 0, 0, 0, 0)
     rows = [chat for chat in chats for _ in range(s.samples)]
-    model, name = base, None
-    if adapter:
-        from peft import PeftModel
-
-        model, name = PeftModel.from_pretrained(base, str(adapter), adapter_name="start"), "start"
-    try:
-        model.eval()
-        (replies,) = generate_replies(model, tokenizer, rows, [name], s.max_new_tokens, s.temperature, s.seed,
-                                      max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
-    finally:
-        if adapter:
-            model.unload()  # the LoRA layers out of the shared base again
+    replies = replies_to(rows)
     was_cut = [len(ids) >= s.max_new_tokens for ids in replies.token_ids]
     flat = [whole_sentences(t) if c else t for t, c in zip(replies.texts, was_cut)]
     dropped = [c and not t.strip() for t, c in zip(flat, was_cut)]
@@ -135,4 +125,48 @@ def sample_ranked_pairs(settings, max_prompt_tokens: int, base, tokenizer, score
     per = lambda xs: [xs[i * k:(i + 1) * k] for i in range(len(chats))]  # noqa: E731  (prompt i's replies)
     ranked = rank_pairs(chats, per(flat), per(scores), per(dropped), s.min_confidence)
     ranked.trimmed = sum(was_cut) - sum(dropped)
+    ranked.sampled_by, ranked.tokens = replies.sampled_by, sum(map(len, replies.token_ids))
     return ranked
+
+
+def torch_sampler(settings, max_prompt_tokens: int, base, tokenizer, adapter: Optional[str],
+                  on_reply: Optional[Callable[[int, int], None]] = None):
+    """``replies_to`` of the job's torch model ``base`` with ``adapter`` (None = the base itself; the adapter is taken
+    off again afterwards, so ``base`` comes back as it was). ``on_reply(done, total)``: progress."""
+    from rlhf.training.generation import generate_replies
+
+    def replies_to(rows):
+        model, name = base, None
+        if adapter:
+            from peft import PeftModel
+
+            model, name = PeftModel.from_pretrained(base, str(adapter), adapter_name="start"), "start"
+        try:
+            model.eval()
+            (replies,) = generate_replies(model, tokenizer, rows, [name], settings.max_new_tokens,
+                                          settings.temperature, settings.seed, max_prompt_tokens=max_prompt_tokens,
+                                          on_reply=on_reply)
+        finally:
+            if adapter:
+                model.unload()  # the LoRA layers out of the shared base again
+        return replies
+    return replies_to
+
+
+def served_sampler(settings, config, tokenizer, adapter: Optional[str], threads: int,
+                   on_reply: Optional[Callable[[int, int], None]] = None):
+    """``replies_to`` of the serving engine (``rlhf.serving.policy_server.load_server`` of the job's ``config``:
+    llama.cpp's batched decode on a CPU) on ``threads`` threads, with ``adapter`` loaded beside the base; the
+    engine is started for the sampling and closed after it."""
+    from rlhf.serving.policy_server import load_server
+    from rlhf.training.generation import served_replies
+
+    def replies_to(rows):
+        server = load_server(config, threads=threads, warmup=False)
+        try:
+            return served_replies(server, tokenizer, rows, adapter, settings.max_new_tokens, settings.temperature,
+                                  settings.seed, config.ppo.max_prompt_tokens,
+                                  window=min(32, config.serving.queue_size), on_reply=on_reply)
+        finally:
+            server.close()
+    return replies_to

@@ -35,7 +35,8 @@ from rlhf.base_models import pick_device, resolve_model
 from rlhf.training import reward_head
 from rlhf.training.judge import JUDGE_FILE, NO_JUDGE, fit_judge, judge_split
 from rlhf.training.features import reply_features
-from rlhf.training.reward_kinds import REWARD_KINDS, FitContext, HeadScorer, kind_for_format, reward_kind
+from rlhf.training.reward_head_kind import HeadScorer
+from rlhf.training.reward_kinds import REWARD_KINDS, FitContext, all_kinds, kind_for_format, reward_kind
 from rlhf.training.reward_lora import RewardModelError
 from storage.paths import DataDir
 
@@ -196,7 +197,7 @@ def load_reward_model(path: str | os.PathLike, device: str = "auto", load_in_4bi
     meta = _read_meta(path)
     kind = kind_for_format(meta.get("format"))
     if meta.get("mode") not in ("pairwise", "pointwise") or kind is None:
-        known = ", ".join(str(k.format) for k in REWARD_KINDS.values())
+        known = ", ".join(str(k.format) for k in all_kinds())
         raise RewardModelError(f"{path / META_FILE} is not a reward model description (format {known})")
     return kind.load(path, meta, _base_source(meta, path, data_dir), pick_device(device), load_in_4bit, batch_size)
 
@@ -233,6 +234,35 @@ def _fit_judge(data: RewardData, cfg: RewardConfig, features) -> tuple:
                      reward_head.pair_weights(pairs))
 
 
+def _save_judge(path: Path, data: RewardData, cfg: RewardConfig, ctx: FitContext, fitted) -> tuple[bool, dict]:
+    """Fit the gate's judge on the fitted kind's features (or the base's, loaded only when there are judge pairs)
+    and save it into ``path`` when there is one; (saved, its metrics)."""
+    features = fitted.features or ctx.features or (
+        data.pairs_judge and reply_features(ctx.source, ctx.device, cfg.max_length, cfg.load_in_4bit,
+                                            ctx.max_prompt_tokens, template=ctx.template))
+    judge, judge_metrics = _fit_judge(data, cfg, features)
+    if judge is not None:
+        judge.save(path / JUDGE_FILE)
+    return judge is not None, judge_metrics
+
+
+def _meta(config: AppConfig, data: RewardData, method: str, agent: str, source: str, device: str,
+          snapshot, excluded_annotators) -> dict:
+    """What ``meta.json`` records about the run before the kind adds its own fields."""
+    cfg = config.reward
+    return {"mode": data.mode, "method": method, "base_model": config.base_model, "base_source": source,
+            "max_length": cfg.max_length, "max_prompt_tokens": config.ppo.max_prompt_tokens, "agent": agent,
+            "chat_template": config.chat_template,
+            "trained_on": device, "data_snapshot": snapshot,
+            "excluded_annotators": sorted(set(cfg.exclude_annotators or []) | set(excluded_annotators)),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def _row_counts(data: RewardData) -> dict:
+    return {**data.counts, "pairs_train": len(data.pairs_train), "pairs_eval": len(data.pairs_eval),
+            "points_train": len(data.points_train), "points_eval": len(data.points_eval), "kto_rows": len(data.kto)}
+
+
 def train_reward_model(store, config: AppConfig, agent: int | str | None = None, job_id: Optional[int] = None,
                        progress: Optional[Progress] = None, rows: Optional[dict] = None,
                        snapshot: Optional[dict] = None, features=None) -> RewardResult:
@@ -260,14 +290,8 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
         log.warning("agent %s was created on %s; the reward backbone is the served base %s",
                     agent_rec.name, agent_rec.base_model, config.base_model)
     final = config.paths.reward_models / f"rm-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    meta = {"mode": data.mode, "method": kind.name, "base_model": config.base_model, "base_source": source,
-            "max_length": cfg.max_length, "max_prompt_tokens": config.ppo.max_prompt_tokens, "agent": agent_rec.name,
-            "trained_on": device, "data_snapshot": snapshot,
-            "excluded_annotators": sorted(set(cfg.exclude_annotators or []) | set(rows["excluded_annotators"])),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    counts = {**data.counts, "pairs_train": len(data.pairs_train), "pairs_eval": len(data.pairs_eval),
-              "points_train": len(data.points_train), "points_eval": len(data.points_eval), "kto_rows": len(data.kto)}
-    ctx = FitContext(source, device, config.ppo.max_prompt_tokens, features)
+    meta = _meta(config, data, kind.name, agent_rec.name, source, device, snapshot, rows["excluded_annotators"])
+    ctx = FitContext(source, device, config.ppo.max_prompt_tokens, features, config.chat_template)
     renamed = False
     try:
         with atomic_dir(final, replace=False) as tmp:
@@ -275,15 +299,9 @@ def train_reward_model(store, config: AppConfig, agent: int | str | None = None,
             kind.save(fitted, tmp)
             meta.update(fitted.meta)
             report(0.9, "reward/judge", None)
-            judge_features = fitted.features or ctx.features or (
-                data.pairs_judge and reply_features(source, device, cfg.max_length, cfg.load_in_4bit,
-                                                    ctx.max_prompt_tokens))
-            judge, judge_metrics = _fit_judge(data, cfg, judge_features)
-            if judge is not None:
-                judge.save(tmp / JUDGE_FILE)
-            meta["judge"] = judge is not None
+            meta["judge"], judge_metrics = _save_judge(tmp, data, cfg, ctx, fitted)
             report(0.95, "reward/save", None)
-            metrics = {f"reward/{k}": v for k, v in {**fitted.metrics, **counts, **judge_metrics}.items()}
+            metrics = {f"reward/{k}": v for k, v in {**fitted.metrics, **_row_counts(data), **judge_metrics}.items()}
             _write_rows(tmp, data)
             (tmp / META_FILE).write_text(json.dumps({**meta, "metrics": metrics}, indent=2, sort_keys=True))
         renamed = True  # the directory appears complete or not at all

@@ -9,16 +9,20 @@ frozen features (``rlhf.training.reward_head``) is used instead.
 
 SmolLM2 pads with its end-of-turn token and a sequence classifier reads the last non-pad token, so a
 sequence is ``chat template(prompt) + reply tokens`` with no closing ``<|im_end|>`` (``rlhf.training.tokens``).
+``KIND`` is the ``lora`` reward-model kind (``rlhf.training.reward_kinds``).
 """
 from __future__ import annotations
 
 import contextlib
 import tempfile
 import shutil
+from pathlib import Path
 from typing import Callable, Optional
 
 from rlhf.config import AppConfig, RewardConfig
-from rlhf.base_models import pick_device, quantization, torch_dtype
+from rlhf.base_models import load_tokenizer, pick_device, quantization, torch_dtype
+from rlhf.training.reward_kinds import FitContext, Fitted
+from rlhf.training.reward_metrics import heldout_metrics, split_interval
 from rlhf.training.tokens import encode
 
 Progress = Callable[[float, str, Optional[dict]], None]
@@ -211,14 +215,15 @@ def _train_pointwise(model, tokenizer, points: list[dict], cfg: RewardConfig, de
 
 
 def train_lora(pairs: list[dict], points: list[dict], mode: str, cfg: RewardConfig, source: str, device: str,
-               report: Progress, start: float = 0.05, span: float = 0.75, max_prompt_tokens: Optional[int] = None):
+               report: Progress, start: float = 0.05, span: float = 0.75, max_prompt_tokens: Optional[int] = None,
+               template: str = ""):
     """Train the LoRA reward model on pairs (``mode="pairwise"``) or scores; (scorer, training-split metrics).
     ``max_prompt_tokens``: the prompt budget of ``rlhf.training.tokens.encode`` (PPO's)."""
     from transformers import set_seed
 
     from rlhf.base_models import load_tokenizer
 
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, template)
     set_seed(cfg.seed)  # the scalar head starts random
     model = load_backbone(source, device, cfg.load_in_4bit, tokenizer.pad_token_id)
     work = tempfile.mkdtemp(prefix="rlhf-reward-trainer-")
@@ -237,5 +242,45 @@ def train_lora(pairs: list[dict], points: list[dict], mode: str, cfg: RewardConf
 def train_lora_on_pairs(pairs: list[dict], config: AppConfig, source: str) -> "RewardScorer":
     """A LoRA reward model fitted on raw pairs with the config's reward settings (for benchmarks)."""
     scorer, _ = train_lora(pairs, [], "pairwise", config.reward, source, pick_device(config.device),
-                           lambda *a: None)
+                           lambda *a: None, template=config.chat_template)
     return scorer
+
+
+class LoraKind:
+    """LoRA fine-tuning of the base with a scalar head (TRL): for thousands of pairs; one held-out split."""
+
+    name, format = "lora", 1
+    adapter_dir, tokenizer_dir = "adapter", "tokenizer"
+
+    def fit(self, data, cfg: RewardConfig, ctx: FitContext, report: Progress) -> Fitted:
+        scorer, train_metrics = train_lora(data.pairs_train, data.points_train, data.mode, cfg, ctx.source,
+                                           ctx.device, report, max_prompt_tokens=ctx.max_prompt_tokens,
+                                           template=ctx.template)
+        report(0.85, "reward/eval", None)
+        held = heldout_metrics(scorer, data)
+        meta = {"format": self.format, "pad_token_id": scorer.tokenizer.pad_token_id,
+                "lora": {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "layers": cfg.lora_layers}}
+        return Fitted(scorer, {**held, **train_metrics, **split_interval(held, len(data.pairs_eval))}, meta)
+
+    def save(self, fitted: Fitted, directory: Path) -> None:
+        fitted.scorer.model.save_pretrained(str(directory / self.adapter_dir))
+        fitted.scorer.tokenizer.save_pretrained(str(directory / self.tokenizer_dir))
+
+    def load(self, directory: Path, meta: dict, source: str, device: str, load_in_4bit: bool, batch_size: int):
+        from peft import PeftModel
+
+        try:
+            tokenizer = load_tokenizer(str(directory / self.tokenizer_dir))
+        except Exception as exc:
+            raise RewardModelError(f"cannot load the tokenizer of {directory}: {exc}") from exc
+        model = load_backbone(source, device, load_in_4bit, tokenizer.pad_token_id)
+        try:
+            model = PeftModel.from_pretrained(model, str(directory / self.adapter_dir), is_trainable=False)
+        except Exception as exc:
+            raise RewardModelError(f"cannot load the adapter of {directory}: {exc}") from exc
+        model.eval()
+        return RewardScorer(model, tokenizer, device, int(meta["max_length"]), meta, batch_size,
+                            meta.get("max_prompt_tokens"))
+
+
+KIND = LoraKind()

@@ -158,7 +158,8 @@ class QueueRefill:
                 for policy in versions:
                     params = queue_params(self.config, agent, int(self.rng.integers(2**31)))
                     jobs.append((i, policy, params, server.stream(agent.system_prompt or "", list(prompt.history),
-                                                                  AdapterRef(policy.id, policy.adapter_path), params)))
+                                                                  AdapterRef(policy.id, policy.adapter_path), params,
+                                                                  agent.chat_template)))
             except Busy:
                 self._cancel([job[3] for job in jobs])
                 return None

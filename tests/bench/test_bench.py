@@ -8,7 +8,7 @@ import argparse
 import json
 
 from bench import ingest as bench_ingest, memory as bench_memory, serve as bench_serve
-from rlhf.serving.interface import llama_cpp_installed
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
 

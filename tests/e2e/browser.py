@@ -99,8 +99,8 @@ def set_max_tokens(page, n: int) -> None:
     """The Chat tab's "Max new tokens" setting (opens the Generation settings), checked on the slider itself."""
     from playwright.sync_api import expect
 
-    number = page.get_by_label("number input for Max new tokens")
-    slider = page.get_by_label("range slider for Max new tokens")
+    number = page.get_by_label("number input for Max new tokens", exact=True)
+    slider = page.get_by_label("range slider for Max new tokens", exact=True)
     if not number.is_visible():
         page.get_by_role("button", name=re.compile("^Generation settings")).click()
     if str(n) == slider.get_attribute("max"):
@@ -159,7 +159,7 @@ def tick_flag(page, flag: str) -> None:
 
 def save_note(page, text: str) -> None:
     """Type a note in the label panel and store it."""
-    page.get_by_label("Note").fill(text)
+    page.get_by_label("Note", exact=True).fill(text)
     page.get_by_role("button", name="Save note").click()
     chat_status(page, r"Note (stored|cleared) on reply #\d+")
 

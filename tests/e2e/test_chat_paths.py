@@ -5,9 +5,11 @@
    new reply as it starts, and a key pressed while it is written stores nothing anywhere;
 4. one person in two tabs: a click on a view the other tab changed is refused and never applied to the other
    state; the tab reads the Store again when it gets the focus;
+3. a click still in flight while the next reply ends lands on the reply marked at the click, and the panel goes on
+   naming the reply the next click goes to;
 6. a name typed while the page loads is never replaced by the name the browser remembered.
-Path 3 (a click in flight lands on the reply marked at the click) is held by the handler tests: a label click
-returns the reply it was stored on. Also the phone: tap targets of at least 44 px and no keys hint on a touch screen.
+Also the phone: tap targets of at least 44 px, no keys hint on a touch screen, and the marked reply (or the
+alternative Regenerate writes) on screen together with the label panel's score.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 
 from tests.e2e.app_process import wait_until
 from tests.e2e.browser import (MESSAGE_BOX, NAME_BOX, SLOW, chat_status, launched_chromium, open_app, panel_on,
-                               send_chat)
+                               save_note, send_chat)
 from tests.e2e.chat_support import (QueuedAhead, one_reply_at_a_time, rating, rating_rows, replies_to,
                                     user_message)
 
@@ -95,6 +97,66 @@ def test_path_2_keys_go_only_to_the_marked_reply(studio, chromium, pages):
     assert rating(store, second, "kai") == (None, 4, [], None)
 
 
+class HeldClick:
+    """The page's next Gradio event request held in the browser (the click is in flight) until ``release``; the
+    requests after it go out at once. Playwright's route is the network, not a door in the app."""
+
+    def __init__(self, page):
+        self.page, self.held, self.armed = page, [], False
+        page.route("**/gradio_api/queue/join*", self._route)
+
+    def _route(self, request) -> None:
+        if self.armed and not self.held:
+            self.held.append(request)
+        else:
+            request.continue_()
+
+    def wait_sent(self) -> None:
+        """Until the click's request reached the network (Playwright calls the route while the page is waited on)."""
+        for _ in range(WRITE * 10):
+            if self.held:
+                return
+            self.page.wait_for_timeout(100)
+        raise AssertionError("the click never sent its request")
+
+    def release(self) -> None:
+        self.armed = False
+        for request in self.held:
+            request.continue_()
+        self.page.unroute("**/gradio_api/queue/join*")
+
+
+def test_path_3_a_click_in_flight_lands_on_the_reply_marked_at_the_click(studio, chromium, pages):
+    from playwright.sync_api import expect
+
+    app, store = studio
+    pages.append(page := open_app(chromium, app.url, "ivy", viewport=(1400, 1000)))
+    first = send_chat(page, "first, labelled while the next one ends")
+    box = page.get_by_placeholder(MESSAGE_BOX)
+    held = HeldClick(page)
+    with QueuedAhead(app):
+        box.fill("second, ending while a click is in flight")
+        box.press("Enter")
+        chat_status(page, "Generating")
+        page.locator('[data-testid="bot"]:visible').first.click()  # the hand goes back to the first reply
+        panel_on(page, first)
+        marked(page, rf"reply #{first}\b")
+        held.armed = True
+        page.get_by_role("radio", name="4", exact=True).click()  # in flight: held in the browser
+        held.wait_sent()
+        assert rating(store, first, "ivy") == (None, None, [], None)
+    second = int(chat_status(page, r"Reply #(?!%d\b)(\d+) stored" % first).group(1))  # the new reply ended
+    held.release()
+    stored(store, first, "ivy", (None, 4, [], None))  # the click landed on the reply marked when it was made
+    assert rating(store, second, "ivy") == (None, None, [], None)
+    panel_on(page, first)  # and the panel names the reply the next click goes to
+    marked(page, rf"reply #{first}\b")
+    page.get_by_role("checkbox", name="Unsafe").click()
+    stored(store, first, "ivy", (None, 4, ["Unsafe"], None))
+    assert rating(store, second, "ivy") == (None, None, [], None)
+    assert [r[0] for r in rating_rows(store, "ivy")] == [first, first]
+
+
 def test_path_4_two_tabs_of_one_person_follow_the_store(studio, chromium, pages):
     from playwright.sync_api import expect
 
@@ -135,6 +197,20 @@ def test_path_4_two_tabs_of_one_person_follow_the_store(studio, chromium, pages)
     expect(a.get_by_role("checkbox", name="Unsafe")).to_be_checked(timeout=SLOW)
     a.get_by_role("checkbox", name="Inaccurate").click()  # on the view A now shows: stored
     stored(store, reply, "pia", (-1, 5, ["Inaccurate", "Unsafe"], None))
+
+    # a note typed in A while A's re-read is on its way stays in the box, and Save stores it (the walk found the
+    # re-read's answer putting B's stored note over it, and Save then storing nothing)
+    save_note(b, "B's note")
+    b.get_by_role("checkbox", name="Off-topic").click()
+    stored(store, reply, "pia", (-1, 5, ["Inaccurate", "Off-topic", "Unsafe"], "B's note"))
+    a.bring_to_front()
+    a.evaluate("() => window.dispatchEvent(new Event('focus'))")
+    a.get_by_label("Note", exact=True).fill("A typed this as the page read again")
+    expect(a.get_by_role("checkbox", name="Off-topic")).to_be_checked(timeout=SLOW)  # the re-read's answer came
+    expect(a.get_by_label("Note", exact=True)).to_have_value("A typed this as the page read again")
+    a.get_by_role("button", name="Save note").click()
+    chat_status(a, r"Note stored on reply #\d+")
+    stored(store, reply, "pia", (-1, 5, ["Inaccurate", "Off-topic", "Unsafe"], "A typed this as the page read again"))
 
 
 def test_path_6_a_name_typed_while_the_page_loads_is_never_replaced(studio, chromium, pages):
@@ -186,7 +262,7 @@ def test_phone_tap_targets_and_no_keys_hint_on_touch(studio, chromium, pages):
     page.goto(app.url + "/", timeout=SLOW)
     page.get_by_placeholder(NAME_BOX).fill("tao")
     first = send_chat(page, "a question from a phone")
-    send_chat(page, "and another from a phone")
+    second = send_chat(page, "and another from a phone")
     expect(page.locator(".rlhf-keys").first).to_be_hidden()
     for target in (page.get_by_role("button", name="Like", exact=True).first,
                    page.get_by_role("button", name="Save note"), page.get_by_role("button", name="Regenerate"),
@@ -197,5 +273,40 @@ def test_phone_tap_targets_and_no_keys_hint_on_touch(studio, chromium, pages):
     page.get_by_role("button", name="Like", exact=True).first.tap()  # the first reply's thumb, by touch
     stored(store, first, "tao", (1, None, [], None))
     panel_on(page, first)
+    page.wait_for_timeout(2500)  # past the moments after a new mark when the page brings the reply back itself
+    assert page.evaluate(CHAT_BOX_TO_BOTTOM)  # as the chat does when it redraws: the first reply leaves its box
     page.get_by_role("radio", name="2", exact=True).tap()
     stored(store, first, "tao", (1, 2, [], None))
+    on_screen(page, first)  # the tapped reply and its score, without scrolling
+    page.locator('[data-testid="bot"]:visible').last.tap()
+    panel_on(page, second)
+    on_screen(page, second)
+    page.get_by_role("button", name="Regenerate").tap()  # the alternative streams where the eye is
+    alternative = int(chat_status(page, r"Alternative 2 stored as reply #(\d+)").group(1))
+    panel_on(page, alternative)
+    on_screen(page, alternative)
+
+
+# Scrolls every scroll box inside the conversation to its end; says whether one of them moved.
+CHAT_BOX_TO_BOTTOM = """() => {
+  let moved = false;
+  document.querySelectorAll("#chat-conversation *").forEach((node) => {
+    const style = getComputedStyle(node).overflowY;
+    if ((style === "auto" || style === "scroll") && node.scrollHeight > node.clientHeight) {
+      node.scrollTop = node.scrollHeight;
+      moved = true;
+    }
+  });
+  return moved;
+}"""
+
+
+def on_screen(page, reply: int) -> None:
+    """The marked reply and the label panel's score are both in the phone's viewport."""
+    from playwright.sync_api import expect
+
+    marked(page, rf"reply #{reply}\b")
+    expect(page.locator("#chat-conversation .rlhf-marked")).to_be_in_viewport(timeout=SLOW)
+    for target in (page.get_by_text(re.compile(rf"Labels of reply #{reply}\b")),
+                   page.get_by_role("radio", name="5", exact=True)):
+        expect(target).to_be_in_viewport(timeout=SLOW)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rlhf.serving.interface import llama_cpp_installed
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from storage import Store
 from tests.conftest import ROOT
 from tests.e2e.app_process import TEST_APP, AppProcess, write_config

@@ -119,7 +119,7 @@ def test_2_a_note_typed_while_a_reply_streams_stays_in_its_box_on_its_reply(stud
     app, store = studio
     page = page_of("vera")
     first = send_chat(page, "tell me something")
-    note = page.get_by_label("Note")
+    note = page.get_by_label("Note", exact=True)
     note.fill("about the first, not saved yet")
     box = page.get_by_placeholder(MESSAGE_BOX)
     with QueuedAhead(app):
@@ -158,7 +158,7 @@ def test_3_a_new_name_labels_only_what_is_clicked_after_it(studio, page_of):
     page.get_by_placeholder(NAME_BOX).fill("bert")  # another person takes the chair
     expect(page.get_by_text(re.compile(rf"Labels of reply #{second}\b.* as bert"))).to_be_visible(timeout=SLOW)
     expect(page.get_by_role("radio", name="3", exact=True)).not_to_be_checked()  # bert has no score here
-    expect(page.get_by_label("Note")).to_have_value("")
+    expect(page.get_by_label("Note", exact=True)).to_have_value("")
     page.get_by_role("button", name="Previous alternative").click()
     panel_on(page, first)
     page.get_by_role("button", name="Next alternative").click()
@@ -209,7 +209,7 @@ def test_5_an_empty_seed_is_random_and_identical_replies_make_no_pair(studio, pa
     _, store = studio
     page = page_of("sora")
     page.get_by_role("button", name=re.compile("^Generation settings")).click()
-    seed = page.get_by_label("Seed (empty = random)")
+    seed = page.get_by_role("textbox", name=re.compile(r"^Seed \(empty = random\)"))
     expect(seed).to_have_value("")  # empty, not 0
     first = send_chat(page, "surprise me")
     page.get_by_role("button", name="Regenerate").click()

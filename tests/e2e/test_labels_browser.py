@@ -80,7 +80,7 @@ def test_the_panel_shows_and_stores_the_clicked_replys_own_labels(studio, page_o
     _, store = studio
     page = page_of("rita")
     score = lambda n: page.get_by_role("radio", name=str(n), exact=True)  # noqa: E731
-    note = page.get_by_label("Note")
+    note = page.get_by_label("Note", exact=True)
     first = send_chat(page, "first question")
     score_reply(page, 2)
     save_note(page, "note on the first reply")
@@ -109,7 +109,7 @@ def test_the_panel_shows_and_stores_the_clicked_replys_own_labels(studio, page_o
 def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, page_of):
     from playwright.sync_api import expect
 
-    _, store = studio
+    app, store = studio
     page = page_of("sam")
     set_max_tokens(page, LONG)
     box = page.get_by_placeholder(MESSAGE_BOX)
@@ -120,28 +120,24 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
     chat_status(page, r"Reply #\d+ stored")
     expect(box).to_have_value("typed while it streams")
 
-    # Enter while a reply streams: the message goes out when the reply ends. Whether Enter really lands before the
-    # reply's end depends on the machine's load, so the round is tried again (up to 3 times) until it does.
-    mid_stream = []
-    for attempt in range(3):
-        long_one, follow_up = f"a long answer please ({attempt})", f"sent while it streams ({attempt})"
+    # Enter while a reply is in flight: the message goes out when the reply ends. Replies queued ahead hold the
+    # browser's turn back, so Enter lands before its reply on any machine, however fast or loaded.
+    long_one, follow_up = "a long answer please", "sent while it streams"
+    with QueuedAhead(app):
         box.fill(long_one)
         box.press("Enter")
         status_text(page, "Generating")
         box.fill(follow_up)
         box.press("Enter")
-        asked = user_message(store, long_one)
-        mid_stream.append(not replies_to(store, asked.id))  # its reply was not stored yet: Enter came mid-stream
-        sent = wait_until(lambda: user_message(store, follow_up), SLOW / 1000, "the message sent while streaming")
-        answer = wait_until(lambda: replies_to(store, sent.id), SLOW / 1000, "the reply to it")
-        (long_reply,) = replies_to(store, asked.id)
-        assert sent.parent_id == long_reply.id and sent.conversation_id == asked.conversation_id
-        chat_status(page, rf"Reply #{answer[0].id} stored")
-        expect(box).to_have_value("")
-        expect(user_bubbles(page)).to_have_count(3 + 2 * attempt)
-        if mid_stream[-1]:
-            break
-    assert any(mid_stream), "Enter never landed while a reply streamed"
+        asked = wait_until(lambda: user_message(store, long_one), SLOW / 1000, "the first message")
+        assert not replies_to(store, asked.id) and user_message(store, follow_up) is None
+    sent = wait_until(lambda: user_message(store, follow_up), SLOW / 1000, "the message sent while streaming")
+    answer = wait_until(lambda: replies_to(store, sent.id), SLOW / 1000, "the reply to it")
+    (long_reply,) = replies_to(store, asked.id)
+    assert sent.parent_id == long_reply.id and sent.conversation_id == asked.conversation_id
+    chat_status(page, rf"Reply #{answer[0].id} stored")
+    expect(box).to_have_value("")
+    expect(user_bubbles(page)).to_have_count(3)
 
 
 def test_the_trash_icon_starts_a_new_conversation(studio, page_of):

@@ -223,7 +223,7 @@ def test_a_space_serves_its_hub_base_with_llama_cpp(tmp_path, tiny_model_dir, of
     and /health names the CPU kernels it runs on. Where llama-cpp-python is not installed, /health says so."""
     import httpx
 
-    from rlhf.serving.interface import llama_cpp_installed
+    from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 
     app = space_process(tmp_path, SPACES_BASE_MODEL, **offline_hub).start()
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf.serving.interface import EngineUnavailable, llama_cpp_installed
+from rlhf.serving.interface import EngineUnavailable
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
 FAMILIES = ["llama", "qwen2", "gemma3_text"]

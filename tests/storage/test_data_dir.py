@@ -7,7 +7,7 @@ from pathlib import Path
 from storage.paths import DataDir
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCTION = ("rlhf", "ui", "storage", "cli.py", "app.py")
+PRODUCTION = ("rlhf", "ui", "storage", "cli", "app.py")
 HOME = ROOT / "storage" / "paths.py"
 NAMES = {v for k, v in vars(DataDir).items() if k.isupper() and isinstance(v, str)}
 

@@ -333,3 +333,17 @@ def test_the_data_dir_and_database_are_owner_only(tmp_path):
     os.chmod(data / "studio.db", 0o644)
     Store(data / "studio.db").close()
     assert mode(data / "studio.db") == 0o600
+
+
+def test_a_job_remembers_when_its_progress_last_moved(store):
+    job = store.enqueue_job("selftest", "assistant", {})
+    store.claim_job(pid=1)
+    store.job_progress(job.id, 0.4)
+    moved = store.get_job(job.id).progressed
+    assert moved is not None
+    store.job_progress(job.id, 0.4, message="still at 40 %")  # a heartbeat with the same progress
+    store.job_progress(job.id, None, phase="eval")
+    assert store.get_job(job.id).progressed == moved
+    store.job_progress(job.id, 0.5)
+    after = store.get_job(job.id)
+    assert after.progressed >= moved and after.progress == 0.5

@@ -33,9 +33,9 @@ def selftest(ctx: JobContext) -> dict:
 
 
 def whereami(ctx: JobContext) -> dict:
-    """Where the job process works and imports from, and the code settings its config holds."""
+    """Where the job process works and imports from, its data dir, and the code settings its config holds."""
     return {"cwd": os.getcwd(), "sys_path": list(sys.path), "job_kinds": ctx.config.scheduler.job_kinds,
-            "reward_functions": ctx.config.ppo.reward_functions}
+            "reward_functions": ctx.config.ppo.reward_functions, "data_dir": str(ctx.data_dir)}
 
 
 def with_selftest(config: AppConfig) -> AppConfig:

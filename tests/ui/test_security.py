@@ -179,14 +179,16 @@ def test_an_annotator_reads_only_their_own_notes(noted):
         assert [r["note"] for r in bob["ratings"]] == ["bob's note"] and bob["content"] == "an answer"
         admin = httpx.get(url, auth=("alice", "a-pass")).json()
         assert sorted(r["note"] for r in admin["ratings"]) == ["bob's note", "carol's private note"]
-    table = data_tab.refresh_data(services, "assistant", "all", "all", "all", "", gr.Request(username="bob"))[0]
+    table = data_tab.refresh_data(services, "assistant", "all", "all", "all", "", gr.Request(username="bob"))["table"]
     assert list(table["annotator"]) == ["bob"] and "carol's private note" not in table.to_string()
-    unsafe = data_tab.refresh_data(services, "assistant", "all", "all", "Unsafe", "", gr.Request(username="bob"))[0]
+    unsafe = data_tab.refresh_data(services, "assistant", "all", "all", "Unsafe", "",
+                                   gr.Request(username="bob"))["table"]
     assert unsafe.empty  # the Flag filter cannot find others' flags either
-    everyone = data_tab.refresh_data(services, "assistant", "all", "all", "all", "", gr.Request(username="alice"))[0]
+    everyone = data_tab.refresh_data(services, "assistant", "all", "all", "all", "",
+                                     gr.Request(username="alice"))["table"]
     assert set(everyone["annotator"]) == {"bob", "carol"}
     services.config.server.open_feedback = True
-    opened = data_tab.refresh_data(services, "assistant", "all", "all", "all", "", gr.Request(username="bob"))[0]
+    opened = data_tab.refresh_data(services, "assistant", "all", "all", "all", "", gr.Request(username="bob"))["table"]
     assert set(opened["annotator"]) == {"bob", "carol"}
 
 

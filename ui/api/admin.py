@@ -21,7 +21,7 @@ from rlhf.interop.export import FORMATS, ExportError, archive, default_name, exp
 from storage import InvalidInput, NotFound
 from storage.util import SLUG
 from ui.flows import decisions as decisions_flow
-from ui.flows.agents import agent_json, check_generation, create_agent
+from ui.flows.agents import agent_json, check_chat_template, check_generation, create_agent
 from ui.permissions import current_user, is_admin, require_admin
 from ui.api.errors import PREFIX, errors
 from ui.api.models import AgentOut, Excluded, Me, NewToken, Quality, Strict, TokenOut, ok
@@ -41,12 +41,14 @@ class AgentBody(Strict):
     # A shipped name, a local directory or GGUF file (a path: at most PATH_MAX bytes), or a hub id.
     base_model: Optional[str] = Field(None, max_length=4096)
     generation: Optional[dict[str, Any]] = None
+    chat_template: Optional[str] = None  # the agent's own chat template (Jinja); null: the base model's
 
 
 class AgentPatch(Strict):
     system_prompt: Optional[str] = None
     generation: Optional[dict[str, Any]] = None
     guidelines: Optional[str] = None  # annotation guidelines shown in Chat, Arena and Vote (Markdown)
+    chat_template: Optional[str] = None  # the agent's own chat template (Jinja); "" back to the base model's
 
 
 class ExcludeBody(Strict):
@@ -78,13 +80,13 @@ def agent_routes(r: APIRouter, services: Services) -> None:
     def new_agent(body: AgentBody, request: Request):
         require_admin(services, request)
         return agent_json(services, create_agent(services, body.name, body.system_prompt, body.base_model,
-                                                 body.generation))
+                                                 body.generation, body.chat_template))
 
     @r.patch("/agents/{name}", responses=ok(AgentOut) | errors(404, write=True))
     def edit_agent(name: str, body: AgentPatch, request: Request):
         require_admin(services, request)
         agent = store.update_agent(name, body.system_prompt, check_generation(services, body.generation),
-                                   body.guidelines)
+                                   body.guidelines, check_chat_template(body.chat_template))
         return agent_json(services, agent)
 
 

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 
 from ui.api.errors import PREFIX, errors
 from ui.api.models import AgentOut, Health, PolicyOut, ok
+from ui.flows.agents import agent_json
 from ui.services import Services
 
 
@@ -30,7 +31,7 @@ def read_routes(r: APIRouter, services: Services) -> None:
 
     @r.get("/agents", responses=ok(list[AgentOut]) | errors())
     def agents():
-        return [a.to_dict() | {"active_policy_id": store.active_policy(a.id).id} for a in store.list_agents()]
+        return [agent_json(services, a) for a in store.list_agents()]
 
     @r.get("/policies", responses=ok(list[PolicyOut]) | errors(404))
     def policies(agent: Optional[str] = None):

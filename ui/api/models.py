@@ -34,9 +34,13 @@ class AgentOut(BaseModel):
     base_model: str
     generation: dict[str, Any]
     guidelines: str
+    chat_template: Optional[str] = None  # the agent's own chat template (Jinja); null: the base model's
     created: str
     updated: str
     active_policy_id: int
+    # Whether its base model can chat: ready | preparing (a prepare_base job converts it) | failed | unprepared
+    status: str = "ready"
+    prepare_job_id: Optional[int] = None
 
 
 class PolicyOut(BaseModel):

@@ -15,7 +15,7 @@ import numpy as np
 from rlhf.analysis.arena import choose_pair, pair_candidates
 from rlhf.retrain.decisions import is_open
 from storage import Agent, ArenaPair, Comparison, Conflict, Message, Policy, Store
-from ui.flows.leaderboard import Leaderboards
+from ui.state.leaderboard import Leaderboards
 from ui.flows import chat as chatflow
 from ui.services import Services
 

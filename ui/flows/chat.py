@@ -14,7 +14,7 @@ from rlhf.config import AppConfig
 from rlhf.serving.policy_server import AdapterError, AdapterRef, GenParams, PolicyServer, ReplyStream
 from storage import Agent, Conflict, InvalidInput, Message, Policy, Store
 from ui.flows.access import Caller
-from ui.flows.slots import ReplySlots
+from ui.state.slots import ReplySlots
 from ui.permissions import Forbidden
 
 
@@ -141,7 +141,8 @@ def _start(store: Store, server: PolicyServer, owner: Optional[str], system_prom
            policy: Policy, params: GenParams, slots: Optional[ReplySlots]) -> ReplyStream:
     """The stream of one reply, within ``owner``'s share of ``slots``; a version that cannot be served is marked
     broken (Conflict)."""
-    begin = lambda: server.stream(system_prompt, history, adapter_for(policy), params)  # noqa: E731
+    template = store.get_agent(policy.agent_id).chat_template  # the agent's own, or None: the base's
+    begin = lambda: server.stream(system_prompt, history, adapter_for(policy), params, template)  # noqa: E731
     try:
         return begin() if slots is None else slots.start(owner, begin)
     except AdapterError as exc:

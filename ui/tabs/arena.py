@@ -14,7 +14,7 @@ from storage import Conflict
 from ui.views.arena import BT_VS_ELO, leaderboard_view, reveal_text, win_rate_view
 from ui.views.text import literal_chat, literal_html, status_label
 from ui.flows.arena import cast_vote, close_round, open_round, stream_round
-from ui.flows.leaderboard import counted_votes
+from ui.state.leaderboard import counted_votes
 from ui.services import Services, bind
 from ui.tabs.chat_view import cut_badge
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller

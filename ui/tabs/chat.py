@@ -19,7 +19,7 @@ from ui.permissions import Forbidden
 from ui.services import Services, bind
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
-from ui.tabs.chat_layout import IDLE, PAGE_JS, ChatParts, layout_chat
+from ui.tabs.chat_layout import IDLE, NOTE_GATE_JS, PAGE_JS, ChatParts, layout_chat
 from ui.tabs.chat_versions import (ACTIVE, follow_store, refresh_agents, refresh_versions, show_picker,
                                    version_choices)
 from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
@@ -346,10 +346,11 @@ def _wire_labels(services: Services, p: ChatParts, annotator) -> None:
           p.label_out, **{**each, "api_name": "note"})
     reread = [p.state, annotator] + p.panel_in
     shown = bind(labels.shown_now, services)
-    p.refresh.click(bind(labels.refresh_panel, services), reread, p.panel_out + [p.chatbot], **each) \
-        .then(shown, None, None, **each)
-    annotator.change(bind(labels.rename, services), reread, p.panel_out + [p.chatbot], api_name=False,
-                     show_progress="hidden").then(shown, None, None, **each)
+    gate = {"fn": None, "inputs": [p.note_read], "outputs": [p.note], "js": NOTE_GATE_JS, **each}
+    p.refresh.click(bind(labels.refresh_panel, services), reread, p.reread_out + [p.chatbot], **each) \
+        .then(**gate).then(shown, [annotator, p.form_for], p.panel_out, **each)
+    annotator.change(bind(labels.rename, services), reread, p.reread_out + [p.chatbot], api_name=False,
+                     show_progress="hidden").then(**gate).then(shown, [annotator, p.form_for], p.panel_out, **each)
     gr.on([p.form_for.change, p.state.change], labels.mark, [p.state, p.form_for], [p.mark], api_name=False,
           show_progress="hidden", concurrency_limit=None)
     gr.on(None, None, None, None, js=PAGE_JS, api_name=False)  # on load: the bubble outline, focus re-reads

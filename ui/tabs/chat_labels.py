@@ -25,10 +25,12 @@ from ui.flows import access
 from ui.permissions import current_user
 from ui.services import Services
 from ui.tabs import chat_view as cv
+from ui.tabs.chat_layout import KEEP_NOTE
 from ui.tabs.common import labeller
 from ui.tabs.errors import error_status, handles_errors
 
 N_PANEL = 7  # form_for, panel_as, header, score, flags, note, touched: see ``panel``
+NOTE_SLOT = 5
 STALE = ("Reply #{reply}'s {what} changed in another tab or device after this page showed it: nothing was stored. "
          "The panel now shows what is stored; click again if you still mean it.")
 WRITING_REFUSED = ("No reply in the panel to label: click a reply first (a reply being written opens its labels "
@@ -69,6 +71,8 @@ def panel(services: Services, reply_id: Optional[int], name: Optional[str], keep
     (``keep_note``: the box is left as it is); ``touched`` (None: left as it is) counts the person's clicks on it."""
     store = services.store
     score, flags, note = cv.panel_values(store, reply_id, name)
+    if not pending:  # a re-read (pending) shows the reply the panel was on; it never points the panel anywhere
+        services.labels.point(page_of(request), reply_id)
     services.labels.show(page_of(request), reply_id, name, pending, score=score, flags=sorted(flags), note=note)
     draft = services.labels.draft(page_of(request), reply_id)
     live = reply_id is not None
@@ -82,6 +86,7 @@ def writing_panel(services: Services, request, form_for, panel_as, note) -> tupl
     """The panel on the reply being written (Send, Regenerate): the old reply's unsaved note kept as its draft,
     scores and flags closed (keys 1–5 do nothing) until the reply ends."""
     keep_draft(services, request, form_for, panel_as, note)
+    services.labels.point(page_of(request), None)
     return (None, gr.skip(), cv.WRITING, gr.Radio(value=None, interactive=False),
             gr.CheckboxGroup(value=[], interactive=False), "", gr.skip())
 
@@ -187,6 +192,7 @@ def select_reply(services: Services, state: dict, annotator: str, form_for, pane
     """Clicking a reply shows its labels in the panel (nothing is written)."""
     name = viewer(services, request, annotator)
     reply = clicked_reply(services, state, data, request)
+    services.labels.point(page_of(request), reply)  # at once: a re-read already on its way must not undo the move
     shown = None if form_for is None else int(form_for)
     outputs, warning = moved_panel(services, reply, name, shown, panel_as, note, touched, request)
     return outputs + (cv.rating_summary(services.store, reply, name) + warning,)
@@ -285,19 +291,43 @@ def refresh_panel(services: Services, state: dict, annotator: str, form_for, pan
                   request: gr.Request = None):
     """The panel and the thumb icons read again from the Store (the page got the focus back, or another tab or
     device may have written): nothing is written, and a note being typed stays in its box. A click made before the
-    page shows the re-read is judged by what it showed then (``shown_now`` follows this in the browser)."""
+    page shows the re-read is judged by what it showed then (``shown_now`` follows this in the browser). When the
+    panel was moved to another reply after this re-read was asked for (a click right as the page got the focus
+    back), the panel is left where the click put it."""
     name = viewer(services, request, annotator)
     chat = icons(services, request, (state or {}).get("ids", []), name, pending=True)
     if form_for is None:  # nothing shown (or the reply is still being written): nothing to re-read
-        return (gr.skip(),) * N_PANEL + (chat,)
+        return _reread((gr.skip(),) * N_PANEL) + (chat,)
     reply = int(form_for)
+    if services.labels.moved_from(page_of(request), reply):  # a click moved the panel while this was on its way
+        return _reread((gr.skip(),) * N_PANEL) + (chat,)
     keep = cv.unsaved_note(services.store, reply, panel_as or None, note)
-    return panel(services, reply, name, keep_note=keep, request=request, pending=True) + (chat,)
+    out = panel(services, reply, name, keep_note=keep, request=request, pending=True)
+    moved = services.labels.moved_from(page_of(request), reply)
+    return _reread((gr.skip(),) * N_PANEL if moved else out) + (chat,)
 
 
-def shown_now(services: Services, request: gr.Request = None) -> None:
-    """The page shows the panel and icons it was sent by ``refresh_panel``: later clicks are judged by them."""
-    services.labels.shown(page_of(request))
+def _reread(out: tuple) -> tuple:
+    """A re-read's panel for ``ChatParts.reread_out``: its note slot says KEEP_NOTE where the box is left as it is
+    (the page's NOTE_GATE_JS then also keeps a note typed after the re-read was sent)."""
+    note = out[NOTE_SLOT]
+    keep = isinstance(note, dict) and "value" not in note  # gr.skip()
+    return out[:NOTE_SLOT] + (KEEP_NOTE if keep else note,) + out[NOTE_SLOT + 1:]
+
+
+def shown_now(services: Services, annotator: Optional[str] = None, form_for=None,
+              request: gr.Request = None) -> tuple:
+    """The page shows the panel and icons it was sent by ``refresh_panel``: later clicks are judged by them.
+
+    A re-read and a click on another reply run side by side, and their answers can reach the page in either order:
+    when the re-read's came last, it put the panel back on the reply it was read for. The page's panel (read now,
+    after both) is then moved again to the reply the click pointed it at."""
+    page = page_of(request)
+    services.labels.shown(page)
+    pointed = services.labels.pointed(page)
+    if pointed is None or form_for is None or int(form_for) == pointed:
+        return (gr.skip(),) * N_PANEL
+    return panel(services, pointed, viewer(services, request, annotator), request=request)
 
 
 def rename(services: Services, state: dict, annotator: str, form_for, panel_as, note, touched=0,

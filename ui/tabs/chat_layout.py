@@ -36,31 +36,99 @@ CSS = """
 # Run once on load: outline the bubble the panel labels (the server's hidden marker says which one, and the chat
 # redraws its bubbles while a reply streams, so the outline is put back after each redraw), and read the panel
 # again from the Store when the page gets the focus back (another tab or device may have labelled meanwhile).
+# On a phone the panel sits under the conversation: when another reply is marked, or Regenerate is tapped, the page
+# brings the conversation's top to the top of the screen and scrolls the chat's own box to the marked reply, so the
+# reply (or its alternative as it streams) and the panel's score are on screen together.
 PAGE_JS = """() => {
   if (window.__rlhfChatMarks) return;
   window.__rlhfChatMarks = true;
+  const phone = window.matchMedia("(max-width: 640px)");
+  // The marked bubble sits in the chat's own scroll box: that box is scrolled (never the page) so it shows.
+  const scrollerOf = (el, conv) => {
+    for (let node = el.parentElement; node && conv.contains(node); node = node.parentElement) {
+      const style = getComputedStyle(node).overflowY;
+      if ((style === "auto" || style === "scroll") && node.scrollHeight > node.clientHeight) return node;
+    }
+    return null;
+  };
+  const showMarked = (conv) => {
+    const bubble = conv.querySelector(".rlhf-marked");
+    const box = bubble && scrollerOf(bubble, conv);
+    if (!box) return;
+    const b = bubble.getBoundingClientRect(), s = box.getBoundingClientRect();
+    if (b.bottom < s.top + 24 || b.top > s.bottom - 24) box.scrollTop += b.top - s.top - 8;
+  };
+  // For a moment after a new mark (or a Regenerate) the chat may redraw and scroll itself, so the reveal is kept up:
+  // on each redraw and at set times (a scroll of the chat's own is not a redraw).
+  let revealUntil = 0;
+  const revealSoon = () => {
+    revealUntil = Date.now() + 2000;
+    [50, 400, 1200, 2000].forEach((ms) => setTimeout(toConversation, ms));
+  };
+  const toConversation = () => {
+    const conv = document.getElementById("chat-conversation");
+    if (!phone.matches || !conv) return;
+    const top = conv.getBoundingClientRect().top;
+    if (top < 0 || top > 8) conv.scrollIntoView({block: "start"});
+    showMarked(conv);
+  };
+  let shown = -1;
+  // A label input (score, flag, note) may redraw the chat: its box is brought back to the reply being labelled (the
+  // page itself stays put, under the finger).
+  const boxToMarked = () => {
+    const conv = document.getElementById("chat-conversation");
+    if (phone.matches && conv) showMarked(conv);
+  };
+  document.addEventListener("click", (event) => {
+    if (!event.target.closest) return;
+    if (event.target.closest("#chat-regenerate")) revealSoon();
+    else if (event.target.closest("#chat-labels")) [50, 600, 1500].forEach((ms) => setTimeout(boxToMarked, ms));
+  }, true);
   const apply = () => {
     const conv = document.getElementById("chat-conversation");
     if (!conv) return;
     const marker = document.querySelector("#chat-mark [data-index]");
     const index = marker ? Number(marker.dataset.index) : -1;
     const label = marker ? (marker.dataset.label || "") : "";
+    if (index !== shown) {
+      shown = index;
+      if (index >= 0) revealSoon();
+    }
     conv.querySelectorAll('[data-testid="bot"], [data-testid="user"]').forEach((bubble, i) => {
       const on = i === index;
       if (bubble.classList.contains("rlhf-marked") !== on) bubble.classList.toggle("rlhf-marked", on);
       if (on && bubble.dataset.mark !== label) bubble.dataset.mark = label;
       if (!on && bubble.dataset.mark !== undefined) delete bubble.dataset.mark;
     });
+    if (Date.now() < revealUntil) toConversation();
   };
   new MutationObserver(apply).observe(document.body, {subtree: true, childList: true, characterData: true,
                                                        attributes: true, attributeFilter: ["data-index"]});
   const reread = () => {
     const button = document.getElementById("chat-refresh");
-    if (document.visibilityState === "visible" && button) button.click();
+    if (document.visibilityState === "visible" && button) {
+      window.__rlhfRereadAt = Date.now();
+      button.click();
+    }
   };
+  document.addEventListener("input", (event) => {
+    if (!event.target.closest) return;
+    if (event.target.closest("#chat-note")) window.__rlhfNoteTypedAt = Date.now();
+    else if (event.target.closest("#annotator-name")) window.__rlhfRereadAt = Date.now();  // a name re-reads too
+  }, true);
   window.addEventListener("focus", reread);
   document.addEventListener("visibilitychange", reread);
 }"""
+
+# After a re-read (focus, a name change): its note goes into the box unless the person typed there since the re-read
+# was sent (its answer was read from what the box held before), or unless the server said to keep the box.
+KEEP_NOTE = "__rlhf_keep_the_note_box__"  # chat_labels: the re-read leaves the note box as it is
+NOTE_GATE_JS = """(read) => {
+  const box = document.querySelector("#chat-note textarea");
+  const typed = (window.__rlhfNoteTypedAt || 0) >= (window.__rlhfRereadAt || 0);
+  if (read === "%s" || (typed && window.__rlhfNoteTypedAt)) return box ? box.value : "";
+  return read;
+}""" % KEEP_NOTE
 
 
 @dataclass
@@ -91,6 +159,7 @@ class ChatParts:
     next_alt: gr.Button
     mark: gr.HTML
     refresh: gr.Button
+    note_read: gr.Textbox
     gen: list
 
     @property
@@ -107,6 +176,11 @@ class ChatParts:
     def panel_out(self) -> list:
         """The label panel as ``chat_labels.panel`` fills it."""
         return [self.form_for, self.panel_as, self.header, self.score, self.flags, self.note, self.touched]
+
+    @property
+    def reread_out(self) -> list:
+        """A re-read's panel: ``panel_out`` with the note going to ``note_read`` (see ``NOTE_GATE_JS``)."""
+        return [self.note_read if c is self.note else c for c in self.panel_out]
 
     @property
     def label_out(self) -> list:
@@ -149,6 +223,8 @@ def _panel(services: Services) -> dict:
         "touched": gr.Number(value=0, visible=False, precision=0),  # the person's clicks on it so far
         "mark": gr.HTML(cv.mark_html(None, []), visible="hidden", elem_id="chat-mark"),
         "refresh": gr.Button("Read the labels again", visible="hidden", elem_id="chat-refresh"),
+        # a re-read's note, put in the box by NOTE_GATE_JS unless the person typed there after the re-read was sent
+        "note_read": gr.Textbox(value="", visible=False),
         "header": gr.Markdown(cv.panel_header(services.store, None, None), elem_id="chat-panel-header"),
     }
     with gr.Row(equal_height=False):

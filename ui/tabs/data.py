@@ -1,7 +1,9 @@
 """Data tab: the feedback as a filterable table, annotation quality with plots, and the admin tools
 (exclude annotators, flagged replies, exports, agents, API tokens).
 
-View logic lives in pure functions (tested without Gradio); the maths is in ``rlhf.analysis.quality``.
+View logic lives in pure functions (tested without Gradio); the maths is in ``rlhf.analysis.quality``. The
+components are laid out in ``ui.tabs.data_layout``; this module's handlers fill them and ``build_data_tab`` wires
+them.
 """
 from __future__ import annotations
 
@@ -11,23 +13,20 @@ import gradio as gr
 import pandas as pd
 
 from rlhf.analysis import quality
-from rlhf.interop.export import FORMATS, ExportError, archive, default_name, export
-from storage import FLAGS, NotFound
-from ui.tabs.agents import build_agents_panel
+from rlhf.interop.export import ExportError, archive, default_name, export
+from storage import NotFound
 from ui import charts
 from ui.flows import decisions as decisions_flow
 from ui.permissions import current_user, is_admin, require_admin, sees_all_feedback
 from ui.services import Services, bind
-from ui.tabs.common import ask, build_question, hide_question
+from ui.tabs.common import ask, hide_question
+from ui.tabs.data_layout import ADMIN_NOTE, ALL, DataParts, layout_data
 from ui.tabs.errors import handles_errors
 from ui.views.text import literal_html
 
-ALL = "all"
-ADMIN_NOTE = "Admin tools: excluded annotators stay in the Store but are left out of training and training exports."
 VIEW_ONLY = "You can browse your own feedback and quality stats; other annotators' feedback and stats, excluding " \
             "annotators, flagged replies and exports need the admin role."
 FEEDBACK_COLUMNS = ["created", "annotator", "kind", "label", "flags", "note", "prompt", "reply", "ids", "excluded"]
-FEEDBACK_WIDTHS = ["10%", "8%", "5%", "8%", "8%", "12%", "19%", "20%", "6%", "4%"]
 PROMPT_CHARS, REPLY_CHARS, NOTE_CHARS = 70, 100, 200
 WINNER_WORDS = {"a": "A better", "b": "B better", "tie": "tie", "both_bad": "both bad"}
 NO_AGREEMENT = "no shared items"  # agreement needs items another annotator judged too
@@ -121,9 +120,10 @@ def feedback_view(frame: pd.DataFrame, limit: int = 500) -> pd.DataFrame:
 
 # ---- handlers --------------------------------------------------------------------------------------
 def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag: str, text: str,
-                 request: gr.Request = None):
-    """Everything the tab shows for an agent, filtered: flagged replies only for admins, and other annotators'
-    feedback events (flags, notes, prompts, replies) only for admins unless ``server.open_feedback``."""
+                 request: gr.Request = None) -> dict:
+    """Everything the tab shows for an agent, filtered, by part name (``data_layout.REFRESHED``): flagged replies
+    only for admins, and other annotators' feedback events (flags, notes, prompts, replies) only for admins unless
+    ``server.open_feedback``."""
     computed = services.feedback_stats.get(services.store.get_agent(agent).id)  # once per change, not per refresh
     frame, stats = computed.frame, computed.stats
     if not sees_all_feedback(services, request):
@@ -133,10 +133,11 @@ def refresh_data(services: Services, agent: str, annotator: str, kind: str, flag
     shown = quality.filter_feedback(frame, annotator, kind, flag, text)
     flagged = computed.flagged if is_admin(services, request) else computed.flagged.iloc[0:0]  # admins' eyes only
     count = f"{len(shown)} of {len(frame)} feedback events" + (" (newest 500 shown)" if len(shown) > 500 else "")
-    return (feedback_view(shown), count, gr.Dropdown(choices=names, value=annotator if annotator in names else ALL),
-            stats_view(stats), agreement_chart(stats), speed_chart(stats), alpha_markdown(computed.alpha),
-            flagged,
-            gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)]))
+    return {"table": feedback_view(shown), "count": count,
+            "who": gr.Dropdown(choices=names, value=annotator if annotator in names else ALL),
+            "stats": stats_view(stats), "agreement": agreement_chart(stats), "speed": speed_chart(stats),
+            "alpha": alpha_markdown(computed.alpha), "flagged": flagged,
+            "pick": gr.Dropdown(choices=[n for n in names if n not in (ALL, quality.ANONYMOUS)])}
 
 
 @handles_errors()
@@ -248,95 +249,54 @@ def admin_gate(services: Services, n_controls: int, request: gr.Request = None):
     return (ADMIN_NOTE if allowed else VIEW_ONLY, *[gr.Button(interactive=allowed) for _ in range(n_controls)])
 
 
-# ---- layout ----------------------------------------------------------------------------------------
+# ---- wiring ----------------------------------------------------------------------------------------
 def build_data_tab(services: Services, tab: Optional[gr.Tab] = None) -> None:
     """Lay out the tab (inside ``with gr.Tab(...)``; pass it to refresh on select) and bind its handlers."""
-    agents = [a.name for a in services.store.list_agents()]
-    agent = gr.Dropdown(agents, value=agents[0], label="Agent")
-    with gr.Row():
-        who = gr.Dropdown([ALL], value=ALL, label="Annotator", scale=1)
-        kind = gr.Dropdown([ALL, "rating", "vote"], value=ALL, label="Kind", scale=1)
-        flag = gr.Dropdown([ALL, *FLAGS], value=ALL, label="Flag", scale=1)
-        text = gr.Textbox(label="Search prompt, reply and note", scale=2)
-    count = gr.Markdown()
-    table = gr.Dataframe(label="Feedback (newest first; long texts are shortened: search above to find one)",
-                         interactive=False, wrap=True, max_height=640, column_widths=FEEDBACK_WIDTHS)
-    with gr.Accordion("Annotation quality", open=True):
-        stats = gr.Dataframe(label="Per annotator", interactive=False)
-        with gr.Row():
-            with gr.Column():
-                gr.Markdown("**Agreement with the majority** (%, on items others judged too)")
-                agreement = gr.HTML()
-            with gr.Column():
-                gr.Markdown("**Median seconds per item**")
-                speed = gr.HTML()
-        alpha = gr.Markdown()
-    admin_only: list = []
-    access = gr.Markdown(ADMIN_NOTE)
-    with gr.Accordion("Exclude an annotator from training (admin)", open=False):
-        with gr.Row():
-            pick = gr.Dropdown([], label="Annotator", scale=2)
-            exclude = gr.Button("Exclude", variant="stop", scale=1)
-            include = gr.Button("Include again", scale=1)
-        exclude_question = build_question("Yes, exclude")
-        exclude_status = gr.Markdown()
-        admin_only += [exclude, include]
-    with gr.Accordion("Flagged replies (admin)", open=False):
-        flagged = gr.Dataframe(label="Replies with flags, most flagged first", interactive=False, wrap=True)
-    with gr.Accordion("Export (admin)", open=False):
-        with gr.Row():
-            fmt = gr.Dropdown(list(FORMATS), value="jsonl", label="Format", scale=2)
-            run = gr.Button("Export", scale=1)
-            download = gr.DownloadButton("Download", visible=False, scale=1)
-        export_status = gr.Markdown("Formats: raw `jsonl`/`parquet`/`hf`; training `trl-preference`, `kto`; "
-                                    "cluster `openrlhf`, `verl` (with LAUNCH.md). The CLI and "
-                                    "`GET /api/v1/export` write the same files.")
-        admin_only.append(run)
-    with gr.Accordion("Agents (admin)", open=False):
-        build_agents_panel(services, admin_only)
-    with gr.Accordion("API tokens (admin)", open=False):
-        with gr.Row():
-            token_user = gr.Textbox(label="User", max_length=64)
-            token_label = gr.Textbox(label="Label (optional)", max_length=200)
-            token_days = gr.Number(label="Expires in days (blank = never)", minimum=0)
-            token_button = gr.Button("Create token")
-        token_out = gr.Markdown()
-        token_box = gr.Textbox(label="New token (shown once)", visible=False, interactive=False, buttons=["copy"],
-                               elem_id="new-token")
-        tokens = gr.Dataframe(label="Tokens (no secrets)", interactive=False)
-        with gr.Row():
-            revoke_id = gr.Number(label="Token id", precision=0, scale=1)
-            revoke_button = gr.Button("Revoke", variant="stop", scale=1)
-        revoke_question = build_question("Yes, revoke")
-        admin_only += [token_button, revoke_button]
+    p = layout_data(services)
+    refresh = p.keyed(bind(refresh_data, services))
+    _wire_feedback(services, p, refresh, tab)
+    _wire_exclusion(services, p, refresh)
+    p.run.click(bind(run_export, services), [p.agent, p.fmt], [p.download, p.export_status], api_name="export")
+    _wire_tokens(services, p)
 
-    inputs = [agent, who, kind, flag, text]
-    outputs = [table, count, who, stats, agreement, speed, alpha, flagged, pick]
-    refresh = bind(refresh_data, services)
-    gr.on([agent.change, who.input, kind.change, flag.change, text.submit], refresh, inputs, outputs, api_name=False)
-    gr.on(None, refresh, inputs, outputs, api_name=False)  # on load
+
+def _wire_feedback(services: Services, p: DataParts, refresh, tab: Optional[gr.Tab]) -> None:
+    """The table and the quality figures follow the filters, the tab being shown and the Store (every 30 s); the
+    admin tools are enabled for admins only."""
+    gr.on([p.agent.change, p.who.input, p.kind.change, p.flag.change, p.text.submit], refresh, p.filters,
+          p.refreshed, api_name=False)
+    gr.on(None, refresh, p.filters, p.refreshed, api_name=False)  # on load
     if tab is not None:  # what arrived since the last refresh, as soon as the tab is shown
-        tab.select(refresh, inputs, outputs, api_name=False, show_progress="hidden")
-    gr.Timer(30).tick(refresh, inputs, outputs, api_name=False, show_progress="hidden")
-    agent.focus(lambda current: gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current),
-                [agent], [agent], api_name=False)
-    gr.on(None, bind(admin_gate, services, len(admin_only)), None, [access, *admin_only], api_name=False)
-    # Excluding and revoking ask first ("Yes" runs them; the API names stay on the "Yes" events).
-    ask_out = [exclude_question.box, exclude_question.text, exclude_status]
-    exclude.click(bind(ask_exclude, services), [agent, pick], ask_out, api_name=False)
-    gr.on([pick.input, agent.change], hide_question, None, ask_out[:2], api_name=False)
-    exclude_question.yes.click(bind(set_excluded, services), [pick, gr.State(True)], [exclude_status],
-                               api_name="exclude_annotator") \
-        .then(hide_question, None, ask_out[:2], api_name=False).then(refresh, inputs, outputs, api_name=False)
-    include.click(bind(set_excluded, services), [pick, gr.State(False)], [exclude_status], api_name="include_annotator") \
-        .then(refresh, inputs, outputs, api_name=False)
-    run.click(bind(run_export, services), [agent, fmt], [download, export_status], api_name="export")
+        tab.select(refresh, p.filters, p.refreshed, api_name=False, show_progress="hidden")
+    gr.Timer(30).tick(refresh, p.filters, p.refreshed, api_name=False, show_progress="hidden")
+    p.agent.focus(lambda current: gr.Dropdown(choices=[a.name for a in services.store.list_agents()], value=current),
+                  [p.agent], [p.agent], api_name=False)
+    gr.on(None, bind(admin_gate, services, len(p.admin_only)), None, [p.access, *p.admin_only], api_name=False)
+
+
+def _wire_exclusion(services: Services, p: DataParts, refresh) -> None:
+    """Excluding asks first ("Yes" runs it; the API name stays on the "Yes" event); including does not."""
+    question = p.exclude_question
+    ask_out = [question.box, question.text, p.exclude_status]
+    p.exclude.click(bind(ask_exclude, services), [p.agent, p.pick], ask_out, api_name=False)
+    gr.on([p.pick.input, p.agent.change], hide_question, None, ask_out[:2], api_name=False)
+    question.yes.click(bind(set_excluded, services), [p.pick, gr.State(True)], [p.exclude_status],
+                       api_name="exclude_annotator") \
+        .then(hide_question, None, ask_out[:2], api_name=False).then(refresh, p.filters, p.refreshed, api_name=False)
+    p.include.click(bind(set_excluded, services), [p.pick, gr.State(False)], [p.exclude_status],
+                    api_name="include_annotator") \
+        .then(refresh, p.filters, p.refreshed, api_name=False)
+
+
+def _wire_tokens(services: Services, p: DataParts) -> None:
+    """API tokens: create one (shown once), revoke one after a question; the table follows."""
     list_tokens = bind(token_table, services)
-    token_button.click(bind(make_token, services), [token_user, token_label, token_days], [token_out, token_box],
-                       api_name=False).then(list_tokens, None, [tokens], api_name=False)
-    revoke_out = [revoke_question.box, revoke_question.text, token_out]
-    revoke_button.click(bind(ask_revoke, services), [revoke_id], revoke_out, api_name=False)
-    revoke_id.input(hide_question, None, revoke_out[:2], api_name=False)
-    revoke_question.yes.click(bind(revoke_token, services), [revoke_id], [token_out], api_name=False) \
-        .then(hide_question, None, revoke_out[:2], api_name=False).then(list_tokens, None, [tokens], api_name=False)
-    gr.on(None, list_tokens, None, [tokens], api_name=False)  # on load
+    p.token_button.click(bind(make_token, services), [p.token_user, p.token_label, p.token_days],
+                         [p.token_out, p.token_box], api_name=False).then(list_tokens, None, [p.tokens], api_name=False)
+    question = p.revoke_question
+    revoke_out = [question.box, question.text, p.token_out]
+    p.revoke_button.click(bind(ask_revoke, services), [p.revoke_id], revoke_out, api_name=False)
+    p.revoke_id.input(hide_question, None, revoke_out[:2], api_name=False)
+    question.yes.click(bind(revoke_token, services), [p.revoke_id], [p.token_out], api_name=False) \
+        .then(hide_question, None, revoke_out[:2], api_name=False).then(list_tokens, None, [p.tokens], api_name=False)
+    gr.on(None, list_tokens, None, [p.tokens], api_name=False)  # on load

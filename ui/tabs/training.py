@@ -11,7 +11,7 @@ import gradio as gr
 import pandas as pd
 
 from rlhf.retrain.data import dry_run
-from rlhf.jobs.scheduler import Rule
+from rlhf.retrain.triggers import Rule
 from storage import Job
 from ui import charts
 from ui.views.dashboard import curve_series, rm_accuracy_text
@@ -49,14 +49,21 @@ RELIABLE_PROGRESS = 0.3  # below this the phases move unevenly: the pace so far 
 def time_left(job: Job, now: Optional[datetime] = None) -> str:
     """Elapsed time and an honest word on what is left for a running job: from its pace once it is
     ``RELIABLE_PROGRESS`` done; before that from the estimate made before it started, which holds only on a machine
-    as quiet as then (past it, the estimate is said to be exceeded: never a countdown stuck at "1 min left")."""
+    as quiet as then (past it, the estimate is said to be exceeded: never a countdown stuck at "1 min left").
+    The pace is the one at the progress's last move, counted down from there: while the progress stands still the
+    time left never grows, and once that countdown is spent the page says how long it has stood, and where."""
     elapsed = _seconds(job, now)
     if job.status != "running" or elapsed is None:
         return ""
     clock = f"{_clock(elapsed)} elapsed"
     if job.progress >= RELIABLE_PROGRESS:
-        left = elapsed * (1 - job.progress) / job.progress
-        return f"{clock} · about {max(1, round(left / 60))} min left at its pace so far"
+        moved = min(elapsed, _seconds(job, datetime.fromisoformat(job.progressed))) if job.progressed else elapsed
+        still = elapsed - moved
+        left = moved * (1 - job.progress) / job.progress - still
+        if left >= 30:
+            return f"{clock} · about {max(1, round(left / 60))} min left at its pace so far"
+        return (f"{clock} · {job.progress:.0%} done; the {job.phase} phase has not moved for {_clock(still)}, longer "
+                f"than its pace so far allowed (a slow step or a busy machine); time left is known again when it moves")
     estimate = (job.config or {}).get("estimated_minutes")
     if estimate and elapsed < estimate * 60:
         return (f"{clock} · about {max(1, round(estimate - elapsed / 60))} min left if the machine stays as quiet "
@@ -146,7 +153,7 @@ def refresh(services: Services, agent: str, job_id):
     rows = store.job_metrics(job.id) if job else []
     log = "\n".join(r["line"] for r in store.job_log_tail(job.id, 15)) if job else ""
     choices = job_choices(jobs)
-    nxt = services.scheduler.next_check() if services.scheduler else None
+    nxt = services.triggers.next_check() if services.triggers else None
     sched = f"Next automatic check: {nxt:%Y-%m-%d %H:%M:%S} UTC" if nxt else "Scheduler not running."
     can_cancel = job is not None and not job.done and not job.cancel_requested
     return (estimate, jobs_frame(jobs), gr.Dropdown(choices=choices, value=job.id if job else None),
@@ -205,7 +212,7 @@ def cancel(services: Services, job_id, request: gr.Request = None):
 
 
 def load_rule(services: Services, agent: str):
-    rule = services.scheduler.rule(agent)
+    rule = services.triggers.rule(agent)
     return rule.enabled, rule.min_new_feedback, rule.min_interval_minutes, rule.cron
 
 
@@ -213,7 +220,7 @@ def load_rule(services: Services, agent: str):
 def save_rule(services: Services, agent: str, enabled: bool, threshold, interval, cron: str, request: gr.Request):
     """Store an agent's automatic-retrain rule (admins)."""
     require_admin(services, request)
-    rule = services.scheduler.update_rule(agent, Rule(bool(enabled), int(threshold), float(interval), cron or ""))
+    rule = services.triggers.update_rule(agent, Rule(bool(enabled), int(threshold), float(interval), cron or ""))
     state = "on" if rule.enabled else "off"
     return f"Saved: automatic retrain {state}, after {rule.min_new_feedback} new feedback, at most every " \
            f"{rule.min_interval_minutes:g} min" + (f", and on cron `{rule.cron}`" if rule.cron else "") + "."

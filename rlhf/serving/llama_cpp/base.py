@@ -33,7 +33,11 @@ def _gguf_tokenizer(gguf_file: Path, data_dir: Optional[str | Path]) -> Path:
     from rlhf.base_models import gguf_model_dir
 
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="rlhf-tok-"))
-    target = DataDir(root).tokenizer(gguf_model_dir(gguf_file, root).name)
+    converted = gguf_model_dir(gguf_file, root)  # the copy torch trains on holds the same tokenizer (a job made it)
+    if (converted / "tokenizer_config.json").is_file():  # building it again costs ~40 s for a 262k vocabulary
+        repair_saved(converted, gguf_file)
+        return converted
+    target = DataDir(root).tokenizer(converted.name)
     if (target / "tokenizer_config.json").is_file():
         repair_saved(target, gguf_file)
         return target

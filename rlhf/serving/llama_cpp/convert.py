@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from rlhf.adapter_patterns import scaling
+from rlhf.serving.adapter_patterns import scaling
 from rlhf.serving.interface import AdapterError, EngineUnavailable
 
 # Hugging Face Llama module name -> llama.cpp tensor name (per block unless marked).
@@ -53,19 +53,14 @@ class BaseInfo:
 
     @classmethod
     def read(cls, path: str | Path) -> "BaseInfo":
-        import gguf
+        """From the GGUF's header alone (``rlhf.gguf_header``: its vocabulary is stepped over, not decoded)."""
+        from rlhf.gguf_header import read_fields, read_header
 
-        reader = gguf.GGUFReader(str(path))
-        arch = reader.fields["general.architecture"].contents()
-
-        def value(key: str, default=0):
-            f = reader.fields.get(f"{arch}.{key}")
-            return f.contents() if f is not None else default
-
-        heads = int(value("attention.head_count"))
-        return cls(arch, heads, int(value("attention.head_count_kv", heads)),
-                   {t.name: [int(x) for x in t.shape] for t in reader.tensors})
-
+        arch = read_fields(path, ["general.architecture"]).get("general.architecture")
+        keys = [f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"]
+        fields, shapes = read_header(path, keys)
+        heads = int(fields.get(keys[0]) or 0)
+        return cls(arch, heads, int(fields.get(keys[1], heads)), shapes)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "BaseInfo":

@@ -1,22 +1,17 @@
-"""The retrain's policy methods (``retrain.method``): one module each, one line each in ``METHODS``.
+"""The retrain's policy methods (``retrain.method``): one module each, one line each in ``METHODS``
+(``rlhf.registry``).
 
 A method is a ``PolicyMethod`` (``rlhf.training.methods.base``): how it trains the policy, its config section, how
 its work is counted for the time estimate, and the metrics its result adds. The retrain asks the method named in
 the config for all of that and never compares method names, so a method added here cannot fall into another's
-branch; ``retrain.method`` accepts exactly the names below. This module imports nothing heavy: the config check,
+branch; ``retrain.method`` accepts exactly the names below. This module imports nothing heavy: the retrain,
 the dashboard and the model card read it.
 """
 from __future__ import annotations
 
 import importlib
 
-# name -> "module:attribute" of its PolicyMethod (imported on first use)
-METHODS = {
-    "ppo": "rlhf.training.methods.ppo:METHOD",
-    "dpo": "rlhf.training.methods.dpo:METHOD",
-    "rpo": "rlhf.training.methods.rpo:METHOD",
-    "online_dpo": "rlhf.training.methods.online_dpo:METHOD",
-}
+from rlhf.registry import METHODS  # name -> "module:attribute" of its PolicyMethod (imported on first use)
 
 
 def get_method(name: str):

@@ -37,17 +37,20 @@ class OnlineDPO(DPO):
         s, started = self.settings(config), time.perf_counter()
         s.check()
         base = base if base is not None else load_causal_lm(base_source, device)
-        ranked = sample_ranked_pairs(s, config.ppo.max_prompt_tokens, base, load_tokenizer(base_source), reward_fn,
-                                     prompts, init_adapter, on_reply=_sampling_progress(on_step))
+        tokenizer = load_tokenizer(base_source, config.chat_template)
+        ranked = sample_ranked_pairs(s, reward_fn, prompts, _sampler(s, config, base, tokenizer, init_adapter,
+                                                                     _sampling_progress(on_step)))
         sampled = time.perf_counter() - started
         # DPO's steps come after the sampling's in the job's progress and metrics
         after = None if on_step is None else (lambda step, metrics: on_step(SAMPLING_STEPS + step, metrics))
         result = train_dpo(config, base_source, [*pairs, *ranked.pairs], run_dir, init_adapter=init_adapter,
                            on_step=after, device=device, base=base, settings=s, method=self.name,
                            trl_args=self.extra_args(config))
-        (result.run_dir / "ranked_pairs.json").write_text(json.dumps({**ranked.summary(), "pairs": ranked.pairs}))
+        rate = {"sample_tokens_per_s": round(ranked.tokens / max(sampled, 1e-9), 1)}
+        (result.run_dir / "ranked_pairs.json").write_text(json.dumps(
+            {**ranked.summary(), **rate, "sampled_by": ranked.sampled_by, "pairs": ranked.pairs}))
         result.phase_seconds = {"sample": sampled, **result.phase_seconds}
-        result.ranked = ranked.summary()
+        result.ranked = {**ranked.summary(), **rate}
         return result
 
     def result_metrics(self, trained, pairs):
@@ -56,6 +59,17 @@ class OnlineDPO(DPO):
 
 
 METHOD = OnlineDPO()
+
+
+def _sampler(s, config, base, tokenizer, adapter, on_reply):
+    """Where the replies come from (``online_dpo.sample_with``): the serving engine, on the job's threads, or the
+    job's own torch model."""
+    from rlhf.cpu import thread_plan
+    from rlhf.training.ranked_pairs import served_sampler, torch_sampler
+
+    if s.sample_with == "serving":
+        return served_sampler(s, config, tokenizer, adapter, thread_plan(config).job, on_reply)
+    return torch_sampler(s, config.ppo.max_prompt_tokens, base, tokenizer, adapter, on_reply)
 
 
 def _sampling_progress(on_step):

@@ -1,21 +1,25 @@
-"""`rlhf-studio train-ppo`: Store + config -> prompts, reward, base model -> ``train_ppo`` -> one JSON line.
+"""One PPO run from the Store: Store + config -> prompts, reward, base model -> ``train_ppo`` -> the result.
 
-Also usable by the retrain job: ``ppo_inputs`` builds the prompts and picks the reward model the same way.
+The core of `rlhf-studio train-ppo` (cli/train.py parses the flags, draws the progress bar and prints the result).
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from rlhf.config import AppConfig, ConfigError, apply_overrides, from_dict
 from rlhf.plugins import code_settings, with_app_code
 from rlhf.training.prompts import PromptBuffer, prompt_sets
+
+if TYPE_CHECKING:
+    from rlhf.training.ppo.trainer import PPOResult
+
+
+class PPOInputError(RuntimeError):
+    """A PPO run's input is missing: the base model, the agent, or a prompt file."""
 
 
 @dataclass
@@ -69,15 +73,6 @@ def ppo_inputs(config: AppConfig, store, agent_name: Optional[str], reward_model
                      init_adapter=active.adapter_path, parent_policy_id=active.id)
 
 
-def add_train_ppo_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of `train-ppo`."""
-    p.add_argument("--agent", metavar="NAME", help="agent to train (default: the first agent)")
-    p.add_argument("--reward-model", metavar="ID",
-                   help="reward model id (default: the agent's newest); 'none' = rule terms and "
-                        "ppo.reward_functions only")
-    p.add_argument("--resume", metavar="DIR", help="continue a run (its dir or one of its checkpoints)")
-
-
 def resumed_config(config: AppConfig, resume: str, overrides: list[str]) -> tuple[AppConfig, Path]:
     """The saved config of the run being resumed (with this call's --set applied) and its run dir; the settings that
     name code (``rlhf.plugins.CODE_KEYS``) stay this call's own."""
@@ -107,51 +102,39 @@ def shared_stamp(device: str) -> str:
     return names[0]
 
 
-def run_train_ppo(config: AppConfig, args: argparse.Namespace) -> int:
-    """The `train-ppo` command: progress bar on stderr, ONE JSON line last on stdout."""
-    from tqdm import tqdm
+def run_ppo(config: AppConfig, agent: Optional[str] = None, reward_model: Optional[str] = None,
+            resume: Optional[str] = None, overrides: Sequence[str] = (),
+            on_start: Optional[Callable[[int, bool], None]] = None,
+            on_step: Optional[Callable[[int, dict], None]] = None) -> Optional[PPOResult]:
+    """One PPO run of ``agent``'s policy from the Store: resolve the inputs, then ``train_ppo`` into a new run dir (or
+    continue the run ``resume`` names, with ``overrides`` (``key=value``) applied to its saved config).
+
+    ``on_start(steps, is_main_process)`` once the inputs are resolved, ``on_step(step, metrics)`` after each step.
+    Returns the result on the main process (None on the others of a multi-process run). Raises ConfigError (a bad
+    config, no usable reward model), PPOInputError (no such model, agent or prompt file) or PPOFailed."""
+    from accelerate import PartialState
 
     from rlhf.base_models import ModelNotFound, pick_device
-    from rlhf.training.ppo.trainer import PPOFailed, train_ppo
+    from rlhf.training.ppo.trainer import train_ppo
     from storage import NotFound, Store
 
     run_dir = None
-    if args.resume:
-        config, run_dir = resumed_config(config, args.resume, list(getattr(args, "set", []) or []))
+    if resume:
+        config, run_dir = resumed_config(config, resume, list(overrides))
     device = pick_device(config.device)
     store = Store(config.db_path)
     try:
         store.ensure_default_agent(config.base_model)
         try:
-            inputs = ppo_inputs(config, store, args.agent, args.reward_model, device)
+            inputs = ppo_inputs(config, store, agent, reward_model, device)
         except (ModelNotFound, NotFound, FileNotFoundError) as exc:
-            print(f"train-ppo: {exc}", file=sys.stderr)
-            return 2
+            raise PPOInputError(str(exc)) from exc
         if run_dir is None:
             run_dir = config.paths.run(shared_stamp(device))
-        from accelerate import PartialState
-
-        main = PartialState(cpu=device == "cpu").is_main_process
-        bar = tqdm(total=config.ppo.steps, desc="PPO", file=sys.stderr, disable=None if main else True)
-
-        def on_step(step: int, metrics: dict) -> None:
-            bar.n = step
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['ppo/kl']:.2f}")
-
-        try:
-            with contextlib.redirect_stdout(sys.stderr):  # library prints must not mix with the JSON line
-                result = train_ppo(config, inputs.base_source, inputs.reward_fn, inputs.buffer,
-                                   inputs.eval_prompts, run_dir, init_adapter=inputs.init_adapter,
-                                   resume=Path(args.resume) if args.resume else None, on_step=on_step,
-                                   device=device)
-        except PPOFailed as exc:
-            bar.close()
-            print(f"PPO failed: {exc}", file=sys.stderr)
-            return 1
-        bar.close()
-        if result is None:  # not the main process of a multi-process run
-            return 0
-        print(json.dumps(result.summary()), flush=True)
-        return 0
+        if on_start:
+            on_start(config.ppo.steps, PartialState(cpu=device == "cpu").is_main_process)
+        return train_ppo(config, inputs.base_source, inputs.reward_fn, inputs.buffer, inputs.eval_prompts, run_dir,
+                         init_adapter=inputs.init_adapter, resume=Path(resume) if resume else None, on_step=on_step,
+                         device=device)
     finally:
         store.close()

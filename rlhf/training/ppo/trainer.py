@@ -97,7 +97,7 @@ def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resu
     checkpoint = find_checkpoint(resume) if resume else None
     if resume and checkpoint is None:
         raise FileNotFoundError(f"no checkpoint to resume in {resume}")
-    tokenizer = load_tokenizer(base_source)
+    tokenizer = load_tokenizer(base_source, config.chat_template)
     torch.manual_seed(cfg.seed)
     # A resumed run rebuilds its adapter from the checkpoint's own config, so the shapes always match.
     model = build_policy(base_source, cfg, dev.type, str(checkpoint / "adapter") if checkpoint else init_adapter,

@@ -298,7 +298,7 @@ def test_trl_reward_flags_are_accepted_by_the_installed_trl(exported, tiny_model
 def test_import_commands_parse_with_our_cli(exported):
     import argparse
 
-    from cli import add_import_args
+    from cli.interop import add_import_args
 
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_import_args(parser)

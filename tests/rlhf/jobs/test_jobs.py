@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from rlhf.config import AppConfig
+from rlhf.jobs.kinds import job_kinds
 from rlhf.jobs.runner import JobRunner
+from rlhf.registry import JOB_KINDS
 from rlhf.plugins import code_settings
-from rlhf.jobs.scheduler import Rule, StudioScheduler, should_trigger
-from storage import InvalidInput
+from rlhf.jobs.scheduler import StudioScheduler
 from tests.support.job_kinds import with_selftest
 
 pytestmark = pytest.mark.slow  # trains or starts processes: not in `make test-fast`
@@ -137,42 +138,11 @@ def test_two_triggers_at_once_give_one_job(sched, store):
     assert len(set(ids)) == 1 and store.count("jobs") == 1
 
 
-@pytest.mark.parametrize("rule, feedback, minutes, expected", [
-    (Rule(True, 32, 60), 31, None, False),
-    (Rule(True, 32, 60), 32, None, True),
-    (Rule(True, 32, 60), 40, 59.0, False),
-    (Rule(True, 32, 60), 40, 61.0, True),
-    (Rule(False, 32, 60), 100, None, False),
-])
-def test_threshold_rule(rule, feedback, minutes, expected):
-    assert should_trigger(rule, feedback, minutes) is expected
-
-
-def test_check_triggers_enqueues_when_enough_feedback(sched, store):
-    sched.update_rule("assistant", Rule(True, 3, 0))
-    assert sched.check_triggers() == []
-    conv = store.create_conversation("assistant", messages=[{"role": "user", "content": "q"}])
-    reply = store.record_reply(store.leaf(conv.id).id, "a", 1)
-    for name in ("a", "b", "c"):
-        store.record_rating(reply.id, name, thumb=1)
-    queued = sched.check_triggers()
-    assert len(queued) == 1 and queued[0].kind == "retrain" and queued[0].config["reason"] == "threshold"
-
-
-def test_rules_survive_restarts_and_bad_cron_is_refused(app_config, store):
-    s = StudioScheduler(store, app_config)
-    s.update_rule("assistant", Rule(True, 5, 10.0, "0 3 * * *"))
-    assert StudioScheduler(store, app_config).rule("assistant") == Rule(True, 5, 10.0, "0 3 * * *")
-    with pytest.raises(InvalidInput, match="cron"):
-        s.update_rule("assistant", Rule(True, 5, 10.0, "every day"))
-
-
 def test_scheduler_drains_the_queue_by_itself(app_config, store):
     s = StudioScheduler(store, app_config)
     s.start()
     try:
         job = s.enqueue("selftest", "assistant", selftest={"steps": 1})
-        assert s.next_check() is not None
         done = wait_status(store, job.id, {"succeeded", "failed"}, timeout=60)
         assert done.status == "succeeded"
     finally:
@@ -200,45 +170,41 @@ def test_job_process_gets_its_thread_budget_and_serving_gets_the_cores_back(sche
     assert budget.job_threads == 0 and budget.serving_threads() == plan.serving_idle
     log = "\n".join(r["line"] for r in store.job_log_tail(job.id, 50))
     assert f"OMP_NUM_THREADS={plan.job}" in log and f"MKL_NUM_THREADS={plan.job}" in log
-    assert f"CPU budget: {plan.job} torch thread(s), nice {plan.job_nice}" in log  # read inside the job process
+    nice = min(19, os.nice(0) + plan.job_nice)  # the job's niceness on top of this process's own (CI may nice it)
+    assert f"CPU budget: {plan.job} torch thread(s), nice {nice}" in log  # read inside the job process
 
 
 def test_a_job_queued_before_its_data_dir_moved_writes_where_the_store_is_now(tmp_path, app_config):
     """A restored or moved data dir: the job's stored config still names the old data dir."""
     from rlhf.config import apply_overrides
-    from rlhf.jobs.kinds import register_job_kind
     from rlhf.jobs.worker import run_job
     from storage import Store
-
-    def where_am_i(ctx):
-        return {"data_dir": str(ctx.data_dir)}
-
-    register_job_kind("where_am_i", where_am_i)
 
     store = Store(tmp_path / "moved" / "studio.db")
     store.ensure_default_agent("tiny")
     old = apply_overrides(app_config, {"data_dir": str(tmp_path / "original")})
-    job = store.enqueue_job("where_am_i", "assistant", {"app": old.to_dict()})
+    job = store.enqueue_job("whereami", "assistant", {"app": old.to_dict()})
     store.claim_job(os.getpid())
     done = run_job(store, job.id, code_settings(app_config))
     assert done.status == "succeeded" and done.result["data_dir"] == str(tmp_path / "moved")
     store.close()
 
 
-def test_job_kinds_are_registered_in_one_place_not_by_imports():
+def test_job_kinds_are_a_table_of_import_paths_loaded_when_a_job_runs():
     import subprocess
     import sys
 
-    code = ("import rlhf.retrain.pipeline, rlhf.jobs.worker, rlhf.jobs.kinds as k; before = sorted(k.JOB_KINDS); "
-            "k.register_builtin_kinds(); print(before, sorted(k.JOB_KINDS))")
+    code = ("import sys, rlhf.jobs.worker, rlhf.jobs.kinds as k; print(sorted(k.job_kinds({})), "
+            "'rlhf.retrain.pipeline' in sys.modules, k.job_kind('retrain', {}).__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[3])).stdout.strip()
-    assert out == "[] ['eval_samples', 'retrain']"  # what ships; a test's kinds come from its config
+    assert out == "['eval_samples', 'prepare_base', 'retrain'] False rlhf.retrain.pipeline"  # what ships; a test's: its config
+    assert job_kinds({"retrain": "tests.support.job_kinds:selftest", "x": "m:f"})["retrain"] == JOB_KINDS["retrain"]
 
 
 def test_a_kind_named_in_the_config_is_imported_by_the_job_that_runs_it(tmp_path, app_config):
     from rlhf.config import apply_overrides
-    from rlhf.jobs.kinds import JOB_KINDS, job_kind
+    from rlhf.jobs.kinds import job_kind
     from rlhf.jobs.worker import run_job
     from storage import Store
 
@@ -247,7 +213,6 @@ def test_a_kind_named_in_the_config_is_imported_by_the_job_that_runs_it(tmp_path
     wrong = apply_overrides(app_config, {"scheduler.job_kinds": {"selftest": "tests.support.job_kinds:nothing"}})
     for cfg, status, error in ((wrong, "failed", "scheduler.job_kinds.selftest: 'tests.support.job_kinds' has no "
                                 "attribute 'nothing'"), (app_config, "succeeded", None)):
-        JOB_KINDS.pop("selftest", None)
         job = store.enqueue_job("selftest", "assistant", {"app": AppConfig().to_dict(), "selftest": {"steps": 1}})
         store.claim_job(os.getpid())
         done = run_job(store, job.id, code_settings(cfg))  # the app's config decides, not the job's saved one

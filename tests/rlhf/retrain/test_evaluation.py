@@ -7,7 +7,8 @@ import contextlib
 import pytest
 import torch
 
-from rlhf.retrain.evaluation import encode_prompt, evaluate_versions, generate_replies, sequence_logprobs
+from rlhf.prompting import encode_prompt
+from rlhf.retrain.evaluation import evaluate_versions, generate_replies, sequence_logprobs
 from tests.conftest import make_adapter
 from tests.rlhf.serving.transformers.test_engine import make_lively_model
 

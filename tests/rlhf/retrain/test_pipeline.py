@@ -16,6 +16,17 @@ FAST = {"reward.epochs": 1, "reward.min_pairs": 4, "reward.batch_size": 4, "rewa
         "eval.max_new_tokens": 8, "ppo.eval_prompts": 4, "ppo.save_every": 1, "retrain.min_win_rate": 0.0, "retrain.max_kl": 1000.0}
 
 
+@pytest.fixture
+def store(tmp_path, tiny_model_dir):
+    """The Store with its default agent on the tiny model: a job trains on the agent's own base."""
+    from storage import Store
+
+    s = Store(tmp_path / "studio.db")
+    s.ensure_default_agent(str(tiny_model_dir))
+    yield s
+    s.close()
+
+
 def seed_feedback(store, n=12):
     """n prompts with two replies each; the annotator always prefers the reply that says 'thanks'."""
     for i in range(n):

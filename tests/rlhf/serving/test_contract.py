@@ -10,7 +10,8 @@ import time
 import pytest
 
 from rlhf.cpu import CpuBudget, plan_threads
-from rlhf.serving.interface import AdapterError, llama_cpp_installed
+from rlhf.serving.interface import AdapterError
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, Busy, GenParams, PolicyServer
 from tests.conftest import make_adapter
 

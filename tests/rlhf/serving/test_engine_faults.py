@@ -13,7 +13,8 @@ import os
 import pytest
 
 from rlhf.config import apply_overrides
-from rlhf.serving.interface import EngineFault, EngineUnavailable, llama_cpp_installed
+from rlhf.serving.interface import EngineFault, EngineUnavailable
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, GenParams, load_server
 from tests.rlhf.serving import faulty_llama
 

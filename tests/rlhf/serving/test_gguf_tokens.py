@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from rlhf.serving.interface import EngineUnavailable, llama_cpp_installed
+from rlhf.serving.interface import EngineUnavailable
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from tests.support.token_corpus import corpus
 
 LLAMA = [pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (`make setup`)"),

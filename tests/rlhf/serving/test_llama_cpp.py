@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from rlhf.serving.interface import AdapterError, llama_cpp_installed
+from rlhf.serving.interface import AdapterError
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
 pytestmark = [pytest.mark.skipif(not llama_cpp_installed(),

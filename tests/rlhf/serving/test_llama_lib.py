@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.serving.interface import llama_cpp_installed
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from rlhf.serving.llama_cpp.lib import cpu_backend, ggml_library, needed_libs
 from tests.conftest import ROOT
 

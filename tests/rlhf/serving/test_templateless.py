@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from rlhf.prompting import PLAIN_TEMPLATE, encode_prompt, template_ids
-from rlhf.serving.interface import llama_cpp_installed
+from rlhf.serving.llama_cpp.spec import llama_cpp_installed
 from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 from tests.conftest import make_tiny_model
 

@@ -86,7 +86,7 @@ def test_online_dpo_trains_on_the_votes_and_its_ranked_replies(tmp_path, tiny_mo
     config = load_config(env={}, overrides=[
         f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}", "device=cpu", "retrain.method=online_dpo",
         "online_dpo.batch_size=4", "online_dpo.epochs=1", "online_dpo.prompts=6", "online_dpo.samples=3",
-        "online_dpo.max_new_tokens=12", "online_dpo.min_confidence=0.5"])
+        "online_dpo.max_new_tokens=12", "online_dpo.min_confidence=0.5", "online_dpo.sample_with=serving"])
     prompts = [[{"role": "user", "content": f"Say something about {w}."}] for w in "abcdefgh"]
     base = load_causal_lm(str(tiny_model_dir), "cpu")
     steps = []
@@ -97,6 +97,7 @@ def test_online_dpo_trains_on_the_votes_and_its_ranked_replies(tmp_path, tiny_mo
     assert [n for n, _ in steps[4:]] == list(range(5, 5 + result.steps)) and "loss/policy" in steps[4][1]
     saved = json.loads((result.run_dir / "ranked_pairs.json").read_text())
     assert saved["sampled_prompts"] == 6 and saved["sampled_replies"] == 18
+    assert saved["sampled_by"] == "llama_cpp" and saved["sample_tokens_per_s"] > 0  # the serving engine sampled
     assert saved["ranked_pairs"] + saved["unsure_prompts"] + saved["alike_prompts"] == 6
     assert saved["trimmed_replies"] + saved["cut_replies"] <= 18
     for pair in saved["pairs"]:  # the ranking followed the reward model
@@ -110,7 +111,7 @@ def test_online_dpo_trains_on_the_votes_and_its_ranked_replies(tmp_path, tiny_mo
 
 
 @pytest.mark.slow
-def test_online_dpo_continues_a_version_and_leaves_the_base_as_it_found_it(tmp_path, tiny_model_dir):
+def test_online_dpo_sampling_in_torch_continues_a_version_and_leaves_the_base_as_it_found_it(tmp_path, tiny_model_dir):
     from peft.tuners.lora import LoraLayer
 
     from rlhf.base_models import load_causal_lm
@@ -123,12 +124,13 @@ def test_online_dpo_continues_a_version_and_leaves_the_base_as_it_found_it(tmp_p
     config = load_config(env={}, overrides=[
         f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}", "device=cpu", "retrain.method=online_dpo",
         "online_dpo.batch_size=4", "online_dpo.epochs=1", "online_dpo.prompts=4", "online_dpo.samples=2",
-        "online_dpo.max_new_tokens=8", "online_dpo.min_confidence=0.5"])
+        "online_dpo.max_new_tokens=8", "online_dpo.min_confidence=0.5"])  # sampled by torch, the default
     base = load_causal_lm(str(tiny_model_dir), "cpu")
     prompts = [[{"role": "user", "content": f"About {w}?"}] for w in "abcd"]
     result = train_policy(config, str(tiny_model_dir), ShortIsBetter(), PAIRS, prompts, [], tmp_path / "run",
                           init_adapter=str(first.final_dir), device="cpu", base=base)
     assert (result.final_dir / "adapter_model.safetensors").is_file()
+    assert json.loads((result.run_dir / "ranked_pairs.json").read_text())["sampled_by"] == "torch"
     names = {n for m in base.modules() if isinstance(m, LoraLayer) for n in m.lora_A}
     assert "start" not in names
 

@@ -1,11 +1,12 @@
-"""Reward-model kinds are one interface and a registry: a new kind is one class, registered, and nothing else."""
+"""Reward-model kinds are one interface and a table of import paths: a new kind is one module and one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from rlhf.config import apply_overrides
+from rlhf.config import AppConfig, ConfigError, apply_overrides
 from rlhf.training import reward_kinds
 from rlhf.training.reward import load_reward_model, methods, train_reward_model
 
@@ -29,10 +30,11 @@ class LengthKind:
         return lambda prompts, replies: [factor * len(r) for r in replies]
 
 
+LENGTH = LengthKind()
+
+
 def test_a_registered_kind_trains_saves_and_loads_through_the_app(store, app_config, monkeypatch):
-    kind = LengthKind()
-    monkeypatch.setitem(reward_kinds.REWARD_KINDS, kind.name, kind)  # gone again after the test
-    reward_kinds.register_reward_kind(kind)
+    monkeypatch.setitem(reward_kinds.REWARD_KINDS, "length", f"{__name__}:LENGTH")  # gone again after the test
     assert "length" in methods()
     for i in range(6):
         conv = store.create_conversation("assistant", "ann", messages=[{"role": "user", "content": f"q {i}"}])
@@ -48,9 +50,29 @@ def test_a_registered_kind_trains_saves_and_loads_through_the_app(store, app_con
     assert scorer([[]], ["abc"]) == result.scorer([[]], ["abc"]) == [3.0]
 
 
-def test_formats_and_names_are_unique_and_unknown_kinds_are_clear_errors():
-    assert {k.name: k.format for k in reward_kinds.REWARD_KINDS.values()} == {"head": 2, "lora": 1}
-    with pytest.raises(ValueError, match="format 2 is taken"):
-        reward_kinds.register_reward_kind(type("Clash", (), {"name": "clash", "format": 2})())
+CLASH = type("Clash", (), {"name": "clash", "format": 2})()
+
+
+def test_formats_and_names_are_unique_and_unknown_kinds_are_clear_errors(monkeypatch):
+    assert {name: (k.name, k.format) for name, k in zip(reward_kinds.REWARD_KINDS, reward_kinds.all_kinds())} == \
+        {"head": ("head", 2), "lora": ("lora", 1)}
     with pytest.raises(ValueError, match="unknown reward model kind 'nope'; known: head, lora"):
         reward_kinds.reward_kind("nope")
+    with pytest.raises(ConfigError, match="reward.method must be one of auto, head, lora, got 'hed'"):
+        apply_overrides(AppConfig(), {"reward.method": "hed"})
+    monkeypatch.setitem(reward_kinds.REWARD_KINDS, "clash", f"{__name__}:CLASH")
+    with pytest.raises(ValueError, match="format 2 is taken"):
+        reward_kinds.kind_for_format(1)
+
+
+def test_the_table_imports_nothing_heavy():
+    """The config check reads the table: importing it (and the config) loads no kind's module, nor torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rlhf.config, rlhf.training.reward_kinds; "
+            "print([m for m in ('torch', 'rlhf.training.reward_head_kind', 'rlhf.training.reward_lora') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[3])).stdout.strip()
+    assert out == "[]"

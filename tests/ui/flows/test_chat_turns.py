@@ -7,7 +7,7 @@ import pytest
 from rlhf.serving.policy_server import GenParams
 from storage import Conflict, InvalidInput
 from ui.flows import chat as chatflow
-from ui.flows.slots import ReplySlots, TooManyReplies
+from ui.state.slots import ReplySlots, TooManyReplies
 
 HI = [{"role": "user", "content": "hi"}]
 LONG = GenParams(max_new_tokens=400, temperature=1.0, seed=1)

@@ -8,6 +8,7 @@ from storage import InvalidInput
 from ui.tabs import chat
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
+from ui.tabs.chat_layout import KEEP_NOTE
 
 GEN = (8, 0.0, 1.0, "")  # max tokens, temperature, top_p, seed (empty: random)
 SKIP = gr.skip()
@@ -203,8 +204,9 @@ def test_a_new_name_shows_its_own_labels_and_writes_nothing(services):
     assert (renamed[3].value, renamed[4].value, renamed[5:7]) == (None, [], ("", SKIP))
     assert renamed[7].feedback_value == [None]  # bert's thumbs: none lit; and no click counted
     typing = labels.rename(services, out[1], "bert", reply, "alma", "alma typed this, unsaved", 4)
-    assert typing[5] == SKIP  # a note being typed stays in its box
-    assert labels.rename(services, out[1], "bert", None, "", "", 0)[:7] == (SKIP,) * 7  # an empty panel stays
+    assert typing[5] == KEEP_NOTE  # a note being typed stays in its box (the page keeps it: NOTE_GATE_JS)
+    empty = (SKIP,) * 5 + (KEEP_NOTE, SKIP)
+    assert labels.rename(services, out[1], "bert", None, "", "", 0)[:7] == empty  # an empty panel stays
     assert services.store.ratings_by(reply, "bert") == [] and len(services.store.ratings_by(reply, "alma")) == 3
 
 

@@ -13,6 +13,7 @@ from ui.label_desk import LabelDesk
 from ui.tabs import chat
 from ui.tabs import chat_labels as labels
 from ui.tabs import chat_view as cv
+from ui.tabs.chat_layout import KEEP_NOTE
 
 TAB_A, TAB_B = gr.Request(session_hash="tab-a"), gr.Request(session_hash="tab-b")
 
@@ -81,7 +82,7 @@ def test_a_click_on_a_view_another_tab_changed_is_refused_and_never_applied(serv
     assert labels_of(services, reply) == (-1, 3, ["Unsafe"], "B's note")
     # focus: tab A reads the Store again; a note typed there stays in its box
     fresh = labels.refresh_panel(services, state, "alice", reply, "alice", "A's note", 0, request=TAB_A)
-    assert fresh[4].value == ["Unsafe"] and fresh[5] == gr.skip() and fresh[7].feedback_value == ["Dislike"]
+    assert fresh[4].value == ["Unsafe"] and fresh[5] == KEEP_NOTE and fresh[7].feedback_value == ["Dislike"]
     labels.shown_now(services, request=TAB_A)
     assert "Note stored" in labels.save_note(services, "alice", reply, "A's note", 0, request=TAB_A)[0]
 
@@ -154,3 +155,40 @@ def test_label_events_are_not_one_queue_for_the_whole_server(services):
     writes = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") in
               ("like_reply", "select_reply", "label_score", "clear_score", "label_flag", "save_note")]
     assert len(writes) == 6 and all(f.concurrency_limit is None for f in writes)
+
+
+def test_a_reread_on_its_way_never_moves_the_panel_back_from_a_clicked_reply(services):
+    state = send(services, "first question")[1]
+    state = send(services, "second question", state)[1]
+    first, second = state["ids"][1], state["ids"][3]
+    assert state["reply"] == second
+    labels.refresh_panel(services, state, "alice", second, "alice", "", 0, request=TAB_A)
+    labels.shown_now(services, request=TAB_A)
+    # the page gets the focus back (a re-read of the panel's reply, #second, is asked for) and the person clicks
+    # the first reply at once: the click's answer comes first, the re-read's after it
+    moved = select(services, state, 1, panel=(second, "alice", "", 0), request=TAB_A)
+    assert moved[0] == first
+    late = labels.refresh_panel(services, state, "alice", second, "alice", "", 0, request=TAB_A)
+    assert late[:labels.N_PANEL] == (gr.skip(),) * 5 + (KEEP_NOTE, gr.skip())  # the panel stays on the clicked reply
+    assert late[-1] != gr.skip()  # the thumb icons are still read again
+    # a re-read of the reply the panel is on reads it, and another tab of the same person is its own page
+    assert labels.refresh_panel(services, state, "alice", first, "alice", "", 0, request=TAB_A)[0] == first
+    assert labels.refresh_panel(services, state, "alice", second, "alice", "", 0, request=TAB_B)[0] == second
+
+
+def test_a_reread_answered_after_a_click_is_followed_by_the_panel_going_back_to_the_click(services):
+    """The walk's race: the re-read (asked for as the page got the focus) was read before the click on another reply
+    but reached the page after the click's answer, so the page's panel named the old reply. The step after the
+    re-read sees the page's panel and moves it to where the click pointed it."""
+    state = send(services, "first question")[1]
+    state = send(services, "second question", state)[1]
+    first, second = state["ids"][1], state["ids"][3]
+    reread = labels.refresh_panel(services, state, "alice", second, "alice", "", 0, request=TAB_A)
+    assert reread[0] == second  # read before the click: it names the second reply
+    moved = select(services, state, 1, panel=(second, "alice", "", 0), request=TAB_A)
+    assert moved[0] == first
+    # the re-read's answer lands last: the page's panel shows the second reply; the step after it moves it back
+    after = labels.shown_now(services, "alice", second, request=TAB_A)
+    assert after[0] == first and f"#{first}" in after[2]
+    # in the usual order (the click's answer last) the page already shows the first reply: nothing to move
+    assert all(out == gr.skip() for out in labels.shown_now(services, "alice", first, request=TAB_A))

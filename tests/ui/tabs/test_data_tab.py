@@ -12,6 +12,7 @@ from rlhf.analysis import quality
 from tests.conftest import make_tiny_model
 from ui.tabs import agents as agents_ui
 from ui.tabs import data as data_tab
+from ui.tabs import data_layout
 from ui.auth import Auth
 
 ADMIN, ANNOTATOR = gr.Request(username="alice"), gr.Request(username="bob")
@@ -53,25 +54,27 @@ def test_views_by_hand():
 
 def test_refresh_shows_filtered_feedback_and_stats(rated):
     out = data_tab.refresh_data(rated, "assistant", "carol", "all", "all", "", None)
-    table, count, who, stats, agreement, speed, alpha, flagged, pick = out
+    assert tuple(out) == data_layout.REFRESHED  # by part name: the wiring keys it by component
+    table, count, who, stats, agreement, speed, alpha, flagged, pick = out.values()
     assert set(table["annotator"]) == {"carol"} and count.startswith("4 of 10")
     assert who.value == "carol" and {"alice", "bob", "carol"} <= set(c[0] for c in who.choices)
     assert list(stats["annotator"]) == ["alice", "bob", "carol"]
     assert stats.set_index("annotator").loc["carol", "agreement with majority"] == "0%"
     assert ">carol</text>" in agreement and "thumbs (nominal)" in alpha
     assert list(table.columns) == data_tab.FEEDBACK_COLUMNS and set(table["label"]) == {"👎"}
-    assert set(data_tab.refresh_data(rated, "assistant", "bob", "all", "all", "", None)[0]["label"]) == {"👍", "A better"}
+    assert set(data_tab.refresh_data(rated, "assistant", "bob", "all", "all", "", None)["table"]["label"]) == \
+        {"👍", "A better"}
     assert all(ids.startswith("#") for ids in table["ids"])
     assert len(flagged) == 2  # local mode: everyone is admin
-    only_unsafe = data_tab.refresh_data(rated, "assistant", "all", "rating", "Unsafe", "", None)[0]
+    only_unsafe = data_tab.refresh_data(rated, "assistant", "all", "rating", "Unsafe", "", None)["table"]
     assert len(only_unsafe) == 2 and set(only_unsafe["flags"]) == {"Unsafe"}
-    assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "GOOD 1", None)[0]) == 4
+    assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "GOOD 1", None)["table"]) == 4
 
 
 def test_flagged_replies_and_admin_tools_need_admin(rated):
     team(rated)
-    assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "", ANNOTATOR)[7]) == 0
-    assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "", ADMIN)[7]) == 2
+    assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "", ANNOTATOR)["flagged"]) == 0
+    assert len(data_tab.refresh_data(rated, "assistant", "all", "all", "all", "", ADMIN)["flagged"]) == 2
     assert "admin" in data_tab.set_excluded(rated, "carol", True, ANNOTATOR)
     box, question, status = data_tab.ask_exclude(rated, "assistant", "carol", ADMIN)
     assert box.visible and "Exclude carol from training?" in question and "rating event(s)" in question
@@ -118,7 +121,18 @@ def test_agents_panel_creates_and_edits(services, tmp_path, tokenizer):
     assert (name, prompt, base.interactive) == ("poet", "Answer in haiku.", False)
     _, status = agents_ui.save_agent(services, "poet", "poet", "Answer in haiku.", "", None, None, None, None,
                                      "Vote for the better *rhyme*.")
-    assert "guidelines" in status and agents_ui.load_agent(services, "poet")[-1] == "Vote for the better *rhyme*."
+    assert "guidelines" in status and agents_ui.load_agent(services, "poet")[6] == "Vote for the better *rhyme*."
+    own = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    _, status = agents_ui.save_agent(services, "poet", "poet", "Answer in haiku.", "", None, None, None, None,
+                                     "Vote for the better *rhyme*.", "{% for m in messages %}")  # cannot render
+    assert status.startswith("⚠️") and "chat template" in status
+    assert services.store.get_agent("poet").chat_template is None
+    agents_ui.save_agent(services, "poet", "poet", "Answer in haiku.", "", None, None, None, None,
+                         "Vote for the better *rhyme*.", own)
+    assert services.store.get_agent("poet").chat_template == own and agents_ui.load_agent(services, "poet")[7] == own
+    agents_ui.save_agent(services, "poet", "poet", "Answer in haiku.", "", None, None, None, None,
+                         "Vote for the better *rhyme*.", "")  # blank: back to the base model's
+    assert services.store.get_agent("poet").chat_template is None
     from ui.tabs.common import guidelines_markdown
     assert guidelines_markdown(services, "poet") == "Vote for the better *rhyme*."
     assert "No guidelines" in guidelines_markdown(services, "assistant")
@@ -178,8 +192,24 @@ def test_a_thumb_taken_back_is_listed_as_withdrawn_not_live(rated):
     target = next(m["id"] for m in rows["messages"] if m["content"] == "good 0")
     store.record_rating(target, "dana", thumb=1, score=4)
     store.withdraw_rating(target, "dana", "thumb")
-    table = data_tab.refresh_data(rated, "assistant", "dana", "all", "all", "", None)[0]
+    table = data_tab.refresh_data(rated, "assistant", "dana", "all", "all", "", None)["table"]
     assert list(table["label"]) == ["👍 (withdrawn) 4/5"]  # the score stands, the thumb was taken back
     store.withdraw_rating(target, "dana", "score")
-    table = data_tab.refresh_data(rated, "assistant", "dana", "all", "all", "", None)[0]
+    table = data_tab.refresh_data(rated, "assistant", "dana", "all", "all", "", None)["table"]
     assert list(table["label"]) == ["👍 (withdrawn) 4/5 (withdrawn)"]
+
+
+def test_the_wiring_fills_the_refreshed_parts_by_component(rated):
+    from gradio.helpers import special_args
+
+    from ui.app import build_ui
+
+    demo = build_ui(rated)
+    refreshes = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "refresh_data"]
+    assert refreshes
+    for block_fn in refreshes:
+        inputs, *_ = special_args(block_fn.fn, ["assistant", "carol", "all", "all", ""], request=None)
+        assert len(inputs) == 6  # gr.Request is still injected through the keyed wrapper
+        out = block_fn.fn(*inputs)
+        assert [c._id for c in out] == [c._id for c in block_fn.outputs]  # every refreshed part, none else
+        assert set(out[block_fn.outputs[0]]["annotator"]) == {"carol"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from rlhf.jobs.scheduler import Rule
+from rlhf.retrain.triggers import Rule
 from tests.support.job_kinds import with_selftest
 from tests.support.votes import seed_pairs
 from ui.tabs import training
@@ -61,6 +61,23 @@ def test_time_left_from_the_estimate_then_from_the_pace():
                                                                                            "pace so far")
 
 
+def test_time_left_never_grows_while_the_progress_stands_still():
+    from datetime import datetime, timedelta, timezone
+
+    from storage.records import Job
+
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    # 87 % done after 10 minutes, then nothing moves: the countdown runs from the pace at that moment
+    job = Job(1, "retrain", 1, "running", 0.87, "eval", "", {}, {}, None, None, 0, None, start.isoformat(),
+              start.isoformat(), None, None, (start + timedelta(minutes=10)).isoformat())
+    texts = [training.time_left(job, start + timedelta(minutes=m)) for m in (10, 10.5, 11, 20)]
+    lefts = [int(t.split("about ")[1].split(" min")[0]) for t in texts[:2]]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] == 1  # 10 min × 0.13 / 0.87 ≈ 1.5 min, counting down
+    assert "min left" not in texts[3] and "the eval phase has not moved for 10m00s" in texts[3]
+    assert texts[3].startswith("20m00s elapsed · 87% done")
+
+
+
 def test_the_panel_follows_a_job_started_elsewhere_unless_one_is_picked(services):
     first = services.scheduler.enqueue("selftest", "assistant")
     assert training.refresh(services, "assistant", None)[2].value == first.id
@@ -108,7 +125,7 @@ def test_cancel_and_rules(services):
     assert "already" in training.cancel(services, job.id, None)
     saved = training.save_rule(services, "assistant", True, 10, 30, "0 3 * * *", None)
     assert "automatic retrain on" in saved and "0 3 * * *" in saved
-    assert services.scheduler.rule("assistant") == Rule(True, 10, 30.0, "0 3 * * *")
+    assert services.triggers.rule("assistant") == Rule(True, 10, 30.0, "0 3 * * *")
     assert "invalid cron" in training.save_rule(services, "assistant", True, 10, 30, "nope", None)
     assert "positive" in training.save_rule(services, "assistant", True, 0, 30, "", None)
 
@@ -180,5 +197,8 @@ def test_train_rest_refuses_an_unknown_method_and_queues_nothing(client, service
     seed_pairs(services.store, 16)
     refused = client.post("/api/v1/train", json={"config": {"retrain": {"method": "grpo"}}})
     assert refused.status_code == 422 and "retrain.method" in refused.json()["error"]
+    for dry in (True, False):  # a reward-model kind that no table names fails at the config check, not in the job
+        refused = client.post("/api/v1/train", json={"config": {"reward.method": "hed"}, "dry_run": dry})
+        assert refused.status_code == 422 and "reward.method" in refused.json()["error"], refused.text
     assert services.store.list_jobs("assistant") == []
     assert client.post("/api/v1/train", json={"dry_run": True, "config": {"retrain.method": "rpo"}}).json()["ready"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from rlhf.assets import asset_path
 from rlhf.config import ConfigError, load_config
 from rlhf.training.ppo.trainer import PPOFailed, train_ppo
 from rlhf.training.run_metrics import METRIC_KEYS, check_report_to, read_metrics
@@ -317,11 +318,26 @@ def test_cli_without_a_reward_model_says_what_to_do(tmp_path, tiny_model_dir, ca
     assert not (tmp_path / "data" / "runs").exists()
 
 
+def test_the_core_run_raises_and_reports_through_callbacks(tmp_path, tiny_model_dir, capsys):
+    """``run_ppo`` (the core of `train-ppo`) prints nothing: a missing input is an exception, progress goes to
+    ``on_start`` / ``on_step``, and the result comes back."""
+    from rlhf.training.ppo.run import PPOInputError, run_ppo
+
+    config = load_config(None, cli_args(tmp_path, tiny_model_dir)[4::2], env={})
+    with pytest.raises(PPOInputError, match="unknown agent 'nobody'"):
+        run_ppo(config, "nobody", "none")
+    assert capsys.readouterr() == ("", "")
+    events = []
+    result = run_ppo(config, None, "none", on_start=lambda steps, main: events.append(("start", steps, main)),
+                     on_step=lambda step, metrics: events.append(("step", step, "reward/mean" in metrics)))
+    assert result.summary()["steps"] == 1 and events == [("start", 1, True), ("step", 1, True)]
+
+
 def test_two_process_accelerate_run(tmp_path, tiny_model_dir):
     accelerate = ROOT / ".venv" / "bin" / "accelerate"
     if not accelerate.exists():
         accelerate = "accelerate"
-    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "assets" / "accelerate_cpu2.yaml"),
+    cmd = [str(accelerate), "launch", "--config_file", str(asset_path("accelerate_cpu2.yaml")),
            "--main_process_port", str(free_port()), "-m", "cli", *cli_args(tmp_path, tiny_model_dir)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "OMP_NUM_THREADS": "1",
@@ -356,6 +372,10 @@ def test_train_bench_quick_compares_with_rloo(app_config, tmp_path, capsys):
     assert figures["ppo_samples_per_s"] > 0 and figures["rloo_samples_per_s"] > 0
     assert figures["ratio"] == pytest.approx(figures["ppo_samples_per_s"] / figures["rloo_samples_per_s"], rel=1e-2)
     assert set(figures["phase_split"]) == {"generate", "score", "reference", "update"}
+    assert figures["rollout_tokens_per_s"] > 0 and figures["anchor_tokens_per_s"] > 0  # PPO's rollouts vs llama.cpp
+    assert figures["anchor_engine"] == "llama_cpp"
+    assert figures["rollout_vs_anchor"] == pytest.approx(
+        figures["rollout_tokens_per_s"] / figures["anchor_tokens_per_s"], rel=0.05)
     assert sum(figures["phase_split"].values()) == pytest.approx(1.0, abs=0.01)
     assert set(figures["retrain_phase_seconds"]) >= {"data", "reward", "ppo", "eval", "publish"}
     assert 0 < figures["eval_share"] < figures["eval_share_with_ppo"] < 1 and figures["retrain_seconds"] > 0

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from rlhf.analysis import arena as pairing
-from ui.flows.leaderboard import Leaderboards
+from ui.state.leaderboard import Leaderboards
 
 HOLD = 60  # a safety net only: a held fit is always released by the test
 

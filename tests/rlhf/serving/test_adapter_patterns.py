@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.adapter_patterns import check_adapter, module_keys, module_matches, scaling
+from rlhf.serving.adapter_patterns import check_adapter, module_keys, module_matches, scaling
 from rlhf.retrain.publish import check_adapters
 from rlhf.serving.interface import AdapterError
 from tests.conftest import make_adapter
