@@ -180,23 +180,31 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
                "eval_share_with_ppo": retrain["eval_share_with_ppo"],
                "rollout_tokens_per_s": round(rollout_tps, 1), "anchor_tokens_per_s": round(anchor["tokens_per_s"], 1),
                "anchor_engine": anchor["engine"], "rollout_vs_anchor": round(rollout_tps / anchor["tokens_per_s"], 2)}
-    notes = (f"Model `{config.base_model}` on {device}; {completions(cfg)} completions per rollout "
-             f"({cfg.batch_size} prompts x {cfg.group_size}), "
-             f"{cfg.max_new_tokens} new tokens, {cfg.ppo_epochs} epoch(s) in minibatches of {cfg.mini_batch_size}, "
-             f"LoRA r={cfg.lora_r}; {cfg.steps} steps, the first untimed; {threads} CPU thread(s). "
-             f"Rollouts: {rollout_tps:.1f} reply tokens/s in our generate phase against {anchor['tokens_per_s']:.1f} "
-             f"for the same replies through the serving engine's batched decode ({anchor['engine']}, same threads): "
-             f"{rollout_tps / anchor['tokens_per_s']:.2f}x (goal >= 0.5x). "
-             "Our phase split (share of a step): "
-             + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ". "
-             + f"A whole retrain job ({'the --quick config' if quick else 'the default config'}, {retrain['pairs']} votes "
-             f"from the shipped preference pool, its own process) took {retrain['seconds']:.0f} s and peaked at "
-             f"{retrain['peak_rss_mb'] or float('nan'):.0f} MB resident: "
-             + ", ".join(f"{k} {v:.0f} s" for k, v in retrain["phase_seconds"].items())
-             + f"; the eval phase is {retrain['eval_share']:.0%} of it ({retrain['eval_share_with_ppo']:.0%} with PPO's "
-             "own before/after evaluations, which the ppo phase contains). Goal: eval <= 25%. Load average "
-             + "/".join(f"{x:.1f}" for x in os.getloadavg()) + " (1/5/15 min) at the end.")
+    notes = describe(config, device, threads, split, retrain, quick, rollout_tps, anchor)
     return report("train", rows, figures, notes, path=path)
+
+
+def describe(config: AppConfig, device: str, threads: int, split: dict, retrain: dict, quick: bool,
+             rollout_tps: float, anchor: dict) -> str:
+    """The report's notes: the settings measured, the rollouts against their yardstick and the retrain's split."""
+    cfg = config.ppo
+    return (f"Model `{config.base_model}` on {device}; {completions(cfg)} completions per rollout "
+            f"({cfg.batch_size} prompts x {cfg.group_size}), "
+            f"{cfg.max_new_tokens} new tokens, {cfg.ppo_epochs} epoch(s) in minibatches of {cfg.mini_batch_size}, "
+            f"LoRA r={cfg.lora_r}; {cfg.steps} steps, the first untimed; {threads} CPU thread(s). "
+            f"Rollouts: {rollout_tps:.1f} reply tokens/s in our generate phase against {anchor['tokens_per_s']:.1f} "
+            f"for the same replies through the serving engine's batched decode ({anchor['engine']}, same threads): "
+            f"{rollout_tps / anchor['tokens_per_s']:.2f}x (goal >= 0.5x). "
+            "Our phase split (share of a step): "
+            + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ". "
+            + f"A whole retrain job ({'the --quick config' if quick else 'the default config'}, "
+            f"{retrain['pairs']} votes "
+            f"from the shipped preference pool, its own process) took {retrain['seconds']:.0f} s and peaked at "
+            f"{retrain['peak_rss_mb'] or float('nan'):.0f} MB resident: "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in retrain["phase_seconds"].items())
+            + f"; the eval phase is {retrain['eval_share']:.0%} of it ({retrain['eval_share_with_ppo']:.0%} with PPO's "
+            "own before/after evaluations, which the ppo phase contains). Goal: eval <= 25%. Load average "
+            + "/".join(f"{x:.1f}" for x in os.getloadavg()) + " (1/5/15 min) at the end.")
 
 
 def peak_child_rss_mb() -> float:

@@ -55,6 +55,21 @@ def assert_every_version_serves(http: httpx.Client, expected: set[int]) -> None:
         assert reply.status_code == 200 and reply.json()["policy_id"] == p["id"], reply.text
 
 
+def move_and_serve(tmp_path, data, tiny_model_dir, config, versions) -> None:
+    """Move the data dir: copy it, delete the original, start at the new path; every version serves from there."""
+    final = counts(data)
+    moved = tmp_path / "moved" / "data"
+    shutil.copytree(data, moved)
+    shutil.rmtree(data)
+    with AppProcess(moved, tiny_model_dir, config) as there:
+        assert counts(moved) == final  # the start-up clean-up and checks lost nothing
+        assert_every_version_serves(there.client(), versions)
+    statuses = Store(moved / "studio.db")
+    assert "broken" not in {p.status for p in statuses.list_policies()}
+    assert all(Path(p.adapter_path).is_relative_to(moved) for p in statuses.list_policies() if p.adapter_path)
+    statuses.close()
+
+
 def test_back_up_mid_retrain_restore_elsewhere_and_move(tmp_path, tiny_model_dir):
     data = tmp_path / "data"
     config = write_config(tmp_path / "app.yaml", TEST_APP, FAST_RETRAIN, {"ppo": {"steps": 30}})  # still running
@@ -109,15 +124,4 @@ def test_back_up_mid_retrain_restore_elsewhere_and_move(tmp_path, tiny_model_dir
     finally:
         app.stop()
 
-    # Move the data dir: copy it, delete the original, start at the new path.
-    final = counts(data)
-    moved = tmp_path / "moved" / "data"
-    shutil.copytree(data, moved)
-    shutil.rmtree(data)
-    with AppProcess(moved, tiny_model_dir, config) as there:
-        assert counts(moved) == final  # the start-up clean-up and checks lost nothing
-        assert_every_version_serves(there.client(), versions_after)
-    statuses = Store(moved / "studio.db")
-    assert "broken" not in {p.status for p in statuses.list_policies()}
-    assert all(Path(p.adapter_path).is_relative_to(moved) for p in statuses.list_policies() if p.adapter_path)
-    statuses.close()
+    move_and_serve(tmp_path, data, tiny_model_dir, config, versions_after)

@@ -42,6 +42,58 @@ def studio(tmp_path_factory, tiny_model_dir):
     store.close()
 
 
+def chat_and_label(page, store, v0_id: int, shots) -> None:
+    """Chat, thumb, score, note and Regenerate, each checked in the Store; HTML in a message is never run."""
+    from playwright.sync_api import expect
+
+    # Chat: a reply streams in and is selected for rating
+    reply_id = send_chat(page, "Hello from the browser")
+    reply = store.get_message(reply_id)
+    assert reply.role == "assistant" and reply.policy_id == v0_id
+    assert store.get_message(reply.parent_id).content == "Hello from the browser"
+
+    # Thumbs up from the reply's icon
+    page.get_by_role("button", name="Like", exact=True).last.click()
+    chat_status(page, rf"👍 stored on reply #{reply_id}\b")
+    assert store.effective_rating(reply_id, "alice")["thumb"] == 1
+
+    # Score and note (HTML in the note is stored as text), each stored when clicked
+    score_reply(page, 4)
+    save_note(page, NOTE)
+    rating = store.effective_rating(reply_id, "alice")
+    assert (rating["thumb"], rating["score"], rating["note"]) == (1, 4, NOTE)
+
+    # Regenerate: a second reply to the same message, both kept
+    page.get_by_role("button", name="Regenerate").click()
+    chat_status(page, r"Alternative 2 stored")
+    assert len(store.siblings(reply_id)) == 2
+
+    # HTML and script in a message: stored as typed, shown as typed, never run
+    send_chat(page, HTML)
+    expect(page.get_by_text("<b>bold?</b>", exact=False).first).to_be_visible()
+    assert page.evaluate("window.__xss") is None
+    assert [m["content"] for m in store.feedback_rows("assistant")["messages"] if m["role"] == "user"][-1] == HTML
+    page.screenshot(path=str(shots / "chat.png"), full_page=True)
+
+
+def retrain_and_watch(page, store, shots):
+    """Retrain now in the Training tab and watch the job run to its end: the new version."""
+    from playwright.sync_api import expect
+
+    # Training: retrain now, watch the job run to its end
+    open_tab(page, "Training")
+    page.get_by_role("button", name="Retrain now").click()
+    page.get_by_role("button", name="Yes, retrain").click()  # it asks first
+    job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ is in the queue")).group(1))
+    expect(page.get_by_text(re.compile(rf"Job {job_id} · retrain · succeeded"))).to_be_visible(
+        timeout=600_000)
+    job = store.get_job(job_id)
+    assert job.status == "succeeded" and job.result["version"] == 2
+    new = store.get_policy(job.result["policy_id"])
+    page.screenshot(path=str(shots / "training.png"), full_page=True)
+    return new
+
+
 def test_the_whole_loop_in_a_browser(studio):
     sync_playwright = sync_playwright_or_skip()
     from playwright.sync_api import expect
@@ -55,34 +107,7 @@ def test_the_whole_loop_in_a_browser(studio):
             page.goto(app.url + "/")
             page.get_by_placeholder("e.g. alice").fill("alice")
 
-            # Chat: a reply streams in and is selected for rating
-            reply_id = send_chat(page, "Hello from the browser")
-            reply = store.get_message(reply_id)
-            assert reply.role == "assistant" and reply.policy_id == studio["v0"].id
-            assert store.get_message(reply.parent_id).content == "Hello from the browser"
-
-            # Thumbs up from the reply's icon
-            page.get_by_role("button", name="Like", exact=True).last.click()
-            chat_status(page, rf"👍 stored on reply #{reply_id}\b")
-            assert store.effective_rating(reply_id, "alice")["thumb"] == 1
-
-            # Score and note (HTML in the note is stored as text), each stored when clicked
-            score_reply(page, 4)
-            save_note(page, NOTE)
-            rating = store.effective_rating(reply_id, "alice")
-            assert (rating["thumb"], rating["score"], rating["note"]) == (1, 4, NOTE)
-
-            # Regenerate: a second reply to the same message, both kept
-            page.get_by_role("button", name="Regenerate").click()
-            chat_status(page, r"Alternative 2 stored")
-            assert len(store.siblings(reply_id)) == 2
-
-            # HTML and script in a message: stored as typed, shown as typed, never run
-            send_chat(page, HTML)
-            expect(page.get_by_text("<b>bold?</b>", exact=False).first).to_be_visible()
-            assert page.evaluate("window.__xss") is None
-            assert [m["content"] for m in store.feedback_rows("assistant")["messages"] if m["role"] == "user"][-1] == HTML
-            page.screenshot(path=str(shots / "chat.png"), full_page=True)
+            chat_and_label(page, store, studio["v0"].id, shots)
 
             # Arena: two anonymous versions answer; the vote reveals them
             comparison_id = arena_vote_a(page, "Which version are you?")
@@ -91,17 +116,7 @@ def test_the_whole_loop_in_a_browser(studio):
             assert {vote.policy_a_id, vote.policy_b_id} == {studio["v0"].id, studio["v1"].id}
             page.screenshot(path=str(shots / "arena.png"), full_page=True)
 
-            # Training: retrain now, watch the job run to its end
-            open_tab(page, "Training")
-            page.get_by_role("button", name="Retrain now").click()
-            page.get_by_role("button", name="Yes, retrain").click()  # it asks first
-            job_id = int(re.search(r"#(\d+)", status_text(page, r"Retrain job #\d+ is in the queue")).group(1))
-            expect(page.get_by_text(re.compile(rf"Job {job_id} · retrain · succeeded"))).to_be_visible(
-                timeout=600_000)
-            job = store.get_job(job_id)
-            assert job.status == "succeeded" and job.result["version"] == 2
-            new = store.get_policy(job.result["policy_id"])
-            page.screenshot(path=str(shots / "training.png"), full_page=True)
+            new = retrain_and_watch(page, store, shots)
 
             # Dashboard: the new version is listed with its parent
             open_tab(page, "Dashboard")

@@ -50,8 +50,9 @@ def test_real_model_answers_and_data_survives_restart(tmp_path, smol_dir):
     try:
         health = httpx.get(f"{url}/health").json()
         assert health["model"] == "smollm2-135m-instruct"
-        reply = httpx.post(f"{url}/chat", json={"messages": [{"role": "user", "content": "What is the capital of France?"}],
-                                                "max_new_tokens": 24, "temperature": 0}, timeout=120).json()
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        reply = httpx.post(f"{url}/chat", json={"messages": question, "max_new_tokens": 24, "temperature": 0},
+                           timeout=120).json()
         assert "Paris" in reply["content"]
         httpx.post(f"{url}/feedback", json={"message_id": reply["message_id"], "thumb": 1, "score": 5,
                                             "note": "correct", "annotator": "eve"}).raise_for_status()

@@ -113,10 +113,11 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
     page = page_of("sam")
     set_max_tokens(page, LONG)
     box = page.get_by_placeholder(MESSAGE_BOX)
-    box.fill("a long first answer please")
-    box.press("Enter")
-    status_text(page, "Generating")
-    box.fill("typed while it streams")  # not sent: must still be there afterwards
+    with QueuedAhead(app):  # replies queued ahead hold the turn: it is in flight while the box is typed in
+        box.fill("a long first answer please")
+        box.press("Enter")
+        status_text(page, "Generating")
+        box.fill("typed while it streams")  # not sent: must still be there afterwards
     chat_status(page, r"Reply #\d+ stored")
     expect(box).to_have_value("typed while it streams")
 

@@ -19,8 +19,8 @@ import pytest
 
 from storage import Store
 from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
-from tests.e2e.browser import (NAME_BOX, SLOW, bot_bubbles, chat_status, launched_chromium, open_app, open_tab,
-                               panel_on, send_chat)
+from tests.e2e.browser import (NAME_BOX, SLOW, bot_bubbles, launched_chromium, open_app, open_tab, panel_on,
+                               send_chat)
 from tests.e2e.chat_support import rating
 
 pytestmark = [pytest.mark.browser, pytest.mark.walk]  # `make walk`: see the Makefile
@@ -207,6 +207,24 @@ def shown_item(page, other_than: int | None = None) -> int:
     return int(re.findall(r"Item #(\d+) · ", line.inner_text())[-1])
 
 
+def store_holds_the_ledger(store, walkers, cast: dict) -> None:
+    """The Store holds the ledger and nothing more: every label on the reply meant, under the name meant, and every
+    vote on the item shown, in the order cast."""
+    for w in walkers:
+        rated = {r["message_id"] for r in store.db.query(
+            "SELECT r.message_id FROM ratings r JOIN annotators a ON a.id = r.annotator_id WHERE a.name = ?",
+            [w.name])}
+        assert rated <= set(w.replies), (w.name, rated)
+        for reply in w.replies:
+            meant = w.ledger.get(reply, [None, None, set(), None])
+            assert fold(store, reply, w.name) == (meant[0], meant[1], sorted(meant[2]), meant[3]), (w.name, reply)
+    for name, votes in cast.items():
+        annotator = store.annotator_id(name)
+        stored = [(store.queue_item_of(c.message_a_id).id, c.winner)
+                  for c in store.list_comparisons("assistant", history=True) if c.annotator_id == annotator]
+        assert stored == votes, name
+
+
 def test_a_walk_of_150_inputs_stores_every_one_exactly(studio, chromium, tmp_path):
     app, store = studio
     rng = random.Random(42)
@@ -249,20 +267,7 @@ def test_a_walk_of_150_inputs_stores_every_one_exactly(studio, chromium, tmp_pat
         for i, page in enumerate(pages):
             page.screenshot(path=str(tmp_path / f"walk{i}.png"), full_page=True)
 
-    # The Store holds the ledger and nothing more: every label on the reply meant, under the name meant.
-    for w in (ana, ben, cy):
-        rated = {r["message_id"] for r in store.db.query(
-            "SELECT r.message_id FROM ratings r JOIN annotators a ON a.id = r.annotator_id WHERE a.name = ?",
-            [w.name])}
-        assert rated <= set(w.replies), (w.name, rated)
-        for reply in w.replies:
-            meant = w.ledger.get(reply, [None, None, set(), None])
-            assert fold(store, reply, w.name) == (meant[0], meant[1], sorted(meant[2]), meant[3]), (w.name, reply)
-    for name, votes in cast.items():
-        annotator = store.annotator_id(name)
-        stored = [(store.queue_item_of(c.message_a_id).id, c.winner)
-                  for c in store.list_comparisons("assistant", history=True) if c.annotator_id == annotator]
-        assert stored == votes, name
+    store_holds_the_ledger(store, (ana, ben, cy), cast)
     inputs = 8 + ROUNDS * 3 + 2 * VOTES
     stored_labels = ana.stored + ben.stored + cy.stored
     assert ana.stored == ben.stored == ROUNDS and cy.stored + cy.refused == ROUNDS

@@ -204,6 +204,26 @@ def verify(store: Store, acked: list) -> dict:
     return {"lost": lost, "duplicated": duplicated}
 
 
+def tabulate(tally, elapsed: float, outcome: dict, jobs: list, versions: int) -> tuple[list, dict]:
+    """The load run's table (latency per endpoint) and its figures."""
+    rows, all_latencies = [], []
+    for endpoint in ("chat", "rate", "regenerate", "compare", "arena", "arena_vote"):
+        lat = tally.latencies.get(endpoint, [])
+        all_latencies += lat
+        rows.append({"endpoint": endpoint, "requests": len(lat), "errors": tally.errors[endpoint],
+                     "busy_retried": tally.busy[endpoint], "p50_ms": percentile(lat, 50) * 1000 if lat else 0.0,
+                     "p99_ms": percentile(lat, 99) * 1000 if lat else 0.0})
+    requests = sum(r["requests"] for r in rows)
+    figures = {"annotators": USERS, "seconds": round(elapsed, 1), "requests": requests,
+               "requests_per_s": round(requests / elapsed, 1), "errors": sum(tally.errors.values()),
+               "busy_retried": sum(tally.busy.values()), "p50_ms": round(percentile(all_latencies, 50) * 1000, 1),
+               "p99_ms": round(percentile(all_latencies, 99) * 1000, 1), "acknowledged_writes": len(tally.acked),
+               "lost_writes": len(outcome["lost"]), "duplicate_writes": len(outcome["duplicated"]),
+               "retrain_jobs": len(jobs), "retrain_succeeded": sum(j.status == "succeeded" for j in jobs),
+               "versions_after": versions}
+    return rows, figures
+
+
 def test_fifty_annotators_while_retraining(tmp_path, tiny_model_dir):
     data = tmp_path / "data"
     store = Store(data / "studio.db")
@@ -242,21 +262,7 @@ def test_fifty_annotators_while_retraining(tmp_path, tiny_model_dir):
     finally:
         store.close()
 
-    rows, all_latencies = [], []
-    for endpoint in ("chat", "rate", "regenerate", "compare", "arena", "arena_vote"):
-        lat = tally.latencies.get(endpoint, [])
-        all_latencies += lat
-        rows.append({"endpoint": endpoint, "requests": len(lat), "errors": tally.errors[endpoint],
-                     "busy_retried": tally.busy[endpoint], "p50_ms": percentile(lat, 50) * 1000 if lat else 0.0,
-                     "p99_ms": percentile(lat, 99) * 1000 if lat else 0.0})
-    requests = sum(r["requests"] for r in rows)
-    figures = {"annotators": USERS, "seconds": round(elapsed, 1), "requests": requests,
-               "requests_per_s": round(requests / elapsed, 1), "errors": sum(tally.errors.values()),
-               "busy_retried": sum(tally.busy.values()), "p50_ms": round(percentile(all_latencies, 50) * 1000, 1),
-               "p99_ms": round(percentile(all_latencies, 99) * 1000, 1), "acknowledged_writes": len(tally.acked),
-               "lost_writes": len(outcome["lost"]), "duplicate_writes": len(outcome["duplicated"]),
-               "retrain_jobs": len(jobs), "retrain_succeeded": sum(j.status == "succeeded" for j in jobs),
-               "versions_after": versions}
+    rows, figures = tabulate(tally, elapsed, outcome, jobs, versions)
     notes = (f"{USERS} annotators x {SECONDS:.0f} s over REST on loopback (tiny model, think time "
              f"{THINK_S[0]}–{THINK_S[1]} s) while retrain jobs ran back to back; then SIGKILL and a fresh Store "
              f"checked every acknowledged write. Job outcomes: {Counter(j.status for j in jobs)}.")
