@@ -41,6 +41,8 @@ def retrain_config(config: AppConfig, data_dir: Path, quick: bool, overrides: Op
     from rlhf.base_models import resolve_model
 
     source = resolve_model(config.base_model, config.data_path)
+    if Path(source).exists():  # a converted base under a relative data dir: the job process has its own cwd
+        source = str(Path(source).resolve())
     values = {"data_dir": str(data_dir), "base_model": source, "scheduler.enabled": False,
               **(QUICK if quick else {}), **(overrides or {})}
     return apply_overrides(config, values)

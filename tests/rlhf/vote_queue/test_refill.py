@@ -79,7 +79,7 @@ def test_refill_waits_while_chat_is_in_the_engine(world, tiny_server):
     refill.idle_s = 0.3  # the app's wait is 0.5 s: longer than a loaded machine stalls the engine between steps
     agent = store.get_agent("assistant")
     live = tiny_server.stream("", [{"role": "user", "content": "a long chat"}], AdapterRef(0),
-                              GenParams(max_new_tokens=400, temperature=1.0, seed=1))
+                              GenParams(max_new_tokens=160, temperature=1.0, seed=1))
     done = threading.Event()
     made = []
     worker = threading.Thread(target=lambda: (made.append(refill.tick(agent)), done.set()), daemon=True)
