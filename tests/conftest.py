@@ -1,8 +1,12 @@
 """Shared fixtures: a fresh Store per test, the real tokenizer, a tiny random model, a live app server."""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +36,17 @@ def pytest_collection_modifyitems(config, items):
         slow_path = parts[0] in SLOW_DIRS or any(parts[:len(p)] == p for p in SLOW_PATHS)
         if slow_path or "smol_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """Everything imported by now lives for the whole run: move it out of the collector's way, so a full garbage
+    collection walks only what the tests made (torch, transformers and gradio are millions of objects)."""
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """The same at the end: the interpreter's last collections at exit took 2-5 s per process."""
+    gc.freeze()
 
 
 @pytest.fixture
@@ -101,8 +116,18 @@ def stall(engine) -> threading.Event:
     return gate
 
 
+_ADAPTERS: dict[tuple, Path] = {}  # (model dir, seed, alpha) -> the first copy this worker built
+_ADAPTER_CACHE = Path(tempfile.mkdtemp(prefix="rlhf-test-adapters-"))
+atexit.register(shutil.rmtree, _ADAPTER_CACHE, True)
+
+
 def make_adapter(model_dir, target, seed: int, alpha: int = 64) -> str:
-    """A LoRA adapter with non-zero random weights (so it really changes outputs), saved to ``target``."""
+    """A LoRA adapter with non-zero random weights (so it really changes outputs), saved to ``target``. The same
+    (model, seed, alpha) gives the same weights, so a worker builds each once and copies it after."""
+    key = (str(model_dir), seed, alpha)
+    if key in _ADAPTERS and _ADAPTERS[key].is_dir():
+        shutil.copytree(_ADAPTERS[key], target, dirs_exist_ok=True)
+        return str(target)
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -112,6 +137,8 @@ def make_adapter(model_dir, target, seed: int, alpha: int = 64) -> str:
     peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=alpha, target_modules=["q_proj", "v_proj"],
                                                   init_lora_weights=False))
     peft_model.save_pretrained(target)
+    _ADAPTERS[key] = _ADAPTER_CACHE / str(len(_ADAPTERS))
+    shutil.copytree(target, _ADAPTERS[key])
     return str(target)
 
 

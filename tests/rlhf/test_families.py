@@ -52,6 +52,7 @@ def test_a_family_loads_and_chats(family_dir):
         server.close()
 
 
+@pytest.mark.slow  # converts a model
 def test_llama_cpp_takes_the_family_or_says_why(family_dir, tmp_path):
     from rlhf.serving.llama_cpp.base import llama_base
 

@@ -56,6 +56,7 @@ def test_tensor_shapes_match_ggufs_own_reader(small_gguf):
     assert shapes["blk.0.attn_q.weight"] == [8, 3] and shapes["v"] == [5]  # GGUF order: ne (innermost first)
 
 
+@pytest.mark.slow  # reads the shipped model with gguf's own (slow) reader
 def test_a_lora_conversion_reads_the_shipped_base_from_its_header():
     """BaseInfo (every engine start, every publish) from the header alone: the values gguf's own reader gives,
     without decoding the 49k-token vocabulary (7.7 s against 0.1 s on a 2-core machine)."""

@@ -32,6 +32,7 @@ def fields(path) -> dict:
             if k.startswith("tokenizer.") and k not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")}
 
 
+@pytest.mark.slow  # converts a model
 def test_the_converter_names_the_models_own_pre_tokenizer_and_its_special_tokens(tiny_gguf, tokenizer):
     f = fields(tiny_gguf)
     assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "smollm"  # was "default"
@@ -42,6 +43,7 @@ def test_the_converter_names_the_models_own_pre_tokenizer_and_its_special_tokens
     assert f["tokenizer.chat_template"] == tokenizer.chat_template
 
 
+@pytest.mark.slow  # converts a model
 def test_a_tokenizer_whose_split_llama_cpp_does_not_know_is_refused_with_the_reason(tiny_model_dir, tmp_path):
     from rlhf.serving.llama_cpp.convert import hf_to_gguf
 
