@@ -17,8 +17,10 @@ from bench.verdict import keeps_voice
 
 
 def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[int], out: Path, eval_prompts: int,
-             samples: int) -> None:
-    """Votes -> reward model -> policy -> oracle verdict for each method and seed; a JSON line per retrain."""
+             samples: int, variant: str = "") -> None:
+    """Votes -> reward model -> policy -> oracle verdict for each method and seed; a JSON line per retrain.
+    ``variant``: the config overrides this cell ran with (``--set``), kept in each line so the table keeps a
+    method's variants apart."""
     from bench.loop import one_oracle
     from rlhf.base_models import pick_device, resolve_model
     from rlhf.config import apply_overrides
@@ -36,14 +38,15 @@ def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[in
                                            f"{get_method(method).section}.seed": seed})
             row = one_oracle(cfg, source, device, featurize, pool, oracle, votes, eval_prompts, samples, gate=False)
             with open(out, "a") as f:
-                f.write(json.dumps({**row, "votes_asked": votes, "device": device}) + "\n")
+                f.write(json.dumps({**row, "votes_asked": votes, "device": device, "variant": variant}) + "\n")
 
 
 def summarise(rows: list[dict]) -> list[dict]:
     """Per method and vote count: each oracle's seed-mean, then the mean and the worst over oracles."""
     cells: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
-        cells.setdefault((r["method"], r["votes_asked"]), {}).setdefault(r["oracle"], []).append(r)
+        method = f'{r["method"]} ({r["variant"]})' if r.get("variant") else r["method"]
+        cells.setdefault((method, r["votes_asked"]), {}).setdefault(r["oracle"], []).append(r)
     out = []
     for (method, votes), by_oracle in sorted(cells.items()):
         mean = lambda runs, k: statistics.mean(x[k] for x in runs)  # noqa: E731
@@ -51,10 +54,12 @@ def summarise(rows: list[dict]) -> list[dict]:
         runs = [x for rs in by_oracle.values() for x in rs]
         drops = {o: mean(rs, "base_distinct_2") - mean(rs, "distinct_2") for o, rs in by_oracle.items()}
         rises = {o: mean(rs, "repetition") - mean(rs, "base_repetition") for o, rs in by_oracle.items()}
+        lengths = {o: mean(rs, "mean_words") / mean(rs, "base_mean_words") for o, rs in by_oracle.items()}
         out.append({"method": method, "votes": votes, "oracles": len(by_oracle), "runs": len(runs),
                     "mean_win": statistics.mean(wins.values()), "worst_win": min(wins.values()),
                     "worst_oracle": min(wins, key=wins.get), "mean_distinct_drop": statistics.mean(drops.values()),
                     "worst_distinct_drop": max(drops.values()), "worst_repetition_rise": max(rises.values()),
+                    "shortest": min(lengths.values()), "shortest_oracle": min(lengths, key=lengths.get),
                     "kl": statistics.mean(x["kl"] for x in runs), "voice_kept": sum(map(keeps_voice, runs)),
                     "train_s": statistics.mean(x["train_s"] for x in runs),
                     "pairs": statistics.mean(x["pairs"] for x in runs), "wins": wins})
@@ -64,12 +69,13 @@ def summarise(rows: list[dict]) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     """The table: one line per method and vote count."""
     lines = ["| method | votes | win rate mean | worst (oracle) | distinct-2 drop mean / worst | repeated 3-grams "
-             "rise worst | KL | voice kept | policy s |", "|---|---|---|---|---|---|---|---|---|"]
+             "rise worst | words vs base, fewest (oracle) | KL | voice kept | policy s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summarise(rows):
         lines.append(f"| {s['method']} | {s['votes']} | {s['mean_win']:.2f} | {s['worst_win']:.2f} "
                      f"({s['worst_oracle']}) | {s['mean_distinct_drop']:+.3f} / {s['worst_distinct_drop']:+.3f} | "
-                     f"{s['worst_repetition_rise']:+.3f} | {s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | "
-                     f"{s['train_s']:.0f} |")
+                     f"{s['worst_repetition_rise']:+.3f} | {s['shortest']:.2f} ({s['shortest_oracle']}) | "
+                     f"{s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | {s['train_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -96,7 +102,8 @@ def main(argv=None) -> int:
 
     config = load_config(overrides=args.set)
     run_cell(config, args.oracle, args.votes, [m for m in args.methods.split(",") if m],
-             [int(s) for s in args.seeds.split(",") if s], args.out, args.eval_prompts, args.samples)
+             [int(s) for s in args.seeds.split(",") if s], args.out, args.eval_prompts, args.samples,
+             ",".join(args.set))
     return 0
 
 

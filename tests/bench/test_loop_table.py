@@ -9,7 +9,7 @@ from bench import loop_table
 def row(oracle, method, seed, win, d2=0.90, base_d2=0.93, rep=0.01, base_rep=0.01, votes=32):
     return {"oracle": oracle, "method": method, "seed": seed, "votes_asked": votes, "oracle_win_rate": win,
             "distinct_2": d2, "base_distinct_2": base_d2, "repetition": rep, "base_repetition": base_rep,
-            "kl": 2.0, "train_s": 10.0, "pairs": votes}
+            "kl": 2.0, "train_s": 10.0, "pairs": votes, "mean_words": 40.0, "base_mean_words": 50.0}
 
 
 def test_mean_and_worst_are_over_preferences_after_averaging_seeds():
@@ -26,4 +26,11 @@ def test_the_markdown_table_reads_json_lines(tmp_path, capsys):
     path.write_text("".join(json.dumps(r) + "\n" for r in [row("a", "rpo", 0, 0.8), row("b", "rpo", 0, 0.6)]))
     assert loop_table.main(["table", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| rpo | 32 | 0.70 | 0.60 (b) |" in out and "2/2" in out
+    assert "| rpo | 32 | 0.70 | 0.60 (b) |" in out and "2/2" in out and "| 0.80 (a) |" in out
+
+
+def test_a_methods_variants_stay_apart_in_the_table():
+    rows = [row("a", "ppo", 0, 0.6), {**row("a", "ppo", 0, 0.9), "variant": "ppo.steps=16", "mean_words": 5.0}]
+    by = {s["method"]: s for s in loop_table.summarise(rows)}
+    assert by["ppo"]["mean_win"] == 0.6 and by["ppo (ppo.steps=16)"]["mean_win"] == 0.9
+    assert by["ppo (ppo.steps=16)"]["shortest"] == 0.1  # a collapse to short replies shows, though distinct-2 rises
