@@ -29,10 +29,12 @@ def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, p
     from rlhf.retrain.guard import run_guard
 
     chats = [chat(system, p) for p in prompts]
-    report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.ppo.max_new_tokens)
+    report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.eval.max_new_tokens,
+                               whole_sentences=config.reward.whole_sentences)
     cand_text, act_text = [s["reply"] for s in report.samples], [s["reply"] for s in report.active_samples]
     guard = run_guard(model, tokenizer, chats, cand_text, act_text, report.kl_to_base, config.gate)
-    cand, act = judge_scores(judge, chats, cand_text, act_text)
+    cand, act = judge_scores(judge, chats, [s["read"] for s in report.samples],
+                             [s["read"] for s in report.active_samples])
     g = decide(cand, act, evidence, report.kl_to_base, config.retrain.min_win_rate, config.retrain.max_kl, guard,
                report.candidate_members, report.active_members)
     for ex in guard["examples"]:  # what tripped it, for a human to read (stderr)

@@ -2,7 +2,8 @@
 and the phrase it repeats most. One measure for all who ask: PPO's repetition penalty (``rlhf.training.shaping``),
 the reward-hacking guard (``rlhf.retrain.guard``) and ``bench loop``'s voice figures, so the policy is penalised on
 the same measure it is checked on. Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
-never makes two n-grams differ."""
+never makes two n-grams differ. ``whole_sentences`` cuts a reply back to its last whole sentence: what a reader
+would have voted on, had the reply not been cut at a token limit (online DPO's pairs, PPO's reward)."""
 from __future__ import annotations
 
 import re
@@ -36,3 +37,20 @@ def most_repeated(text: str, n: int = 3) -> str:
         counts[tuple(w[i:i + n])] = counts.get(tuple(w[i:i + n]), 0) + 1
     gram, times = max(counts.items(), key=lambda kv: kv[1], default=((), 0))
     return " ".join(gram) if times > 1 else ""
+
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)|\n")
+
+
+def whole_sentences(text: str) -> str:
+    """``text`` up to the end of its last whole sentence (a full stop, ! or ? before a space or the end, or a line
+    break); empty when it has none."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    return text[:ends[-1]].rstrip() if ends else ""
+
+
+def as_read(text: str, cut: bool) -> str:
+    """What a reward model reads of a reply: one cut at a token limit up to its last whole sentence (the replies
+    people vote on are whole, and a fragment reads as a worse reply); as written when it was not cut or has no whole
+    sentence."""
+    return (whole_sentences(text) or text) if cut else text

@@ -28,7 +28,8 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
     report = evaluate_versions(model, tokenizer, eval_prompts, scorer, candidate, "active" if active_dir else None,
                                cfg.eval.max_new_tokens, cfg.eval.temperature, seed=cfg.ppo.seed + cfg.eval.seed_offset,
                                kl_to_base=ppo.kl, max_prompt_tokens=cfg.eval.max_prompt_tokens,
-                               on_reply=lambda done, total: say(0.7 * done / total, f"eval replies {done}/{total}"))
+                               on_reply=lambda done, total: say(0.7 * done / total, f"eval replies {done}/{total}"),
+                               whole_sentences=cfg.reward.whole_sentences)
     say(0.75, "reward-hacking checks on the replies")
     guard = run_guard(model, tokenizer, eval_prompts, [s["reply"] for s in report.samples],
                       [s["reply"] for s in report.active_samples], report.kl_to_base, cfg.gate,
@@ -63,8 +64,8 @@ def gate_phase(ctx: JobContext, rm, scorer, report, guard: dict, eval_prompts: l
 
     cfg = ctx.config
     judge = load_gate_judge(rm.path, scorer, device, cfg, features)
-    cand, act = judge_scores(judge, eval_prompts, [s["reply"] for s in report.samples],
-                             [s["reply"] for s in report.active_samples])
+    cand, act = judge_scores(judge, eval_prompts, [s["read"] for s in report.samples],
+                             [s["read"] for s in report.active_samples])
     return decide(cand, act, Evidence.from_metrics(rm.metrics), report.kl_to_base, cfg.retrain.min_win_rate,
                   cfg.retrain.max_kl, guard, report.candidate_members, report.active_members, seed=cfg.ppo.seed)
 

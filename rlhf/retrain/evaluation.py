@@ -20,6 +20,7 @@ import numpy as np
 
 from rlhf.training.generation import generate_replies
 from rlhf.training.shaping import RewardFn
+from rlhf.voice import as_read
 
 
 @dataclass
@@ -136,18 +137,23 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
                       active: Optional[str], max_new_tokens: int = 48, temperature: float = 1.0,
                       seed: int = 1234, kl_to_base: Optional[float] = None,
                       max_prompt_tokens: Optional[int] = None,
-                      on_reply: Optional[Callable[[int, int], None]] = None) -> EvalReport:
+                      on_reply: Optional[Callable[[int, int], None]] = None,
+                      whole_sentences: bool = False) -> EvalReport:
     """Candidate (adapter name) vs active (adapter name or None = base) on held-out prompts.
 
     ``kl_to_base``: the candidate's KL already measured on these prompts (PPO's final evaluation samples the
     candidate and scores it against the base: the same estimate); when None or NaN it is measured here.
-    ``on_reply(done, total)``: progress of the compared replies.
+    ``on_reply(done, total)``: progress of the compared replies. ``whole_sentences``: the reward model reads a reply
+    cut at ``max_new_tokens`` up to its last whole sentence (``rlhf.voice.as_read``, as PPO's reward does); each
+    sample keeps the reply as written and, under ``read``, what was scored.
     """
     import math
 
     cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, 0.0, seed,
                                  max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
-    cand_text, act_text = cand.texts, act.texts
+    cand_text, act_text = (
+        [as_read(t, whole_sentences and len(ids) >= max_new_tokens) for t, ids in zip(r.texts, r.token_ids)]
+        for r in (cand, act))
     members = getattr(scorer, "member_scores", None)  # an ensemble: the gate also resamples its members
     if members:  # the reward is the members' mean: one feature pass scores both versions
         both = np.asarray(members(prompts + prompts, cand_text + act_text), dtype=float)
@@ -168,8 +174,8 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
     return EvalReport(
         candidate_reward=mean(cand_r), active_reward=mean(act_r), win_rate=win_rate(cand_r, act_r),
         kl_to_base=float(kl_to_base),
-        samples=[{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
-                 for i, (p, t, r) in enumerate(zip(prompts, cand_text, cand_r))],
-        active_samples=[{"prompt_index": i, "prompt": p, "reply": t, "reward": r}
-                        for i, (p, t, r) in enumerate(zip(prompts, act_text, act_r))],
+        samples=[{"prompt_index": i, "prompt": p, "reply": t, "read": rd, "reward": r}
+                 for i, (p, t, rd, r) in enumerate(zip(prompts, cand.texts, cand_text, cand_r))],
+        active_samples=[{"prompt_index": i, "prompt": p, "reply": t, "read": rd, "reward": r}
+                        for i, (p, t, rd, r) in enumerate(zip(prompts, act.texts, act_text, act_r))],
         candidate_members=cand_m, active_members=act_m)

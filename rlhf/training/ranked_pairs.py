@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
+
+from rlhf.voice import whole_sentences
 
 if TYPE_CHECKING:
     from rlhf.training.generation import Replies
@@ -43,16 +44,6 @@ class Ranked:
         return {"ranked_pairs": len(self.pairs), "sampled_prompts": self.prompts, "sampled_replies": self.replies,
                 "trimmed_replies": self.trimmed, "cut_replies": self.cut, "unsure_prompts": self.unsure,
                 "alike_prompts": self.alike}
-
-
-SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)|\n")
-
-
-def whole_sentences(text: str) -> str:
-    """``text`` up to the end of its last whole sentence (a full stop, ! or ? before a space or the end, or a line
-    break); empty when it has none."""
-    ends = [m.end() for m in SENTENCE_END.finditer(text)]
-    return text[:ends[-1]].rstrip() if ends else ""
 
 
 def draw_prompts(prompts, n: int, seed: int) -> list[list[dict]]:

@@ -14,7 +14,7 @@ import re
 from typing import Callable, Optional, Sequence
 
 from rlhf.plugins import load_callable
-from rlhf.voice import repetition
+from rlhf.voice import as_read, repetition
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,10 @@ def _finite(value) -> float:
 class RewardShaper:
     """Combines a reward model (or none) with the configured rule terms and reward functions."""
 
-    def __init__(self, ppo_config, reward_fn: Optional[RewardFn] = None):
+    def __init__(self, ppo_config, reward_fn: Optional[RewardFn] = None, whole_sentences: bool = True):
         self.cfg = ppo_config
         self.reward_fn = reward_fn
+        self.whole_sentences = whole_sentences  # the reward model reads a cut reply's whole sentences (``as_read``)
         self.functions = {path: (load_reward_function(path), float(weight))
                           for path, weight in (ppo_config.reward_functions or {}).items()}
         if reward_fn is None and not self.has_rules():
@@ -86,7 +87,9 @@ class RewardShaper:
         n = len(replies)
         parts: dict[str, list[float]] = {}
         if self.reward_fn is not None:
-            scores = list(self.reward_fn(prompts, replies))
+            read = [as_read(r, not done) for r, done in zip(replies, finished)] if self.whole_sentences \
+                else replies
+            scores = list(self.reward_fn(prompts, read))
             if len(scores) != n:
                 raise ValueError(f"reward model returned {len(scores)} scores for {n} replies")
             parts["rm"] = [_finite(s) for s in scores]

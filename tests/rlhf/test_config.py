@@ -45,7 +45,7 @@ def test_apply_overrides_copies_and_yaml_roundtrip():
     cfg = load_config(env={})
     new = apply_overrides(cfg, {"ppo": {"steps": 2}, "reward.epochs": 1})
     assert new.ppo.steps == 2 and new.reward.epochs == 1.0 and cfg.ppo.steps != 2
-    assert "steps: 8" in to_yaml(cfg)
+    assert "steps: 16" in to_yaml(cfg)
 
 
 def test_every_field_has_help_and_the_manual_table_is_current():

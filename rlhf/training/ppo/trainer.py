@@ -188,7 +188,7 @@ def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir
     tokenizer, model, optimizer, kl_ctl, state = _load(config, base_source, init_adapter, resume, acc.device, base)
     model, optimizer = acc.prepare(model, optimizer)
     run = _Run(config, acc, model, acc.unwrap_model(model), optimizer, tokenizer, kl_ctl, state,
-               RewardShaper(cfg, reward_fn), eval_prompts, run_dir, started,
+               RewardShaper(cfg, reward_fn, config.reward.whole_sentences), eval_prompts, run_dir, started,
                metrics_log=MetricsLog(run_dir, state["step"]) if acc.is_main_process else None)
     start_trackers(acc, cfg.report_to, run_dir.name, config.to_dict())
     if run.main:

@@ -88,3 +88,21 @@ def test_the_compared_replies_report_their_progress(peft_model, tokenizer):
                       on_reply=lambda done, total: heard.append((done, total)))
     n = 2 * len(PROMPTS)  # candidate and active
     assert heard == [(k, n) for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("whole_sentences", [True, False])
+def test_a_cut_eval_reply_is_scored_on_its_whole_sentences(monkeypatch, whole_sentences):
+    import rlhf.retrain.evaluation as evaluation
+    from rlhf.training.generation import Replies
+
+    text = "Tea is hot. It is bre"
+    # The candidate's reply filled max_new_tokens (4 ids: cut); the active one stopped at 3 (finished).
+    monkeypatch.setattr(evaluation, "generate_replies", lambda *a, **k: [
+        Replies([text], [[1, 2, 3, 4]], [[0]]), Replies([text], [[1, 2, 3]], [[0]])])
+    scorer = lambda prompts, replies: [float(len(r)) for r in replies]  # noqa: E731
+    report = evaluate_versions(None, None, PROMPTS[:1], scorer, "cand", "active", 4, kl_to_base=0.0,
+                               whole_sentences=whole_sentences)
+    cand, act = report.samples[0], report.active_samples[0]
+    assert cand["reply"] == act["reply"] == act["read"] == text  # shown as written; a finished reply read whole
+    assert cand["read"] == ("Tea is hot." if whole_sentences else text)
+    assert (cand["reward"], act["reward"]) == (float(len(cand["read"])), float(len(text)))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rlhf.config import ConfigError, load_config
-from rlhf.training.ranked_pairs import confidence, draw_prompts, rank_pairs, whole_sentences
+from rlhf.training.ranked_pairs import confidence, draw_prompts, rank_pairs
+from rlhf.voice import whole_sentences
 from tests.rlhf.training.test_dpo import PAIRS, one_thread  # noqa: F401 (an autouse fixture)
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -93,3 +93,21 @@ def test_a_reward_is_required_and_the_count_must_match():
     assert RewardShaper(ppo(polite_weight=1.0), None).has_rules()
     with pytest.raises(ValueError, match="returned 1 scores for 2"):
         RewardShaper(ppo(), lambda p, r: [1.0])([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2)
+
+
+def test_the_reward_model_reads_a_cut_reply_up_to_its_last_whole_sentence():
+    seen = []
+    rm = lambda prompts, replies: seen.extend(replies) or [0.0] * len(replies)  # noqa: E731
+    replies = ["Tea is a drink. It comes from a pla", "Tea is a drink. It comes from a pla", "No sentence ends her"]
+    RewardShaper(ppo(), rm)([PROMPT] * 3, replies, [9, 9, 4], finished=[False, True, False])
+    # cut: its whole sentences; finished: as written; cut without a whole sentence: as written (nothing to keep)
+    assert seen == ["Tea is a drink.", "Tea is a drink. It comes from a pla", "No sentence ends her"]
+    seen.clear()
+    RewardShaper(ppo(), rm, whole_sentences=False)([PROMPT], replies[:1], [9], finished=[False])
+    assert seen == ["Tea is a drink. It comes from a pla"]
+
+
+def test_rule_terms_and_functions_read_the_reply_as_written():
+    cfg = ppo(reward_functions='{"tests.rlhf.training.test_shaping:mentions_paris": 1.0}')
+    _, parts = RewardShaper(cfg, lambda p, r: [0.0])([PROMPT], ["It is Lyon. Or Paris"], [6], finished=[False])
+    assert parts["tests.rlhf.training.test_shaping:mentions_paris"] == [1.0]
