@@ -3,7 +3,8 @@ and the phrase it repeats most. One measure for all who ask: PPO's repetition pe
 the reward-hacking guard (``rlhf.retrain.guard``) and ``bench loop``'s voice figures, so the policy is penalised on
 the same measure it is checked on. Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
 never makes two n-grams differ. ``whole_sentences`` cuts a reply back to its last whole sentence: what a reader
-would have voted on, had the reply not been cut at a token limit (online DPO's pairs, PPO's reward)."""
+would have voted on, had the reply not been cut at a token limit (online DPO's pairs; PPO's reward and the gate's
+judge through ``as_read``)."""
 from __future__ import annotations
 
 import re
