@@ -94,6 +94,16 @@ class LabelDesk:
         with self._lock:
             return self._pages.get(page, {}).get("panel")
 
+    def panel_reply(self, page: Optional[str], shown: Optional[int]) -> Optional[int]:
+        """The reply the page's panel labels, as the server last pointed it (None: the reply being written);
+        ``shown``, what the page says it shows, for a page never pointed (or forgotten). The page's own value can
+        be one step behind: its updates and the events they trigger reach the server in no fixed order."""
+        if page is None:
+            return shown
+        with self._lock:
+            entry = self._pages.get(page)
+            return entry["panel"] if entry is not None and "panel" in entry else shown
+
     def keep_draft(self, page: Optional[str], reply: Optional[int], text: Optional[str]) -> None:
         """Keep a note typed for ``reply`` and not saved (an empty text drops the draft)."""
         if page is None or reply is None:

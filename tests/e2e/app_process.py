@@ -145,6 +145,19 @@ class AppProcess:
     def pid(self) -> Optional[int]:
         return self.proc.pid if self.proc else None
 
+    def engine_pids(self) -> list[int]:
+        """The app's engine processes (``python -m rlhf.serving.child``, its children) running now."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+                parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):  # not a process, or one that just ended
+                continue
+            if parent == self.pid and b"rlhf.serving.child" in cmdline:
+                found.append(int(proc.name))
+        return found
+
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
         if self.proc is not None and self.proc.poll() is None:

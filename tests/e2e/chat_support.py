@@ -1,18 +1,19 @@
 """What the Chat-tab browser tests share besides the page steps in ``browser.py``: reading the Store the way the
-assertions need it, and holding a turn back so that it is still streaming while a test acts."""
+assertions need it, and holding a turn back so that it is still in flight while a test acts."""
 from __future__ import annotations
 
-import threading
+import os
+import signal
 
 from storage import Store
-from tests.e2e.app_process import TEST_APP, AppProcess, write_config
+from tests.e2e.app_process import TEST_APP, AppProcess, wait_until, write_config
 
 LONG = 1024  # tokens: a reply that streams for seconds on the tiny model
 
 
 def one_reply_at_a_time(root, tiny_model_dir):
-    """A module fixture's body: the app on ``root`` decoding one reply at a time (so replies queued ahead of a
-    turn hold it back for as long as a test needs) and a Store on its database."""
+    """A module fixture's body: the app on ``root`` decoding one reply at a time (first come, first served: what
+    ``EngineHeld`` lets through is answered in the order it was sent) and a Store on its database."""
     config = write_config(root / "app.yaml", TEST_APP, {"serving": {"max_batch_size": 1}})
     with AppProcess(root / "data", tiny_model_dir, config) as app:
         store = Store(root / "data" / "studio.db")
@@ -47,34 +48,24 @@ def rating_rows(store: Store, name: str) -> list[tuple]:
            ON a.id = r.annotator_id WHERE a.name = ? ORDER BY r.id""", [name]).fetchall()]
 
 
-class QueuedAhead:
-    """Long REST replies streaming (and queued) ahead of whatever the browser sends next: with one reply decoding
-    at a time (``serving.max_batch_size: 1``), the browser's turn waits behind them, however fast the engine is,
-    until the block ends. Leaving closes their connections, which cancels them (nothing stored)."""
+class EngineHeld:
+    """The app's engine process stopped (SIGSTOP) for the block, continued (SIGCONT) when it ends: a turn sent
+    meanwhile is in flight (queued, "Generating") and cannot get a single token before the block ends, however fast
+    or loaded the machine is. Requests and cancels sent meanwhile wait in the engine's socket and are read, in
+    order, once it runs again (one reply at a time, ``serving.max_batch_size: 1``, keeps first come first served)."""
 
-    def __init__(self, app, n: int = 12):
-        self.app, self.n, self.stop, self.threads, self.started = app, n, threading.Event(), [], threading.Semaphore(0)
-
-    def _one(self, i: int) -> None:
-        import httpx
-
-        body = {"messages": [{"role": "user", "content": f"hold the line {i}"}], "max_new_tokens": LONG,
-                "annotator": "queue-filler"}
-        with httpx.Client(timeout=120) as client, client.stream("POST", self.app.api + "/chat/stream", json=body) as r:
-            self.started.release()
-            for _ in r.iter_lines():
-                if self.stop.is_set():
-                    return
+    def __init__(self, app: AppProcess):
+        self.app, self.pids = app, []
 
     def __enter__(self):
-        for i in range(self.n):
-            self.threads.append(threading.Thread(target=self._one, args=(i,), daemon=True))
-            self.threads[-1].start()
-        for _ in range(self.n):
-            assert self.started.acquire(timeout=60), "a queued-ahead reply never started"
+        self.pids = wait_until(self.app.engine_pids, 60, "the app's engine process")
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
         return self
 
     def __exit__(self, *exc):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=60)
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass

@@ -20,7 +20,7 @@ from tests.e2e.app_process import FAST_RETRAIN, TEST_APP, AppProcess, merged, wa
 from tests.e2e.browser import (CHROMIUM, CHROMIUM_ARGS, MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status,
                                open_app, open_tab, panel_on, save_note, score_reply, send_chat, status_text,
                                sync_playwright_or_skip, tick_flag, user_bubbles)
-from tests.e2e.chat_support import QueuedAhead, rating
+from tests.e2e.chat_support import EngineHeld, rating
 
 pytestmark = pytest.mark.browser
 NAME, OTHER = "walker", "rover"
@@ -99,7 +99,7 @@ def label_while_streaming(page, box, app, store, labels, typed):
     labels[NAME, third] = (None, None, ["Unhelpful"], None)
 
     # While the next reply streams: revise the dessert reply with a key, and send the next message
-    with QueuedAhead(app):
+    with EngineHeld(app):
         typed.append("Tell me a long story.")
         box.fill(typed[-1])
         box.press("Enter")
@@ -133,7 +133,7 @@ def reload_and_answer(page, box, app, store, typed):
     from playwright.sync_api import expect
 
     # A reload mid-reply: the conversation comes back from the list, its unanswered turn is answered
-    with QueuedAhead(app):
+    with EngineHeld(app):
         typed.append("One more long story?")
         box.fill(typed[-1])
         box.press("Enter")

@@ -20,7 +20,7 @@ import pytest
 from tests.e2e.app_process import wait_until
 from tests.e2e.browser import (MESSAGE_BOX, NAME_BOX, SLOW, chat_status, launched_chromium, open_app, panel_on,
                                save_note, send_chat)
-from tests.e2e.chat_support import (QueuedAhead, one_reply_at_a_time, rating, rating_rows, replies_to,
+from tests.e2e.chat_support import (EngineHeld, one_reply_at_a_time, rating, rating_rows, replies_to,
                                     user_message)
 
 pytestmark = pytest.mark.browser
@@ -72,7 +72,7 @@ def test_path_2_keys_go_only_to_the_marked_reply(studio, chromium, pages):
     page.keyboard.press("5")
     stored(store, first, "kai", (None, 5, [], None))
     box = page.get_by_placeholder(MESSAGE_BOX)
-    with QueuedAhead(app):
+    with EngineHeld(app):
         box.fill("second for the keys")
         box.press("Enter")
         chat_status(page, "Generating")
@@ -134,7 +134,7 @@ def test_path_3_a_click_in_flight_lands_on_the_reply_marked_at_the_click(studio,
     first = send_chat(page, "first, labelled while the next one ends")
     box = page.get_by_placeholder(MESSAGE_BOX)
     held = HeldClick(page)
-    with QueuedAhead(app):
+    with EngineHeld(app):
         box.fill("second, ending while a click is in flight")
         box.press("Enter")
         chat_status(page, "Generating")

@@ -10,7 +10,7 @@ its values between replies; a label is now one immediate write addressed by the 
 5. the empty Seed box sends "random", never 0; a repeated seed's identical replies never make a preference pair;
 6. a thumb clicked while a reply streams leaves New conversation and Regenerate locked until the reply ends.
 
-Turns are held back behind long REST replies (``QueuedAhead``) so that "while it streams" holds on any machine.
+Turns are held back by stopping the engine process (``EngineHeld``) so that "while it streams" holds on any machine.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from storage import Store
 from tests.e2e.app_process import wait_until
 from tests.e2e.browser import (MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status, launched_chromium, open_app,
                                panel_on, save_note, score_reply, send_chat, tick_flag)
-from tests.e2e.chat_support import QueuedAhead, one_reply_at_a_time, rating, rating_rows, replies_to, user_message
+from tests.e2e.chat_support import EngineHeld, one_reply_at_a_time, rating, rating_rows, replies_to, user_message
 
 pytestmark = pytest.mark.browser
 WRITE = 60  # s: a label click reaches the Store well within this on a loaded machine (an answer, not a timing goal)
@@ -80,7 +80,7 @@ def test_1_a_rating_revised_while_the_next_reply_streams_stays_as_revised(studio
 
     # Send: while the next reply streams, go back to the first reply and revise its labels
     box = page.get_by_placeholder(MESSAGE_BOX)
-    with QueuedAhead(app):
+    with EngineHeld(app):
         box.fill("second question")
         box.press("Enter")
         chat_status(page, "Generating")
@@ -100,7 +100,7 @@ def test_1_a_rating_revised_while_the_next_reply_streams_stays_as_revised(studio
 
     # Regenerate the first reply: the panel moves to the alternative being written (a key meanwhile stores
     # nothing), and fills in with it when it ends; the first reply keeps its labels as revised
-    with QueuedAhead(app):
+    with EngineHeld(app):
         page.get_by_role("button", name="Regenerate").click()
         chat_status(page, "Regenerating")
         expect(page.get_by_text(re.compile("Labels of the new reply"))).to_be_visible(timeout=SLOW)
@@ -122,7 +122,7 @@ def test_2_a_note_typed_while_a_reply_streams_stays_in_its_box_on_its_reply(stud
     note = page.get_by_label("Note", exact=True)
     note.fill("about the first, not saved yet")
     box = page.get_by_placeholder(MESSAGE_BOX)
-    with QueuedAhead(app):
+    with EngineHeld(app):
         box.fill("and something else")
         box.press("Enter")
         chat_status(page, "Generating")
@@ -252,7 +252,7 @@ def test_6_a_thumb_during_a_stream_keeps_new_conversation_and_regenerate_locked(
     regen = page.get_by_role("button", name="Regenerate")
     new = page.get_by_role("button", name="New conversation")
     box = page.get_by_placeholder(MESSAGE_BOX)
-    with QueuedAhead(app):
+    with EngineHeld(app):
         box.fill("still the old conversation")
         box.press("Enter")
         chat_status(page, "Generating")

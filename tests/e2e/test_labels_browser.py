@@ -21,7 +21,7 @@ from tests.e2e.app_process import wait_until
 from tests.e2e.browser import (MESSAGE_BOX, NAME_BOX, SLOW, bot_bubbles, chat_status, launched_chromium, open_app,
                                open_tab, panel_on, save_note, score_reply, send_chat, set_max_tokens, status_text,
                                tick_flag, user_bubbles)
-from tests.e2e.chat_support import LONG, QueuedAhead, one_reply_at_a_time, rating, replies_to, user_message
+from tests.e2e.chat_support import LONG, EngineHeld, one_reply_at_a_time, rating, replies_to, user_message
 
 pytestmark = pytest.mark.browser
 
@@ -113,7 +113,7 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
     page = page_of("sam")
     set_max_tokens(page, LONG)
     box = page.get_by_placeholder(MESSAGE_BOX)
-    with QueuedAhead(app):  # replies queued ahead hold the turn: it is in flight while the box is typed in
+    with EngineHeld(app):  # the stopped engine holds the turn: it is in flight while the box is typed in
         box.fill("a long first answer please")
         box.press("Enter")
         status_text(page, "Generating")
@@ -121,10 +121,10 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
     chat_status(page, r"Reply #\d+ stored")
     expect(box).to_have_value("typed while it streams")
 
-    # Enter while a reply is in flight: the message goes out when the reply ends. Replies queued ahead hold the
+    # Enter while a reply is in flight: the message goes out when the reply ends. The stopped engine holds the
     # browser's turn back, so Enter lands before its reply on any machine, however fast or loaded.
     long_one, follow_up = "a long answer please", "sent while it streams"
-    with QueuedAhead(app):
+    with EngineHeld(app):
         box.fill(long_one)
         box.press("Enter")
         status_text(page, "Generating")
@@ -163,7 +163,7 @@ def test_a_reload_mid_reply_keeps_the_conversation_and_marks_the_unanswered_turn
     page = page_of("rhea")
     send_chat(page, "a turn that gets its reply")
     box = page.get_by_placeholder(MESSAGE_BOX)
-    with QueuedAhead(app):  # the turn below cannot get its reply before the reload, on any machine
+    with EngineHeld(app):  # the turn below cannot get its reply before the reload, on any machine
         box.fill("a turn interrupted by a reload")
         box.press("Enter")
         status_text(page, "Generating")
@@ -175,7 +175,7 @@ def test_a_reload_mid_reply_keeps_the_conversation_and_marks_the_unanswered_turn
     # the reload failed to cancel would have been answered before it. None must be.
     with app.client() as http:
         http.post("/chat", json={"messages": [{"role": "user", "content": "after the reload"}], "max_new_tokens": 4,
-                                 "annotator": "queue-filler"}).raise_for_status()
+                                 "annotator": "after-the-reload"}).raise_for_status()
     assert not replies_to(store, turn.id)
     page.get_by_role("combobox", name="Your conversations").click()
     page.get_by_role("option", name=re.compile("a turn that gets its reply.*unanswered")).click()

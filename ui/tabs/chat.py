@@ -351,8 +351,8 @@ def _wire_labels(services: Services, p: ChatParts, annotator) -> None:
         .then(**gate).then(shown, [annotator, p.form_for], p.panel_out, **each)
     annotator.change(bind(labels.rename, services), reread, p.reread_out + [p.chatbot], api_name=False,
                      show_progress="hidden").then(**gate).then(shown, [annotator, p.form_for], p.panel_out, **each)
-    gr.on([p.form_for.change, p.state.change], labels.mark, [p.state, p.form_for], [p.mark], api_name=False,
-          show_progress="hidden", concurrency_limit=None)
+    gr.on([p.form_for.change, p.state.change], bind(labels.mark, services), [p.state, p.form_for], [p.mark],
+          api_name=False, show_progress="hidden", concurrency_limit=None)
     gr.on(None, None, None, None, js=PAGE_JS, api_name=False)  # on load: the bubble outline, focus re-reads
 
 

@@ -337,7 +337,12 @@ def rename(services: Services, state: dict, annotator: str, form_for, panel_as, 
     return refresh_panel(services, state, annotator, form_for, panel_as, note, touched, request)
 
 
-def mark(state: dict, form_for) -> str:
-    """The hidden marker of the bubble the panel labels (see ``chat_view.mark_html``)."""
+def mark(services: Services, state: dict, form_for, request: gr.Request = None) -> str:
+    """The hidden marker of the bubble the panel labels (see ``chat_view.mark_html``): the reply the server last
+    pointed the panel at, not the page's ``form_for``. A Send changes the panel's reply and the conversation in
+    one update; the page may fire the marker's event for the conversation before it holds the panel's new reply,
+    and two answers of this event can reach the page in either order: read from the server, both say the same."""
     state = state or {}
-    return cv.mark_html(None if form_for is None else int(form_for), state.get("ids", []), bool(state.get("busy")))
+    shown = None if form_for is None else int(form_for)
+    reply = services.labels.panel_reply(page_of(request), shown)
+    return cv.mark_html(reply, state.get("ids", []), bool(state.get("busy")))
