@@ -16,6 +16,7 @@ from rlhf.training.ppo.core import (compute_gae, entropy_from_logits, group_adva
 from rlhf.training.ppo.rollout import encode_prompts, generate, score_tokens
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.shaping import RewardShaper
+from rlhf.voice import distinct_n
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ def _local_metrics(scores_list: list[float], parts: dict, mask: torch.Tensor, ro
         "ppo/approx_kl": mean(stats["approx_kl"]), "ppo/clipfrac": mean(stats["clipfrac"]),
         "loss/policy": mean(stats["pg_loss"]), "loss/value": mean(stats["v_loss"]),
         "ppo/entropy": mean(stats["entropy"]), "ppo/response_length": float(ro.mask.sum(1).mean()),
+        "voice/distinct2": distinct_n(ro.replies),
         "time/generate": t1 - t0, "time/score": t2 - t1, "time/reference": t3 - t2, "time/update": t4 - t3,
         **{f"reward/{name}": mean([v for v in vals if math.isfinite(v)]) for name, vals in parts.items()},
     }

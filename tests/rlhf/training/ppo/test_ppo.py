@@ -121,6 +121,7 @@ def test_group_baselines_raise_the_reward_without_a_value_head(tmp_path, planted
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
     assert result.reward_after > result.reward_before
     assert all(m["loss/value"] == 0.0 and m["ppo/minibatches"] > 0 for m in result.history)
+    assert all(0 < m["voice/distinct2"] <= 1 for m in result.history)  # the rollouts' variety, logged each step
     assert 0 < result.kl < config.ppo.kl_limit
     with pytest.raises(ConfigError, match="ppo.mini_batch_size must be in 1..ppo.batch_size \\* ppo.group_size"):
         ppo_config(tmp_path, model_dir, "ppo.batch_size=2", "ppo.group_size=2", "ppo.mini_batch_size=5")
