@@ -89,10 +89,7 @@ class LabelDesk:
 
     def pointed(self, page: Optional[str]) -> Optional[int]:
         """The reply the page's panel was last pointed at (None: never, or the reply being written)."""
-        if page is None:
-            return None
-        with self._lock:
-            return self._pages.get(page, {}).get("panel")
+        return self.panel_reply(page, None)
 
     def panel_reply(self, page: Optional[str], shown: Optional[int]) -> Optional[int]:
         """The reply the page's panel labels, as the server last pointed it (None: the reply being written);
