@@ -204,8 +204,16 @@ def test_path_4_two_tabs_of_one_person_follow_the_store(studio, chromium, pages)
     b.get_by_role("checkbox", name="Off-topic").click()
     stored(store, reply, "pia", (-1, 5, ["Inaccurate", "Off-topic", "Unsafe"], "B's note"))
     a.bring_to_front()
-    a.evaluate("() => window.dispatchEvent(new Event('focus'))")
-    a.get_by_label("Note", exact=True).fill("A typed this as the page read again")
+    # the focus sends the re-read and the note is typed in the same task, so the typing lands while the re-read is
+    # on its way on any machine (Playwright's fill selects, then inserts: an answer landing between the two would
+    # put B's note in the box first, as it would for a person who began typing after the answer came)
+    a.evaluate("""(text) => {
+      window.dispatchEvent(new Event('focus'));
+      const box = document.querySelector('#chat-note textarea');
+      box.focus();
+      box.value = text;
+      box.dispatchEvent(new Event('input', {bubbles: true}));
+    }""", "A typed this as the page read again")
     expect(a.get_by_role("checkbox", name="Off-topic")).to_be_checked(timeout=SLOW)  # the re-read's answer came
     expect(a.get_by_label("Note", exact=True)).to_have_value("A typed this as the page read again")
     a.get_by_role("button", name="Save note").click()
