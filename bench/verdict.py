@@ -22,7 +22,7 @@ def chat(system: str, prompt: str) -> list[dict]:
 def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, prompts: list[str],
                  system: str) -> dict:
     """What the retrain job's gate would say about adapter ``new`` of ``model`` against the base: the same
-    evaluation (greedy replies to ``ppo.eval_prompts`` held-out prompts), guard and verdict rule
+    evaluation (replies at ``eval.reply_temperature`` to ``ppo.eval_prompts`` held-out prompts), guard and verdict rule
     (``rlhf.retrain.gate.decide`` on the held-out judge's scores)."""
     from rlhf.retrain.evaluation import evaluate_versions
     from rlhf.retrain.gate import decide, judge_scores
@@ -30,7 +30,9 @@ def gate_verdict(config: AppConfig, model, tokenizer, scorer, judge, evidence, p
 
     chats = [chat(system, p) for p in prompts]
     report = evaluate_versions(model, tokenizer, chats, scorer, "new", None, config.eval.max_new_tokens,
-                               whole_sentences=config.reward.whole_sentences)
+                               seed=config.ppo.seed + config.eval.seed_offset,
+                               whole_sentences=config.reward.whole_sentences,
+                               reply_temperature=config.eval.reply_temperature)
     cand_text, act_text = [s["reply"] for s in report.samples], [s["reply"] for s in report.active_samples]
     guard = run_guard(model, tokenizer, chats, cand_text, act_text, report.kl_to_base, config.gate)
     cand, act = judge_scores(judge, chats, [s["read"] for s in report.samples],

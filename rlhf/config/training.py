@@ -184,8 +184,10 @@ class DPOConfig(Checked):
 class EvalConfig(Checked):
     """How the retrain's evaluation and the eval-samples job generate: defaults = what they borrowed from ppo."""
     max_new_tokens: int = opt(48, "Reply length of the candidate's and the active version's eval replies.")
-    temperature: float = opt(1.0, "Sampling temperature of the KL-to-base estimate when PPO did not measure it (the "
-                             "compared replies are greedy).")
+    temperature: float = opt(1.0, "Sampling temperature of the KL-to-base estimate when PPO did not measure it.")
+    reply_temperature: float = opt(0.0, "Temperature of the compared replies the gate, its judge and the "
+                                        "reward-hacking guard read (0 = greedy; serving.temperature judges the "
+                                        "replies people are served).")
     max_prompt_tokens: int = opt(384, "Longest eval prompt in tokens; the oldest turns are cut first (the rule "
                                  "rollouts, the reward model and chat use).")
     seed_offset: int = opt(1000, "Eval sampling seed = ppo.seed + this (so eval never replays a rollout's noise).")
@@ -194,3 +196,5 @@ class EvalConfig(Checked):
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
         if min(self.max_new_tokens, self.max_prompt_tokens) < 1 or self.temperature <= 0:
             raise ConfigError("eval.max_new_tokens and eval.max_prompt_tokens must be >= 1, eval.temperature > 0")
+        if not 0 <= self.reply_temperature <= 2:
+            raise ConfigError(f"eval.reply_temperature must be in [0, 2] (0 = greedy), got {self.reply_temperature}")

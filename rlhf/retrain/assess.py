@@ -29,7 +29,8 @@ def evaluate_phase(ctx: JobContext, base_source: str, device: str, ppo, active_d
                                cfg.eval.max_new_tokens, cfg.eval.temperature, seed=cfg.ppo.seed + cfg.eval.seed_offset,
                                kl_to_base=ppo.kl, max_prompt_tokens=cfg.eval.max_prompt_tokens,
                                on_reply=lambda done, total: say(0.7 * done / total, f"eval replies {done}/{total}"),
-                               whole_sentences=cfg.reward.whole_sentences)
+                               whole_sentences=cfg.reward.whole_sentences,
+                               reply_temperature=cfg.eval.reply_temperature)
     say(0.75, "reward-hacking checks on the replies")
     guard = run_guard(model, tokenizer, eval_prompts, [s["reply"] for s in report.samples],
                       [s["reply"] for s in report.active_samples], report.kl_to_base, cfg.gate,

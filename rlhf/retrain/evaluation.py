@@ -1,7 +1,7 @@
 """Evaluate a candidate policy against the active one on held-out prompts, and gate its promotion.
 
-Both versions answer the same prompts greedily (one sample per prompt at temperature 1 made the verdict
-mostly noise on a dozen prompts); the new reward model scores both (blind pairwise win rate = share of
+Both versions answer the same prompts, greedily by default (``eval.reply_temperature``: one sample per prompt at
+temperature 1 made the verdict mostly noise on a dozen prompts); the new reward model scores both (blind pairwise win rate = share of
 prompts where the candidate scores higher, ties half). KL to the base is the Monte-Carlo estimate
 E_y~π[log π(y|x) − log π_base(y|x)] on the candidate's own *sampled* replies (the sequence-level KL of
 Ziegler et al. 2019), since greedy replies would not be draws from π; the retrain takes it from PPO's final
@@ -138,18 +138,20 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
                       seed: int = 1234, kl_to_base: Optional[float] = None,
                       max_prompt_tokens: Optional[int] = None,
                       on_reply: Optional[Callable[[int, int], None]] = None,
-                      whole_sentences: bool = False) -> EvalReport:
+                      whole_sentences: bool = False, reply_temperature: float = 0.0) -> EvalReport:
     """Candidate (adapter name) vs active (adapter name or None = base) on held-out prompts.
 
     ``kl_to_base``: the candidate's KL already measured on these prompts (PPO's final evaluation samples the
     candidate and scores it against the base: the same estimate); when None or NaN it is measured here.
     ``on_reply(done, total)``: progress of the compared replies. ``whole_sentences``: the reward model reads a reply
     cut at ``max_new_tokens`` up to its last whole sentence (``rlhf.voice.as_read``, as PPO's reward does); each
-    sample keeps the reply as written and, under ``read``, what was scored.
+    sample keeps the reply as written and, under ``read``, what was scored. ``reply_temperature``: the compared
+    replies' (0 = greedy; both versions sample with the same seed).
     """
     import math
 
-    cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, 0.0, seed,
+    cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, reply_temperature,
+                                 seed,
                                  max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
     cand_text, act_text = (
         [as_read(t, whole_sentences and len(ids) >= max_new_tokens) for t, ids in zip(r.texts, r.token_ids)]

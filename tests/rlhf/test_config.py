@@ -89,6 +89,10 @@ def test_the_eval_section_has_the_values_evaluation_borrowed_from_ppo():
     assert load_config(env={"RLHF_EVAL_MAX_NEW_TOKENS": "64"}).eval.max_new_tokens == 64
     with pytest.raises(ConfigError, match="eval.max_new_tokens"):
         load_config(env={}, overrides=["eval.max_new_tokens=0"])
+    for bad in ("-0.1", "nan", "3"):  # the compared replies' temperature: 0 (greedy) up to 2
+        with pytest.raises(ConfigError, match="eval.reply_temperature"):
+            load_config(env={}, overrides=[f"eval.reply_temperature={bad}"])
+    assert load_config(env={}, overrides=["eval.reply_temperature=0.7"]).eval.reply_temperature == 0.7
 
 
 @pytest.mark.parametrize("override, problem", [

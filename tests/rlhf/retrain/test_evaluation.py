@@ -106,3 +106,16 @@ def test_a_cut_eval_reply_is_scored_on_its_whole_sentences(monkeypatch, whole_se
     assert cand["reply"] == act["reply"] == act["read"] == text  # shown as written; a finished reply read whole
     assert cand["read"] == ("Tea is hot." if whole_sentences else text)
     assert (cand["reward"], act["reward"]) == (float(len(cand["read"])), float(len(text)))
+
+
+def test_the_compared_replies_are_greedy_or_sampled_at_the_reply_temperature(peft_model, tokenizer):
+    """``eval.reply_temperature``: the gate can read the replies as people are served them (sampled), or greedy."""
+    scorer = lambda prompts, replies: [0.0] * len(replies)  # noqa: E731
+    judged = lambda t: evaluate_versions(peft_model, tokenizer, PROMPTS, scorer, "cand", "active", 12, 1.0,  # noqa
+                                         seed=5, kl_to_base=0.0, reply_temperature=t)
+    greedy, served = judged(0.0), judged(0.7)
+    cand, active = generate_replies(peft_model, tokenizer, PROMPTS, ["cand", "active"], 12, 0.7, seed=5)
+    assert [s["reply"] for s in served.samples] == cand.texts
+    assert [s["reply"] for s in served.active_samples] == active.texts
+    solo = [one_at_a_time(peft_model, tokenizer, p, "cand", 12)[0] for p in PROMPTS]
+    assert [s["reply"] for s in greedy.samples] == solo != cand.texts
