@@ -348,9 +348,10 @@ def _wire_labels(services: Services, p: ChatParts, annotator) -> None:
     shown = bind(labels.shown_now, services)
     gate = {"fn": None, "inputs": [p.note_read], "outputs": [p.note], "js": NOTE_GATE_JS, **each}
     p.refresh.click(bind(labels.refresh_panel, services), reread, p.reread_out + [p.chatbot], **each) \
-        .then(**gate).then(shown, [annotator, p.form_for], p.panel_out, **each)
+        .then(**gate).then(shown, [annotator, p.form_for], p.reread_out, **each).then(**gate)
     annotator.change(bind(labels.rename, services), reread, p.reread_out + [p.chatbot], api_name=False,
-                     show_progress="hidden").then(**gate).then(shown, [annotator, p.form_for], p.panel_out, **each)
+                     show_progress="hidden").then(**gate) \
+        .then(shown, [annotator, p.form_for], p.reread_out, **each).then(**gate)
     gr.on([p.form_for.change, p.state.change], bind(labels.mark, services), [p.state, p.form_for], [p.mark],
           api_name=False, show_progress="hidden", concurrency_limit=None)
     gr.on(None, None, None, None, js=PAGE_JS, api_name=False)  # on load: the bubble outline, focus re-reads

@@ -321,13 +321,14 @@ def shown_now(services: Services, annotator: Optional[str] = None, form_for=None
 
     A re-read and a click on another reply run side by side, and their answers can reach the page in either order:
     when the re-read's came last, it put the panel back on the reply it was read for. The page's panel (read now,
-    after both) is then moved again to the reply the click pointed it at."""
+    after both) is then moved again to the reply the click pointed it at. For ``ChatParts.reread_out``: this answer
+    can itself come after the click's, so its note passes the page's note gate (a note typed since is kept)."""
     page = page_of(request)
     services.labels.shown(page)
     pointed = services.labels.pointed(page)
     if pointed is None or form_for is None or int(form_for) == pointed:
-        return (gr.skip(),) * N_PANEL
-    return panel(services, pointed, viewer(services, request, annotator), request=request)
+        return _reread((gr.skip(),) * N_PANEL)
+    return _reread(panel(services, pointed, viewer(services, request, annotator), request=request))
 
 
 def rename(services: Services, state: dict, annotator: str, form_for, panel_as, note, touched=0,
