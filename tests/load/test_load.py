@@ -237,8 +237,11 @@ def test_fifty_annotators_while_retraining(tmp_path, tiny_model_dir):
         trainer = threading.Thread(target=keep_training, args=(app, stop, job_ids), daemon=True)
         trainer.start()
         watcher = Store(data / "studio.db")
+        # the arena needs two versions: the first retrain publishes the second before anyone asks for a pair
+        # (replies take tens of ms now, so a person's third round came before it); the next retrain then runs
+        wait_until(lambda: len(watcher.list_policies("assistant")) >= 2, 300, "the first retrain to publish")
         wait_until(lambda: any(j.status == "running" for j in watcher.list_jobs("assistant", 1)), 120,
-                   "the first retrain job to start")
+                   "the next retrain job to start")
         watcher.close()
         people = [threading.Thread(target=Annotator(app, u, tally, stop).run, daemon=True) for u in range(USERS)]
         started = time.monotonic()
