@@ -1,8 +1,8 @@
 """Evaluate a candidate policy against the active one on held-out prompts, and gate its promotion.
 
 Both versions answer the same prompts, greedily by default (``eval.reply_temperature``: one sample per prompt at
-temperature 1 made the verdict mostly noise on a dozen prompts); the new reward model scores both (blind pairwise win rate = share of
-prompts where the candidate scores higher, ties half). KL to the base is the Monte-Carlo estimate
+temperature 1 made the verdict mostly noise on a dozen prompts); the new reward model scores both (blind pairwise
+win rate = share of prompts where the candidate scores higher, ties half). KL to the base is the Monte-Carlo estimate
 E_y~π[log π(y|x) − log π_base(y|x)] on the candidate's own *sampled* replies (the sequence-level KL of
 Ziegler et al. 2019), since greedy replies would not be draws from π; the retrain takes it from PPO's final
 evaluation, which measures exactly that on the same prompts.
@@ -151,8 +151,7 @@ def evaluate_versions(model, tokenizer, prompts: list[list[dict]], scorer: Rewar
     import math
 
     cand, act = generate_replies(model, tokenizer, prompts, [candidate, active], max_new_tokens, reply_temperature,
-                                 seed,
-                                 max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
+                                 seed, max_prompt_tokens=max_prompt_tokens, on_reply=on_reply)
     cand_text, act_text = (
         [as_read(t, whole_sentences and len(ids) >= max_new_tokens) for t, ids in zip(r.texts, r.token_ids)]
         for r in (cand, act))
