@@ -347,11 +347,14 @@ def _wire_labels(services: Services, p: ChatParts, annotator) -> None:
     reread = [p.state, annotator] + p.panel_in
     shown = bind(labels.shown_now, services)
     gate = {"fn": None, "inputs": [p.note_read], "outputs": [p.note], "js": NOTE_GATE_JS, **each}
-    p.refresh.click(bind(labels.refresh_panel, services), reread, p.reread_out + [p.chatbot], **each) \
-        .then(**gate).then(shown, [annotator, p.form_for], p.reread_out, **each).then(**gate)
-    annotator.change(bind(labels.rename, services), reread, p.reread_out + [p.chatbot], api_name=False,
-                     show_progress="hidden").then(**gate) \
-        .then(shown, [annotator, p.form_for], p.reread_out, **each).then(**gate)
+
+    def then_shown(event) -> None:
+        """After a re-read: its note through the gate, then ``shown_now`` (whose note passes the gate too)."""
+        event.then(**gate).then(shown, [annotator, p.form_for], p.reread_out, **each).then(**gate)
+
+    then_shown(p.refresh.click(bind(labels.refresh_panel, services), reread, p.reread_out + [p.chatbot], **each))
+    then_shown(annotator.change(bind(labels.rename, services), reread, p.reread_out + [p.chatbot], api_name=False,
+                                show_progress="hidden"))
     gr.on([p.form_for.change, p.state.change], bind(labels.mark, services), [p.state, p.form_for], [p.mark],
           api_name=False, show_progress="hidden", concurrency_limit=None)
     gr.on(None, None, None, None, js=PAGE_JS, api_name=False)  # on load: the bubble outline, focus re-reads
