@@ -1,7 +1,7 @@
 """How a reply sounds, in words: word n-grams, distinct-n over replies, the share of a reply's 3-grams that repeat,
 and the phrase it repeats most. One measure for all who ask: PPO's repetition penalty (``rlhf.training.shaping``),
 the reward-hacking guard (``rlhf.retrain.guard``) and ``bench loop``'s voice figures, so the policy is penalised on
-the same measure it is checked on. Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
+the same measure it is checked on (PPO's novelty term reads ``shared_elsewhere``, distinct-2's loss per reply). Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
 never makes two n-grams differ. ``whole_sentences`` cuts a reply back to its last whole sentence: what a reader
 would have voted on, had the reply not been cut at a token limit (online DPO's pairs; PPO's reward and the gate's
 judge through ``as_read``)."""
@@ -28,6 +28,18 @@ def repetition(text: str, n: int = 3) -> float:
     w = words(text)
     grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def shared_elsewhere(texts: Sequence[str], prompts: Sequence, n: int = 2) -> list[float]:
+    """Per reply, the share of its word n-grams that a reply to another prompt also uses (0 without n-grams): a
+    phrase reused whatever the question, which is what distinct-n over replies loses. Replies to the same prompt
+    are not compared, since they may share the answer."""
+    grams = [[tuple(w[i:i + n]) for i in range(len(w) - n + 1)] for w in map(words, texts)]
+    out = []
+    for i, mine in enumerate(grams):
+        elsewhere = {g for j, theirs in enumerate(grams) if prompts[j] != prompts[i] for g in theirs}
+        out.append(sum(g in elsewhere for g in mine) / len(mine) if mine else 0.0)
+    return out
 
 
 def most_repeated(text: str, n: int = 3) -> str:

@@ -104,6 +104,17 @@ class PPOConfig(Checked):
     length_weight: float = opt(0.0, "Rule term weight for distance from length_target.", "shaping")
     repetition_weight: float = opt(0.0, "Rule term weight penalising repeated n-grams.", "shaping")
     polite_weight: float = opt(0.0, "Rule term weight for a polite, complete ending.", "shaping")
+    relevance_weight: float = opt(0.0, "Penalty per nat that a reply's relevance to its prompt falls short of "
+                                  "ppo.relevance_floor. Relevance: the reference model's mean log-prob per token of "
+                                  "the reply after its own prompt minus after another prompt of the batch (the "
+                                  "guard's off-prompt measure); a reply that fits any question scores about 0.",
+                                  "shaping")
+    relevance_floor: float = opt(0.5, "Relevance (nats per token) below which ppo.relevance_weight penalises a reply; "
+                                 "above it nothing is paid, so short replies gain nothing (the guard's "
+                                 "gate.min_relevance is 0.25).", "shaping")
+    novelty_weight: float = opt(0.0, "Penalty on the share of a reply's word pairs that the batch's replies to other "
+                                "prompts also use (a stock phrase reused whatever the question: what the guard's "
+                                "distinct-2 check sees).", "shaping")
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.",
                                  "shaping")
     lora_r: int = opt(16, "LoRA rank of the policy adapter.", "adapter")

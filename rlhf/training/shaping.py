@@ -14,7 +14,7 @@ import re
 from typing import Callable, Optional, Sequence
 
 from rlhf.plugins import load_callable
-from rlhf.voice import as_read, repetition
+from rlhf.voice import as_read, repetition, shared_elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,17 @@ class RewardShaper:
         """Whether any rule term or extra function contributes."""
         c = self.cfg
         return bool(self.functions) or (c.length_weight != 0 and c.length_target > 0) \
-            or c.repetition_weight != 0 or c.polite_weight != 0
+            or c.repetition_weight != 0 or c.polite_weight != 0 or c.relevance_weight != 0 \
+            or c.novelty_weight != 0
 
     def __call__(self, prompts: list[list[dict]], replies: list[str], n_tokens: Sequence[int],
-                 finished: Sequence[bool]) -> tuple[list[float], dict[str, list[float]]]:
-        """(clipped total score per reply, each part per reply). A part that fails gives NaN for that reply."""
+                 finished: Sequence[bool], relevance: Optional[Sequence[float]] = None
+                 ) -> tuple[list[float], dict[str, list[float]]]:
+        """(clipped total score per reply, each part per reply). A part that fails gives NaN for that reply.
+
+        ``relevance``: each reply's relevance to its prompt (``rlhf.training.ppo.core.relevance``), which the
+        caller computes from the reference model; its shortfall below ``ppo.relevance_floor`` costs
+        ``ppo.relevance_weight`` per nat."""
         c = self.cfg
         n = len(replies)
         parts: dict[str, list[float]] = {}
@@ -97,9 +103,18 @@ class RewardShaper:
             parts["length"] = [c.length_weight * length_term(k, c.length_target) for k in n_tokens]
         if c.repetition_weight != 0:
             parts["repetition"] = [c.repetition_weight * repetition_term(r) for r in replies]
+        if c.novelty_weight != 0:
+            parts["novelty"] = [-c.novelty_weight * v for v in shared_elsewhere(replies, prompts)]
         if c.polite_weight != 0:
             parts["polite"] = [c.polite_weight * polite_ending(p, r, f)
                                for p, r, f in zip(prompts, replies, finished)]
+        if c.relevance_weight != 0:
+            if relevance is None or len(relevance) != n:
+                raise ValueError("ppo.relevance_weight is set but no relevance score came for each reply")
+            # A hinge: only a shortfall below the floor costs. A bonus for relevance itself would pay for short
+            # replies, whose few tokens carry the prompt's words (bench loop, #40: replies halved in length).
+            parts["relevance"] = [-c.relevance_weight * max(c.relevance_floor - _finite(r), 0.0)
+                                  if math.isfinite(_finite(r)) else math.nan for r in relevance]
         for path, (fn, weight) in self.functions.items():
             values = []
             for p, r in zip(prompts, replies):

@@ -107,6 +107,23 @@ def token_rewards(
     return rewards, kl
 
 
+def relevance(own_logprobs: torch.Tensor, away_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per reply (B,): mean over its tokens of log p_ref(token | its prompt) − log p_ref(token | another prompt).
+
+    The pointwise mutual information of reply and prompt per token, which the reward-hacking guard reads as
+    "off-prompt" below ``gate.min_relevance``: a reply that would fit any question scores about 0. 0 for an empty
+    reply."""
+    valid = _as_bool(mask)
+    gain = torch.where(valid, own_logprobs - away_logprobs, torch.zeros_like(own_logprobs))
+    return gain.sum(1) / valid.sum(1).clamp_min(1)
+
+
+def other_prompt(n: int, group_size: int) -> list[int]:
+    """For each of ``n`` rollout rows (each prompt repeated ``group_size`` times side by side), the row of the next
+    prompt: a different prompt whenever the batch has more than one."""
+    return [(i + group_size) % n for i in range(n)]
+
+
 def compute_gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rlhf.prompting import encode_prompt
-from rlhf.training.ppo.core import logprobs_from_logits
+from rlhf.training.ppo.core import logprobs_from_logits, other_prompt, relevance
 
 
 class PolicyWithValue(nn.Module):
@@ -159,6 +159,25 @@ def generate(model: PolicyWithValue, tokenizer, prompt_ids: list[list[int]], max
             hidden = torch.stack([h[-1][:, -1] for h in gen.hidden_states], 1)
             rollout.values = model.value_head(hidden.float()).squeeze(-1)
     return rollout
+
+
+def after_prompts(rollout: Rollout, tokenizer, prompt_ids: list[list[int]]) -> Rollout:
+    """The same responses after other prompts (one per row, left-padded anew): what the reference model's log-prob
+    of each reply would be had another question been asked."""
+    dev = rollout.response.device
+    enc = tokenizer.pad({"input_ids": prompt_ids}, padding=True, return_tensors="pt", padding_side="left")
+    ids = torch.cat([enc["input_ids"].to(dev), rollout.response], 1)
+    am = torch.cat([enc["attention_mask"].to(dev), rollout.mask.long()], 1)
+    return Rollout(ids, am, rollout.response, rollout.mask, rollout.replies, rollout.finished)
+
+
+def reply_relevance(model: PolicyWithValue, tokenizer, rollout: Rollout, prompt_ids: list[list[int]],
+                    ref_logprobs: torch.Tensor, temperature: float, chunk: int, group_size: int) -> list[float]:
+    """Each reply's relevance to its prompt (``core.relevance``): ``ref_logprobs`` are its tokens' reference
+    log-probs after its own prompt; one more reference forward reads them after the batch's next prompt."""
+    away = after_prompts(rollout, tokenizer, [prompt_ids[j] for j in other_prompt(len(prompt_ids), group_size)])
+    away_logprobs, _ = score_tokens(model, away, temperature, chunk, reference=True, with_values=False)
+    return relevance(ref_logprobs, away_logprobs, rollout.mask).tolist()
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import torch
 
 from rlhf.training.ppo.core import (compute_gae, entropy_from_logits, group_advantages, logprobs_from_logits,
                                    masked_mean, masked_whiten, ppo_policy_loss, token_rewards, value_loss)
-from rlhf.training.ppo.rollout import encode_prompts, generate, score_tokens
+from rlhf.training.ppo.rollout import encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.shaping import RewardShaper
 from rlhf.voice import distinct_n
@@ -78,27 +78,32 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
 
     # Rollout: each prompt sampled group_size times, the copies side by side.
     prompts = [p for p in buffer.batch(step, cfg.batch_size, rank, world) for _ in range(cfg.group_size)]
+    prompt_ids = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens)
     seed_step(cfg.seed, step, rank)
-    ro = generate(policy, tokenizer, encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens),
-                  cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev, keep_stats=True,
-                  with_values=cfg.uses_value_head)
+    ro = generate(policy, tokenizer, prompt_ids, cfg.max_new_tokens, cfg.temperature, cfg.top_p, dev,
+                  keep_stats=True, with_values=cfg.uses_value_head)
     t1 = time.perf_counter()
 
-    # Score
-    scores_list, parts = shaper(prompts, ro.replies, ro.n_tokens, ro.finished)
-    scores, mask = _finite_scores(scores_list, ro.mask, guard, step, len(prompts), cfg, acc)
+    # Reference: per-token log-probs of the replies under the same weights with the adapter disabled (for the
+    # KL, and with ppo.relevance_weight for how much more likely each reply is after its own prompt).
+    ref_logprobs, _ = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, reference=True)
+    rel = reply_relevance(policy, tokenizer, ro, prompt_ids, ref_logprobs, cfg.temperature, cfg.mini_batch_size,
+                          cfg.group_size) if cfg.relevance_weight != 0 else None
     t2 = time.perf_counter()
 
-    # KL: per-token log-ratio against the reference policy = the same weights with the adapter disabled.
-    # Values (ppo.advantage=gae): the value head reads the policy's last hidden state. Both come from the
-    # logits and hidden states generation already computed (a forward only when they are missing).
+    # Score
+    scores_list, parts = shaper(prompts, ro.replies, ro.n_tokens, ro.finished, rel)
+    scores, mask = _finite_scores(scores_list, ro.mask, guard, step, len(prompts), cfg, acc)
+    t3 = time.perf_counter()
+
+    # KL: per-token log-ratio against the reference. Values (ppo.advantage=gae): the value head reads the
+    # policy's last hidden state. Both come from the logits and hidden states generation already computed (a
+    # forward only when they are missing).
     logprobs, values = ro.logprobs, ro.values
     if logprobs is None:
         logprobs, values = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size)
-    ref_logprobs, _ = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, reference=True)
     rewards, kl = token_rewards(scores, logprobs, ref_logprobs, mask, kl_ctl.value)
     kl_per_reply = kl.sum(1)
-    t3 = time.perf_counter()
 
     # Advantages. group: the reply's KL-penalised return against its prompt's other replies, on every token.
     # gae: GAE (Schulman et al. 2016) on the value head, whitened per batch.
@@ -114,7 +119,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     stats = _update(step, model, optimizer, ro, batch, guard, cfg, acc)
     t4 = time.perf_counter()
 
-    local = _local_metrics(scores_list, parts, mask, ro, kl_per_reply, stats, (t0, t1, t2, t3, t4))
+    local = _local_metrics(scores_list, parts, mask, ro, kl_per_reply, stats, (t0, t1, t2, t3, t4), rel)
     keys = list(local)
     metrics = dict(zip(keys, _reduce(acc, [local[k] for k in keys])))
     metrics["ppo/kl_coef"] = kl_ctl.value
@@ -143,7 +148,7 @@ def _finite_scores(scores_list: list[float], reply_mask: torch.Tensor, guard: Gu
 
 
 def _local_metrics(scores_list: list[float], parts: dict, mask: torch.Tensor, ro, kl_per_reply: torch.Tensor,
-                   stats: dict, times: tuple) -> dict:
+                   stats: dict, times: tuple, rel: Optional[list[float]] = None) -> dict:
     """This process's metrics of one step (before the mean over processes)."""
     t0, t1, t2, t3, t4 = times
     rows = mask.sum(1) > 0
@@ -157,8 +162,9 @@ def _local_metrics(scores_list: list[float], parts: dict, mask: torch.Tensor, ro
         "loss/policy": mean(stats["pg_loss"]), "loss/value": mean(stats["v_loss"]),
         "ppo/entropy": mean(stats["entropy"]), "ppo/response_length": float(ro.mask.sum(1).mean()),
         "voice/distinct2": distinct_n(ro.replies),
-        "time/generate": t1 - t0, "time/score": t2 - t1, "time/reference": t3 - t2, "time/update": t4 - t3,
+        "time/generate": t1 - t0, "time/reference": t2 - t1, "time/score": t3 - t2, "time/update": t4 - t3,
         **{f"reward/{name}": mean([v for v in vals if math.isfinite(v)]) for name, vals in parts.items()},
+        **({"voice/relevance": mean(rel)} if rel is not None else {}),
     }
 
 

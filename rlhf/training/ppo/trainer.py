@@ -30,7 +30,7 @@ from rlhf.files import atomic_dir
 from rlhf.training.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, save_policy
 from rlhf.config import AppConfig
 from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
-from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, score_tokens
+from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
@@ -77,10 +77,12 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
         chunk = list(prompts[i:i + size])
         ro = generate(policy, tokenizer, ids[i:i + size], cfg.max_new_tokens, cfg.temperature,
                       cfg.top_p, device, keep_stats=True, with_values=False)
-        scores, _ = shaper(chunk, ro.replies, ro.n_tokens, ro.finished)
         logp = ro.logprobs if ro.logprobs is not None else \
             score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, with_values=False)[0]
         ref, _ = score_tokens(policy, ro, cfg.temperature, cfg.mini_batch_size, reference=True)
+        rel = reply_relevance(policy, tokenizer, ro, ids[i:i + size], ref, cfg.temperature, cfg.mini_batch_size,
+                              1) if cfg.relevance_weight != 0 else None
+        scores, _ = shaper(chunk, ro.replies, ro.n_tokens, ro.finished, rel)
         kls += ((logp - ref) * ro.mask).sum(1).tolist()  # k1 on samples: unbiased for KL(policy || base)
         rewards += scores
         samples += [{"prompt": p, "reply": r, "reward": s} for p, r, s in zip(chunk, ro.replies, scores)]

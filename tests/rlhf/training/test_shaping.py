@@ -7,6 +7,7 @@ import pytest
 
 from rlhf.config import load_config
 from rlhf.training.shaping import (RewardShaper, length_term, load_reward_function, polite_ending, repetition_term)
+from rlhf.voice import shared_elsewhere
 
 PROMPT = [{"role": "user", "content": "Hi"}]
 
@@ -111,3 +112,31 @@ def test_rule_terms_and_functions_read_the_reply_as_written():
     cfg = ppo(reward_functions='{"tests.rlhf.training.test_shaping:mentions_paris": 1.0}')
     _, parts = RewardShaper(cfg, lambda p, r: [0.0])([PROMPT], ["It is Lyon. Or Paris"], [6], finished=[False])
     assert parts["tests.rlhf.training.test_shaping:mentions_paris"] == [1.0]
+
+
+def test_relevance_is_a_weighted_part_that_must_come_for_every_reply():
+    shaper = RewardShaper(ppo(relevance_weight=2.0, relevance_floor=0.5), lambda p, r: [1.0] * len(r))
+    totals, parts = shaper([PROMPT] * 4, ["Paris.", "It is Paris.", "Happy to help!", "?"], [2, 4, 4, 1],
+                           [True] * 4, relevance=[2.0, 0.5, 0.0, math.nan])
+    # Above the floor nothing is paid (a shorter, denser reply gains nothing); below it, 2 per nat short.
+    assert parts["relevance"][:3] == [-0.0, -0.0, -1.0] and totals[:3] == [1.0, 1.0, 0.0]
+    assert math.isnan(parts["relevance"][3]) and math.isnan(totals[3])
+    for missing in (None, [0.5]):
+        with pytest.raises(ValueError, match="relevance score"):
+            shaper([PROMPT] * 2, ["a", "b"], [1, 1], [True] * 2, relevance=missing)
+    assert "relevance" not in RewardShaper(ppo(), lambda p, r: [1.0])([PROMPT], ["a"], [1], [True], [0.5])[1]
+    assert RewardShaper(ppo(relevance_weight=1.0), None).has_rules()  # alone it is a reward too
+
+
+def test_novelty_costs_the_share_of_a_reply_s_word_pairs_that_replies_to_other_prompts_use():
+    other = [{"role": "user", "content": "Name a colour."}]
+    replies = ["Happy to help! Paris.", "Paris is the capital.", "Happy to help! Blue."]
+    assert shared_elsewhere(replies, [PROMPT, PROMPT, other]) == [
+        pytest.approx(2 / 3),  # "happy to", "to help" are in the other prompt's reply; "help paris" is not
+        0.0,  # "paris is" etc.: only the same prompt's reply shares words with it, and that one is not compared
+        pytest.approx(2 / 3)]
+    assert shared_elsewhere(["Yes", "Yes"], [PROMPT, other]) == [0.0, 0.0]  # no word pairs, nothing to share
+    _, parts = RewardShaper(ppo(novelty_weight=3.0), lambda p, r: [0.0] * len(r))(
+        [PROMPT, PROMPT, other], replies, [5, 5, 5], [True] * 3)
+    assert parts["novelty"] == [pytest.approx(-2.0), 0.0, pytest.approx(-2.0)]
+    assert "novelty" not in RewardShaper(ppo(), lambda p, r: [0.0] * len(r))([PROMPT], ["a b"], [2], [True])[1]

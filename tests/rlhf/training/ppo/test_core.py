@@ -17,7 +17,9 @@ from rlhf.training.ppo.core import (
     masked_mean,
     masked_var,
     masked_whiten,
+    other_prompt,
     ppo_policy_loss,
+    relevance,
     token_rewards,
     value_loss,
 )
@@ -362,3 +364,18 @@ def test_group_advantages_give_nothing_to_a_reply_without_peers_and_check_the_sh
     assert torch.isfinite(adv).all()
     with pytest.raises(ValueError, match="groups of 3"):
         group_advantages(t([1.0, 2.0, 3.0, 4.0]), torch.ones(4, dtype=torch.bool), 3)
+
+
+def test_relevance_is_the_mean_log_prob_gain_per_reply_token_over_another_prompt():
+    own = t([[-1.0, -2.0, -9.0], [-3.0, -3.0, -3.0], [0.0, 0.0, 0.0]])
+    away = t([[-2.0, -4.0, 0.0], [-3.0, -2.0, -1.0], [-5.0, -5.0, -5.0]])
+    mask = t([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    # Row 1: (1 + 2) / 2 (the padded third token is not read); row 2: (0 - 1 - 2) / 3; row 3 has no token.
+    assert_close(relevance(own, away, mask), t([1.5, -1.0, 0.0]))
+
+
+def test_other_prompt_is_always_another_prompt_of_the_batch():
+    assert other_prompt(8, 4) == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert other_prompt(3, 1) == [1, 2, 0]
+    groups = 4
+    assert all(j // groups != i // groups for i, j in enumerate(other_prompt(12, groups)))

@@ -382,3 +382,19 @@ def test_one_step_on_cuda_bf16_and_qlora(tmp_path, tiny_model_dir, four_bit, fre
     assert json.loads((result.final_dir.parent / "info.json").read_text())["device"].startswith("cuda")
     lora_b = [t for k, t in adapter_tensors(result.final_dir).items() if "lora_B" in k]
     assert any(t.abs().max() > 0 for t in lora_b)
+
+
+def test_relevance_weight_pays_each_reply_its_relevance_to_its_prompt(tmp_path, tiny_model_dir):
+    """ppo.relevance_weight: the reference model's log-prob gain of a reply after its own prompt over another
+    prompt of the batch (logged as voice/relevance) costs each reply whatever it falls short of the floor (the part
+    reward/relevance). A floor above every reply's relevance makes the cost linear: weight x (relevance - floor)."""
+    config = ppo_config(tmp_path, tiny_model_dir, "ppo.steps=2", "ppo.relevance_weight=2.0",
+                        "ppo.relevance_floor=10", "ppo.reward_clip=0")
+    result = train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "run")
+    for m in result.history:
+        assert math.isfinite(m["voice/relevance"]) and m["voice/relevance"] != 0, m
+        assert m["reward/relevance"] == pytest.approx(2.0 * (m["voice/relevance"] - 10), rel=1e-6)
+        assert m["reward/mean"] == pytest.approx(m["reward/rm"] + m["reward/relevance"], rel=1e-5, abs=1e-6)
+    plain = train_ppo(ppo_config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir), reply_length,
+                      PROMPTS, PROMPTS[:2], tmp_path / "plain")
+    assert "voice/relevance" not in plain.history[0] and "reward/relevance" not in plain.history[0]
