@@ -113,8 +113,8 @@ class RewardShaper:
                 raise ValueError("ppo.relevance_weight is set but no relevance score came for each reply")
             # A hinge: only a shortfall below the floor costs. A bonus for relevance itself would pay for short
             # replies, whose few tokens carry the prompt's words (bench loop, #40: replies halved in length).
-            parts["relevance"] = [-c.relevance_weight * max(c.relevance_floor - _finite(r), 0.0)
-                                  if math.isfinite(_finite(r)) else math.nan for r in relevance]
+            parts["relevance"] = [-c.relevance_weight * max(c.relevance_floor - r, 0.0) if math.isfinite(r)
+                                  else math.nan for r in map(_finite, relevance)]
         for path, (fn, weight) in self.functions.items():
             values = []
             for p, r in zip(prompts, replies):
