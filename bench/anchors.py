@@ -73,11 +73,16 @@ def llama_cpp(server, prompts: list[list[int]], gguf: Optional[Path], threads: i
     spec = {"gguf": str(gguf), "threads": threads, "max_tokens": max_tokens, "prompts": prompts,
             "levels": levels, "per_user": per_user, "ceiling": list(ceiling or [])}
     t0 = time.perf_counter()
-    done = subprocess.run([str(python), str(Path(__file__).with_name("llama_anchor.py"))], input=json.dumps(spec),
-                          capture_output=True, text=True, timeout=timeout)
+    for safe in (False, True):  # as the app does: a native fault (a signal) at load or decode -> the safe load
+        done = subprocess.run([str(python), str(Path(__file__).with_name("llama_anchor.py"))],
+                              input=json.dumps({**spec, "safe": safe}), capture_output=True, text=True,
+                              timeout=timeout)
+        if done.returncode >= 0:
+            break
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp anchor failed: {done.stderr[-2000:]}")
     anchor = json.loads(done.stdout.strip().splitlines()[-1])
+    anchor["safe_load"] = safe
     anchor["seconds"] = time.perf_counter() - t0
     if app:
         app_replies, app_decode = app_greedy(server, prompts, max_tokens)

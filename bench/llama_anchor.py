@@ -51,6 +51,16 @@ def main() -> int:
     import llama_cpp
     from llama_cpp import Llama
 
+    if spec.get("safe"):  # the weights as in the file: llama.cpp's AMX repack faults on some CPUs (STACK.md)
+        bindings = llama_cpp.llama_cpp
+        defaults = bindings.llama_model_default_params
+
+        def safe_params():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        bindings.llama_model_default_params = safe_params
     t0 = time.perf_counter()
     llm = Llama(model_path=spec["gguf"], n_threads=spec["threads"], n_threads_batch=spec["threads"], n_ctx=2048,
                 verbose=False)

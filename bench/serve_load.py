@@ -85,7 +85,8 @@ def load_policy_server(config: AppConfig, warmup: bool = True, engine: str | Non
     s = config.serving
     device = pick_device(config.device)
     specs, tokenizer_source = engine_specs(config, device)
-    specs = [spec for spec in specs if engine is None or spec.name == engine][:1]
+    name = engine or specs[0].name  # one engine, with its own fallbacks (llama.cpp's safe load where AMX faults)
+    specs = [spec for spec in specs if spec.name == name]
     isolation = "thread" if specs[0].name == "transformers" else s.isolation
     engine_ = start_engine(specs, isolation, loop_settings(config), threads=thread_plan(config).serving_idle)
     server = PolicyServer(engine_, load_tokenizer(tokenizer_source), config.base_model, s.max_context_tokens, device)

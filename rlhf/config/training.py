@@ -102,9 +102,10 @@ class PPOConfig(Checked):
     whiten_rewards: bool = opt(False, "Whiten the scalar reward over the batch.", "shaping")
     length_target: int = opt(0, "Rule term: preferred reply length in tokens (0 = off).", "shaping")
     length_weight: float = opt(0.0, "Rule term weight for distance from length_target.", "shaping")
-    repetition_weight: float = opt(0.0, "Rule term weight penalising repeated n-grams.", "shaping")
+    repetition_weight: float = opt(2.0, "Rule term weight penalising repeated n-grams (2 with the relevance and "
+                                   "novelty terms keeps the voice: bench loop, #40).", "shaping")
     polite_weight: float = opt(0.0, "Rule term weight for a polite, complete ending.", "shaping")
-    relevance_weight: float = opt(0.0, "Penalty per nat that a reply's relevance to its prompt falls short of "
+    relevance_weight: float = opt(2.0, "Penalty per nat that a reply's relevance to its prompt falls short of "
                                   "ppo.relevance_floor. Relevance: the reference model's mean log-prob per token of "
                                   "the reply after its own prompt minus after another prompt of the batch (the "
                                   "guard's off-prompt measure); a reply that fits any question scores about 0.",
@@ -112,7 +113,7 @@ class PPOConfig(Checked):
     relevance_floor: float = opt(0.5, "Relevance (nats per token) below which ppo.relevance_weight penalises a reply; "
                                  "above it nothing is paid, so short replies gain nothing (the guard's "
                                  "gate.min_relevance is 0.25).", "shaping")
-    novelty_weight: float = opt(0.0, "Penalty on the share of a reply's word pairs that the batch's replies to other "
+    novelty_weight: float = opt(1.0, "Penalty on the share of a reply's word pairs that the batch's replies to other "
                                 "prompts also use (a stock phrase reused whatever the question: what the guard's "
                                 "distinct-2 check sees).", "shaping")
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.",

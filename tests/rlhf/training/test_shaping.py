@@ -22,6 +22,8 @@ def broken(messages, reply):
 
 
 def ppo(**overrides):
+    """The PPO config with only the terms a test names: the default's own terms are off unless named."""
+    overrides = {"relevance_weight": 0, "novelty_weight": 0, "repetition_weight": 0, **overrides}
     return load_config(env={}, overrides=[f"ppo.{k}={v}" for k, v in overrides.items()]).ppo
 
 

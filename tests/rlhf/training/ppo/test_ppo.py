@@ -33,7 +33,10 @@ def one_thread():
 
 
 def ppo_config(tmp_path, model_dir, *overrides):
+    """These tests measure PPO against a synthetic reward, so the default shaping terms (relevance, novelty,
+    repetition: tested on their own in test_shaping.py and below) are off unless a test turns one on."""
     return load_config(env={}, overrides=[
+        "ppo.relevance_weight=0", "ppo.novelty_weight=0", "ppo.repetition_weight=0",
         f"data_dir={tmp_path / 'data'}", f"base_model={model_dir}", "device=cpu", "ppo.batch_size=2",
         "ppo.group_size=2", "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.eval_prompts=2",
         "ppo.save_every=0", *overrides])
@@ -398,3 +401,18 @@ def test_relevance_weight_pays_each_reply_its_relevance_to_its_prompt(tmp_path, 
     plain = train_ppo(ppo_config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir), reply_length,
                       PROMPTS, PROMPTS[:2], tmp_path / "plain")
     assert "voice/relevance" not in plain.history[0] and "reward/relevance" not in plain.history[0]
+
+
+def test_the_default_reward_pays_for_the_voice(tmp_path, tiny_model_dir):
+    """The default config (#40) shapes PPO's reward with the three terms that keep the voice: relevance below the
+    floor, word pairs shared with replies to other prompts, and repeated 3-grams; the total is the reward model's
+    score plus those parts."""
+    config = load_config(env={}, overrides=[
+        f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}", "device=cpu", "ppo.batch_size=2",
+        "ppo.group_size=2", "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.save_every=0", "ppo.steps=1",
+        "ppo.reward_clip=0"])
+    result = train_ppo(config, str(tiny_model_dir), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "run")
+    m = result.history[0]
+    terms = ["reward/relevance", "reward/novelty", "reward/repetition"]
+    assert all(math.isfinite(m[t]) and m[t] <= 0 for t in terms), m
+    assert m["reward/mean"] == pytest.approx(m["reward/rm"] + sum(m[t] for t in terms), rel=1e-5, abs=1e-6)
