@@ -66,14 +66,13 @@ def make_adapters(source: str, root: Path, n: int, r: int, alpha: int) -> list[s
 
 
 def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int, engine: str = "transformers",
-            data_dir: str | None = None, options: dict | None = None) -> dict:
-    """Serve base, 1 version, then all versions in this process; RSS (and CUDA) figures after each. ``options``:
-    the engine's (``PolicyServer.load``), e.g. llama.cpp's ``extra_buffers``."""
+            data_dir: str | None = None) -> dict:
+    """Serve base, 1 version, then all versions in this process; RSS (and CUDA) figures after each."""
     import torch
 
     from rlhf.serving.policy_server import AdapterRef, GenParams, PolicyServer
 
-    server = PolicyServer.load(source, device, "bench-memory", engine=engine, data_dir=data_dir, options=options)
+    server = PolicyServer.load(source, device, "bench-memory", engine=engine, data_dir=data_dir)
     history = [{"role": "user", "content": "Hello! What can you do?"}]
     params = GenParams(max_new_tokens=max_new_tokens, temperature=0)
 
@@ -94,15 +93,10 @@ def measure(source: str, device: str, adapter_dirs: list[str], max_new_tokens: i
 def measure_in_child(source: str, device: str, adapter_dirs: list[str], max_new_tokens: int,
                      engine: str = "transformers", data_dir: str | None = None) -> dict:
     """``measure`` in a fresh interpreter (nothing this process loaded is counted); its JSON comes back."""
-    spec = {"source": source, "device": device, "adapter_dirs": adapter_dirs, "max_new_tokens": max_new_tokens,
-            "engine": engine, "data_dir": data_dir}
-    # In one process a native fault cannot fall back as the app does: on a signal, llama.cpp's safe load instead.
-    for options in ([None, {"extra_buffers": False}] if engine == "llama_cpp" else [None]):
-        done = subprocess.run([sys.executable, "-m", "bench.memory", json.dumps({**spec, "options": options})],
-                              capture_output=True, text=True, timeout=1800,
-                              cwd=ROOT)  # the checkout: bench is not an installed package
-        if done.returncode >= 0:
-            break
+    spec = json.dumps({"source": source, "device": device, "adapter_dirs": adapter_dirs,
+                       "max_new_tokens": max_new_tokens, "engine": engine, "data_dir": data_dir})
+    done = subprocess.run([sys.executable, "-m", "bench.memory", spec], capture_output=True, text=True,
+                          timeout=1800, cwd=ROOT)  # the checkout: bench is not an installed package
     if done.returncode != 0:
         raise RuntimeError(f"memory benchmark child failed ({done.returncode}): stderr {done.stderr[-2000:]!r}, "
                            f"stdout {done.stdout[-500:]!r}")

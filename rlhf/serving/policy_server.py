@@ -226,7 +226,8 @@ def local_engine(model, tokenizer, device: str = "cpu", *, queue_size: int = 64,
 def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, threads: int = 1,
                  verdicts=None) -> Engine:
     """The first engine of ``specs`` that works: proved in its own process (``isolation="process"``, falling back
-    along ``specs``), or built in this process (``"thread"``: the first spec, no protection from native faults)."""
+    along ``specs``), or built in this process (``"thread"``: no protection from native faults, so where there is
+    a fallback to choose, e.g. llama.cpp's safe load where its AMX kernels fault, a child process proves which)."""
     if isolation == "process":
         return EngineProcess(specs, threads=threads, verdicts=verdicts, **loop_settings).start()
     if isolation != "thread":
@@ -235,11 +236,20 @@ def start_engine(specs: list[EngineSpec], isolation: str, loop_settings: dict, t
     usable = [s for s in specs if not s.unavailable]
     if not usable:
         raise EngineUnavailable("no serving engine works here" + skipped)
-    spec = usable[0]
+    spec = usable[0] if len(usable) == 1 else proved(usable, loop_settings, threads)
     loop = EngineLoop(lambda: build_core(spec.name, **spec.settings), **loop_settings)
     on = f"; {loop.build}" if loop.build else ""
     loop.status = f"{spec.label} (in the app's process{on}){skipped}"
     return loop
+
+
+def proved(specs: list[EngineSpec], loop_settings: dict, threads: int = 1) -> EngineSpec:
+    """The first of ``specs`` that loads and decodes in a child process (EngineUnavailable when none does)."""
+    probe = EngineProcess(list(specs), threads=threads, **loop_settings).start()
+    try:
+        return probe.spec
+    finally:
+        probe.close()
 
 
 def load_server(config: "AppConfig", system_prompts: Sequence[str] = ("",), threads: Optional[int] = None,

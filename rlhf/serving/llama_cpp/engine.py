@@ -34,15 +34,15 @@ class LlamaCppCore(EngineCore):
 
     ``kv_cache_tokens``: KV cells per context; ``max_contexts``: contexts (versions decoding at once);
     ``max_batch_size``: replies decoding at once over all contexts; ``extra_buffers``: let llama.cpp repack the
-    weights into its extra buffer types (AMX, CPU repack) at load; False is the safe load for CPUs where those
-    kernels fault.
+    weights into its extra buffer types (AMX, CPU repack) at load; False (the default: a fault kills the process)
+    is the safe load for CPUs where those kernels fault. The app's specs ask for the repack first and fall back.
     """
 
     name = "llama_cpp"
 
     def __init__(self, gguf: str | Path, tokenizer, *, max_batch_size: int = 32, max_prefill_tokens: int = 512,
                  max_prefixes: int = 8, kv_cache_tokens: int = 4096, max_contexts: int = 4, threads: int = 1,
-                 cache_dir: Optional[str | Path] = None, lora_dtype: str = "f16", extra_buffers: bool = True):
+                 cache_dir: Optional[str | Path] = None, lora_dtype: str = "f16", extra_buffers: bool = False):
         from rlhf.serving.llama_cpp.base import gguf_dir
         from rlhf.serving.llama_cpp.convert import BaseInfo
 

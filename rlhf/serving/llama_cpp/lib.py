@@ -130,7 +130,7 @@ class Model:
     extra buffer types at load (AMX tiles on Sapphire/Granite Rapids, CPU repacks), whose kernels fault on some
     virtual machines."""
 
-    def __init__(self, path: str | Path, extra_buffers: bool = True):
+    def __init__(self, path: str | Path, extra_buffers: bool = False):
         self.lib = lib = library()
         self.path = str(path)
         params = lib.llama_model_default_params()

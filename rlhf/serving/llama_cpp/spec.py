@@ -74,7 +74,5 @@ def specs(source: str, device: str, data_dir: Optional[str], tokenizer_source: O
         return [EngineSpec(NAME, {}, LABEL, unavailable=str(exc))]
     settings = {"gguf": str(gguf), "tokenizer_source": tokenizer, "cache_dir": data_dir, **settings}
     build = llama_build()
-    safe = EngineSpec(NAME, {**settings, "extra_buffers": False}, SAFE_LABEL, build=build)
-    if settings.get("extra_buffers") is False:  # asked for the safe load only
-        return [safe]
-    return [EngineSpec(NAME, {**settings, "extra_buffers": True}, LABEL, build=build), safe]
+    return [EngineSpec(NAME, {**settings, "extra_buffers": True}, LABEL, build=build),
+            EngineSpec(NAME, {**settings, "extra_buffers": False}, SAFE_LABEL, build=build)]

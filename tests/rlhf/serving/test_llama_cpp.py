@@ -170,16 +170,6 @@ def test_auto_tries_llama_cpp_then_its_safe_load_then_transformers_on_cpu_and_tr
         == ["transformers"]
 
 
-def test_asking_for_the_safe_load_offers_only_it(app_config):
-    """A process that cannot fall back after a native fault (one engine in the app's own process, as `bench
-    memory` measures) asks for the weights as they are in the file, and gets only that load."""
-    from rlhf.serving.startup import backend_specs
-
-    specs = backend_specs("llama_cpp", app_config.base_model, "cpu", str(app_config.data_path), required=True,
-                          extra_buffers=False)
-    assert [(s.name, s.settings["extra_buffers"]) for s in specs] == [("llama_cpp", False)]
-
-
 @pytest.mark.slow  # converts a model or builds adapters: the full suite only
 def test_the_app_serves_through_llama_cpp_by_default_on_cpu(app_config):
     from rlhf.serving.policy_server import load_server
