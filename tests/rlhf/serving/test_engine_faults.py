@@ -86,8 +86,9 @@ def test_a_reply_in_flight_when_the_engine_dies_ends_with_a_clear_error_and_the_
         with pytest.raises(EngineFault, match="SIGSEGV"):
             long.text()
         assert marker.exists() and long.finished_at is not None
-        status = server.engine_status  # the same engine, started again (its safe load on a CPU where AMX faults)
-        assert reply(server) and status.startswith("llama.cpp") and "(proved in its own process" in status
+        assert reply(server)  # waits for the engine started again
+        status = server.engine_status  # the same engine (its safe load on a CPU where AMX faults)
+        assert status.startswith("llama.cpp") and "(proved in its own process" in status
         assert "started again 1x (last: SIGSEGV" in server.engine_status
     finally:
         server.close()
