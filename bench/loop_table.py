@@ -15,6 +15,9 @@ from pathlib import Path
 
 from bench.verdict import keeps_voice
 
+# #40's goals: the mean win rate over preferences a default must reach at each vote count.
+GOALS = {16: 0.65, 32: 0.75, 64: 0.85}
+
 
 def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[int], out: Path, eval_prompts: int,
              samples: int, variant: str = "") -> None:
@@ -62,21 +65,36 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "shortest": min(lengths.values()), "shortest_oracle": min(lengths, key=lengths.get),
                     "kl": statistics.mean(x["kl"] for x in runs), "voice_kept": sum(map(keeps_voice, runs)),
                     "train_s": statistics.mean(x["train_s"] for x in runs),
+                    "reward_s": statistics.mean(x.get("reward_s", 0.0) for x in runs),
+                    "goal": GOALS.get(votes), "distinct_drops": drops,
                     "pairs": statistics.mean(x["pairs"] for x in runs), "wins": wins})
     return out
 
 
 def markdown(rows: list[dict]) -> str:
-    """The table: one line per method and vote count."""
-    lines = ["| method | votes | win rate mean | worst (oracle) | distinct-2 drop mean / worst | repeated 3-grams "
-             "rise worst | words vs base, fewest (oracle) | KL | voice kept | policy s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in summarise(rows):
-        lines.append(f"| {s['method']} | {s['votes']} | {s['mean_win']:.2f} | {s['worst_win']:.2f} "
+    """The table: one line per method and vote count, against #40's goal; then each preference's win rate."""
+    lines = ["| method | votes | win rate mean (goal) | worst (oracle) | distinct-2 drop mean / worst | repeated "
+             "3-grams rise worst | words vs base, fewest (oracle) | KL | voice kept | reward model s | policy s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    summary = summarise(rows)
+    for s in summary:
+        met = s["goal"] is not None and round(s["mean_win"], 6) >= s["goal"]
+        goal = "" if s["goal"] is None else f" ({'met' if met else 'not'} {s['goal']:.2f})"
+        lines.append(f"| {s['method']} | {s['votes']} | {s['mean_win']:.2f}{goal} | {s['worst_win']:.2f} "
                      f"({s['worst_oracle']}) | {s['mean_distinct_drop']:+.3f} / {s['worst_distinct_drop']:+.3f} | "
                      f"{s['worst_repetition_rise']:+.3f} | {s['shortest']:.2f} ({s['shortest_oracle']}) | "
-                     f"{s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | {s['train_s']:.0f} |")
-    return "\n".join(lines) + "\n"
+                     f"{s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | {s['reward_s']:.0f} | {s['train_s']:.0f} |")
+    return "\n".join(lines) + "\n\n" + per_oracle(summary)
+
+
+def per_oracle(summary: list[dict]) -> str:
+    """Each preference's seed-mean win rate (and distinct-2 lost) per method and vote count; - where not run."""
+    oracles = sorted({o for s in summary for o in s["wins"]})
+    lines = ["| method | votes | " + " | ".join(oracles) + " |", "|---|---|" + "---|" * len(oracles)]
+    for s in summary:
+        cells = [f"{s['wins'][o]:.2f} ({-s['distinct_drops'][o]:+.2f})" if o in s["wins"] else "-" for o in oracles]
+        lines.append(f"| {s['method']} | {s['votes']} | " + " | ".join(cells) + " |")
+    return "Per preference: win rate vs base (distinct-2 change vs base).\n\n" + "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

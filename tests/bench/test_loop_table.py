@@ -26,7 +26,7 @@ def test_the_markdown_table_reads_json_lines(tmp_path, capsys):
     path.write_text("".join(json.dumps(r) + "\n" for r in [row("a", "rpo", 0, 0.8), row("b", "rpo", 0, 0.6)]))
     assert loop_table.main(["table", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| rpo | 32 | 0.70 | 0.60 (b) |" in out and "2/2" in out and "| 0.80 (a) |" in out
+    assert "| rpo | 32 | 0.70 (not 0.75) | 0.60 (b) |" in out and "2/2" in out and "| 0.80 (a) |" in out
 
 
 def test_a_methods_variants_stay_apart_in_the_table():
@@ -34,3 +34,12 @@ def test_a_methods_variants_stay_apart_in_the_table():
     by = {s["method"]: s for s in loop_table.summarise(rows)}
     assert by["ppo"]["mean_win"] == 0.6 and by["ppo (ppo.steps=16)"]["mean_win"] == 0.9
     assert by["ppo (ppo.steps=16)"]["shortest"] == 0.1  # a collapse to short replies shows, though distinct-2 rises
+
+
+def test_the_table_says_whether_the_goal_is_met_and_shows_each_preference():
+    rows = [row("a", "ppo", 0, 0.7, votes=16), row("b", "ppo", 0, 0.6, votes=16, d2=0.83),
+            row("a", "ppo", 0, 0.8, votes=64), row("c", "ppo", 0, 0.8, votes=64)]
+    out = loop_table.markdown(rows)
+    assert "| ppo | 16 | 0.65 (met 0.65) |" in out and "| ppo | 64 | 0.80 (not 0.85) |" in out
+    assert "| method | votes | a | b | c |" in out
+    assert "| ppo | 16 | 0.70 (-0.03) | 0.60 (-0.10) | - |" in out  # c never ran at 16 votes
