@@ -97,6 +97,15 @@ def per_oracle(summary: list[dict]) -> str:
     return "Per preference: win rate vs base (distinct-2 change vs base).\n\n" + "\n".join(lines) + "\n"
 
 
+def plot(rows: list[dict], path: Path) -> Path:
+    """Win rate against distinct-2, a line per preference (and method variant) through its vote counts."""
+    from bench.plot import tradeoff_svg
+
+    points = [{**r, "oracle": f'{r["oracle"]} · {r["method"]}' + (f' ({r["variant"]})' if r.get("variant") else ""),
+               "knob": f'votes={r["votes_asked"]}'} for r in rows]
+    return tradeoff_svg(points, path, title="The retrain across vote counts: win rate vs distinct-2")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.loop_table")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -111,10 +120,14 @@ def main(argv=None) -> int:
     run.add_argument("--set", action="append", default=[], help="config KEY=VALUE")
     table = sub.add_parser("table", help="the markdown table of JSON-line files")
     table.add_argument("files", nargs="+", type=Path)
+    table.add_argument("--plot", metavar="SVG", type=Path,
+                       help="also draw win rate vs distinct-2 per preference, one point per vote count")
     args = p.parse_args(argv)
     if args.cmd == "table":
         rows = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
         sys.stdout.write(markdown(rows))
+        if args.plot:
+            plot(rows, args.plot)
         return 0
     from rlhf.config import load_config
 

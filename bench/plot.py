@@ -6,7 +6,7 @@ from html import escape
 from pathlib import Path
 from typing import Sequence
 
-COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 W, H, PAD = 640, 440, 60
 
 

@@ -43,3 +43,12 @@ def test_the_table_says_whether_the_goal_is_met_and_shows_each_preference():
     assert "| ppo | 16 | 0.65 (met 0.65) |" in out and "| ppo | 64 | 0.80 (not 0.85) |" in out
     assert "| method | votes | a | b | c |" in out
     assert "| ppo | 16 | 0.70 (-0.03) | 0.60 (-0.10) | - |" in out  # c never ran at 16 votes
+
+
+def test_the_table_can_plot_each_preference_across_vote_counts(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    rows = [row("a", "ppo", 0, 0.6, votes=16), row("a", "ppo", 0, 0.8, votes=32, d2=0.85)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert loop_table.main(["table", str(path), "--plot", str(tmp_path / "votes.svg")]) == 0
+    svg = (tmp_path / "votes.svg").read_text()
+    assert svg.count("<circle") == 2 and "a · ppo" in svg and ">16<" in svg and ">32<" in svg
