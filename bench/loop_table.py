@@ -44,12 +44,16 @@ def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[in
                 f.write(json.dumps({**row, "votes_asked": votes, "device": device, "variant": variant}) + "\n")
 
 
+def method_label(row: dict) -> str:
+    """A run's method, with the config overrides it ran with: a method's variants stay apart."""
+    return f'{row["method"]} ({row["variant"]})' if row.get("variant") else row["method"]
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """Per method and vote count: each oracle's seed-mean, then the mean and the worst over oracles."""
     cells: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
-        method = f'{r["method"]} ({r["variant"]})' if r.get("variant") else r["method"]
-        cells.setdefault((method, r["votes_asked"]), {}).setdefault(r["oracle"], []).append(r)
+        cells.setdefault((method_label(r), r["votes_asked"]), {}).setdefault(r["oracle"], []).append(r)
     out = []
     for (method, votes), by_oracle in sorted(cells.items()):
         mean = lambda runs, k: statistics.mean(x[k] for x in runs)  # noqa: E731
@@ -101,8 +105,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     """Win rate against distinct-2, a line per preference (and method variant) through its vote counts."""
     from bench.plot import tradeoff_svg
 
-    points = [{**r, "oracle": f'{r["oracle"]} · {r["method"]}' + (f' ({r["variant"]})' if r.get("variant") else ""),
-               "knob": f'votes={r["votes_asked"]}'} for r in rows]
+    points = [{**r, "oracle": f'{r["oracle"]} · {method_label(r)}', "knob": f'votes={r["votes_asked"]}'} for r in rows]
     return tradeoff_svg(points, path, title="The retrain across vote counts: win rate vs distinct-2")
 
 
