@@ -6,7 +6,9 @@ an unloaded retrain measured in the same run.
 2. Idle chat: the real app over loopback HTTP, 1 and 8 annotators (as in ``bench serve``).
 3. The same retrain (same votes, same config, from the base version again) started by the app's own runner, so
    the app's CPU budget applies; the 1- and 8-annotator levels run in turn, again and again, until it ends
-   (``job_seconds``; chat figures aggregate every level that started while the job ran).
+   (``job_seconds``; chat figures aggregate every level that started while the job ran). Where the budget lets a
+   job take every core while nobody chats (``retrain.idle_cores_after_seconds``), each round starts with that long
+   a pause and then one lone reply: the reply that takes chat's cores back from the job (``after_quiet``).
 """
 from __future__ import annotations
 
@@ -79,6 +81,8 @@ class _Chat:
     done: Any = None  # the job as it ended
     after: Optional[Level] = None
     after_threads: Optional[int] = None
+    after_quiet: Optional[Level] = None  # lone replies after a pause long enough for the job to take every core
+    quiet_shares: set = field(default_factory=set)  # the job's share when each of those replies started
 
 
 def run(config: AppConfig, args, path=None) -> dict:
@@ -101,7 +105,10 @@ def run(config: AppConfig, args, path=None) -> dict:
     during, idle = chat.during[pick], chat.idle[pick]
     tps = during.tokens / during.wall_s if during.wall_s else 0.0
     idle_tps = idle.tokens / idle.wall_s if idle.wall_s else 0.0
+    quiet = chat.after_quiet
     figures = {"users": pick, "tokens_per_s": round(tps, 2), "idle_tokens_per_s": round(idle_tps, 2),
+               **({"ttft_after_pause_p95_s": round(percentile(quiet.ttft, 95), 3),
+                   "ttft_after_pause_max_s": round(max(quiet.ttft), 3)} if quiet and quiet.ttft else {}),
                "ratio_vs_idle": round(tps / idle_tps, 3) if idle_tps else 0.0,
                "ttft_p95_s": round(percentile(during.ttft, 95), 3), "job_seconds": round(chat.job_seconds, 1),
                "idle_job_seconds": idle_job["seconds"]}
@@ -148,9 +155,17 @@ def _chat_during_job(services, server, url: str, job_id: int, levels: list[int],
     process has exited and serving took its cores back."""
     chat.during = {users: Level(users) for users in levels}
     chat.threads_seen = {users: set() for users in levels}
+    plan = chat.budget.plan
     t0 = time.perf_counter()
     with JobTicker(services.scheduler.runner):
         while not services.store.get_job(job_id).done:
+            if plan.job_most > plan.job:  # a pause: the job takes every core; then the reply that takes them back
+                time.sleep(plan.idle_after_s + 2.0)
+                if services.store.get_job(job_id).done:
+                    break
+                chat.quiet_shares.add(chat.budget.job_share())
+                chat.after_quiet = chat.after_quiet or Level(1)
+                _merge(chat.after_quiet, run_level(url, 1, 1, gen))
             for users in levels:
                 if services.store.get_job(job_id).done:
                     break
@@ -171,6 +186,10 @@ def _rows(chat: _Chat, levels: list[int], idle_job: dict) -> list[dict]:
     rows += [_row("idle: HTTP stream, batched", chat.idle[u], chat.idle_threads[u]) for u in levels]
     rows += [_row("during retrain: HTTP stream, batched", chat.during[u],
                   "/".join(str(t) for t in sorted(t for t in chat.threads_seen[u] if t))) for u in levels]
+    if chat.after_quiet is not None:
+        share = "/".join(str(t) for t in sorted(chat.quiet_shares))
+        rows.append(_row(f"during retrain: first reply after a pause (job on {share} threads)", chat.after_quiet,
+                         chat.budget.plan.serving_busy))
     rows.append(_job_row("retrain under chat load", chat.job_seconds, chat.done.result.get("phase_seconds", {})))
     rows.append(_row("after the retrain", chat.after, chat.after_threads))
     return rows

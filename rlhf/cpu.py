@@ -9,6 +9,12 @@ The web stack needs no core of its own: it works while the engine samples betwee
 both run single-threaded and time-share it (no OpenMP team then waits on a descheduled peer), the job at a lower
 priority (``nice``).
 
+A job also takes serving's cores while nobody chats (``job_alone``, after ``idle_after_s`` without a reply in
+flight): a retrain on a quiet 2-core machine runs on both cores (BENCHMARKS.md: PPO's update 1.55x, generation 1.3x
+faster on 2 threads than on 1). The app tells the job process through a small file (``JobThreads``), which the job
+reads on a thread of its own and applies on its training thread before the next module's forward; a chat that starts
+gets its cores back once the job has read the file (every 0.2 s) and reached its next module's forward.
+
 torch's intra-op thread count is per *calling thread* (OpenMP's nthreads ICV and MKL's local setting), so
 ``torch.set_num_threads`` called from one thread leaves another thread's parallel regions as they were: the
 serving engine applies the budget from its own thread (each engine of ``rlhf.serving``), and the job process
@@ -44,6 +50,13 @@ class ThreadPlan:
     serving_busy: int  # the serving engine while a job runs
     job: int  # a job process (reward model, PPO, evaluation)
     job_nice: int = 0  # the job process's niceness: on a contended core, chat goes first
+    job_alone: int = 0  # a job's threads while nobody chats (0 = ``job``: it never takes serving's cores)
+    idle_after_s: float = 0.0  # ... once no reply has been in flight this long
+
+    @property
+    def job_most(self) -> int:
+        """The most threads a job may use: ``job_alone`` while nobody chats, else ``job``."""
+        return max(self.job, self.job_alone)
 
     def serving(self, job_threads: int = 0) -> int:
         """Serving threads while a job with ``job_threads`` threads runs (0 = no job)."""
@@ -55,30 +68,36 @@ class ThreadPlan:
         """One line for people: `config show`, the Training tab."""
         share = f"{self.serving_busy} while a job runs" if self.serving_busy != self.serving_idle else \
             "the same while a job runs"
+        alone = (f", {self.job_most} after {self.idle_after_s:g} s without a chat" if self.job_most > self.job
+                 else "")
         return (f"{self.cores} core{'s' if self.cores != 1 else ''}: chat {self.serving_idle} thread"
                 f"{'s' if self.serving_idle != 1 else ''} when no job runs, {share}; a job {self.job} thread"
-                f"{'s' if self.job != 1 else ''} (nice {self.job_nice})")
+                f"{'s' if self.job != 1 else ''}{alone} (nice {self.job_nice})")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_threads(cores: int, serving_threads: int = 0, job_threads: int = 0, job_nice: int = 0) -> ThreadPlan:
+def plan_threads(cores: int, serving_threads: int = 0, job_threads: int = 0, job_nice: int = 0,
+                 idle_after_s: float = 0.0) -> ThreadPlan:
     """The budget arithmetic. ``job_threads`` 0 = half the cores (at least 1); any job leaves serving at least
     one core when there are two or more. ``serving_threads`` 0 = every core (BENCHMARKS.md, ``bench serve``: on 2
     quiet cores the engine decodes faster on 2 threads than on 1, the web stack included). A running job then
-    takes its share."""
+    takes its share. ``idle_after_s`` > 0: a job takes every core once no reply has been in flight that long."""
     cores = max(1, int(cores))
     job = int(job_threads) if job_threads and job_threads > 0 else max(1, cores // 2)
     job = max(1, min(job, cores - 1)) if cores > 1 else 1
     idle = min(int(serving_threads), cores) if serving_threads and serving_threads > 0 else cores
-    return ThreadPlan(cores, idle, max(1, min(idle, cores - job)), job, max(0, min(19, int(job_nice))))
+    idle_after_s = max(0.0, float(idle_after_s))
+    return ThreadPlan(cores, idle, max(1, min(idle, cores - job)), job, max(0, min(19, int(job_nice))),
+                      cores if idle_after_s > 0 else 0, idle_after_s)
 
 
 def thread_plan(config, cores: Optional[int] = None) -> ThreadPlan:
-    """The plan of an ``AppConfig`` on this machine (``serving.threads``, ``retrain.job_threads``/``job_nice``)."""
+    """The plan of an ``AppConfig`` on this machine (``serving.threads``, ``retrain.job_threads``/``job_nice``/
+    ``idle_cores_after_seconds``)."""
     return plan_threads(available_cores() if cores is None else cores, config.serving.threads,
-                        config.retrain.job_threads, config.retrain.job_nice)
+                        config.retrain.job_threads, config.retrain.job_nice, config.retrain.idle_cores_after_seconds)
 
 
 def thread_env(threads: int, base: Optional[Mapping[str, str]] = None) -> dict:
@@ -112,15 +131,19 @@ def apply_torch_threads(threads: int, interop: Optional[int] = None) -> int:
 
 
 class CpuBudget:
-    """The app process's live budget: the plan plus the threads of the job running now.
+    """The app process's live budget: the plan, the threads of the job running now, and whether anyone chats.
 
-    The job runner reports job start and end; each serving engine reads ``serving_threads()`` before every step
-    and applies it on its own thread.
+    The job runner reports job start and end and listens for changes of the job's share (``listen``); each serving
+    engine reports whether it has replies in flight (``serving_load``) and reads ``serving_threads()`` before every
+    step, applying it on its own thread.
     """
 
-    def __init__(self, plan: ThreadPlan):
+    def __init__(self, plan: ThreadPlan, clock=time.monotonic):
         self.plan = plan
+        self.clock = clock
         self._job_threads = 0
+        self._served_at = float("-inf")  # when a serving engine last had a reply in flight
+        self._listeners: list = []
         self._lock = threading.Lock()
 
     def job_started(self, threads: Optional[int] = None) -> None:
@@ -131,6 +154,28 @@ class CpuBudget:
         with self._lock:
             self._job_threads = 0
 
+    def listen(self, callback) -> None:
+        """``callback()`` whenever a chat starts after a quiet spell (the job's share drops at once)."""
+        self._listeners.append(callback)
+
+    def serving_load(self, busy: bool) -> None:
+        """A serving engine says whether it has replies in flight now (any thread, often)."""
+        if not busy:
+            return
+        with self._lock:
+            woke = self._quiet()
+            self._served_at = self.clock()
+        if woke:
+            for callback in list(self._listeners):
+                callback()
+
+    def _quiet(self) -> bool:
+        return self.plan.job_alone > self.plan.job and self.clock() - self._served_at >= self.plan.idle_after_s
+
+    def job_share(self) -> int:
+        """Threads a job may use now: every core while nobody chats (``job_alone``), else its share."""
+        return self.plan.job_alone if self._quiet() else self.plan.job
+
     @property
     def job_threads(self) -> int:
         """Threads of the running job (0 = none)."""
@@ -138,13 +183,88 @@ class CpuBudget:
 
     def serving_threads(self) -> int:
         """Threads a serving engine should use now."""
-        return self.plan.serving(self._job_threads)
+        if not self._job_threads:
+            return self.plan.serving(0)
+        return self.plan.serving(max(self._job_threads, self.job_share()))
 
     def status(self) -> str:
         """The plan and what applies right now, for the Training tab."""
-        now = (f"a job is running: chat uses {self.serving_threads()} thread(s), the job {self._job_threads}"
+        now = (f"a job is running: chat uses {self.serving_threads()} thread(s), the job "
+               f"{max(self._job_threads, self.job_share())}"
                if self._job_threads else f"no job is running: chat uses {self.serving_threads()} thread(s)")
         return f"CPU budget — {self.plan.describe()}. Now {now}."
+
+
+class JobThreads:
+    """The job process's side of the budget: the thread count the app writes to ``path``, followed on the job's
+    training thread.
+
+    A reader thread polls the file (``poll_s``); ``apply()``, called on the training thread, sets torch's count
+    there when it changed. ``follow()`` makes every module's forward call ``apply()`` first (a global forward
+    pre-hook: a few hundred nanoseconds per module when nothing changed), so a job gives cores back within one
+    forward of the file changing, whatever it trains.
+    """
+
+    def __init__(self, path, threads: int, poll_s: float = 0.2):
+        from pathlib import Path
+
+        self.path = Path(path)
+        self.applied = max(1, int(threads))
+        self.wanted = self.applied
+        self.poll_s = poll_s
+        self.changes = 0
+        self.owner = threading.get_ident()
+        self._stop = threading.Event()
+        self._hook = None
+
+    @staticmethod
+    def write(path, threads: int) -> None:
+        """The app's side: publish ``threads`` atomically (a reader never sees half a number)."""
+        from pathlib import Path
+
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(str(max(1, int(threads))))
+        os.replace(tmp, path)
+
+    def read(self) -> int:
+        try:
+            return max(1, int(self.path.read_text().strip()))
+        except (OSError, ValueError):  # not written yet, or gone after the job: keep what we have
+            return self.wanted
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.wanted = self.read()
+
+    def apply(self) -> int:
+        """On the training thread: take up the thread count last read (other threads: nothing happens)."""
+        wanted = self.wanted
+        if wanted != self.applied and threading.get_ident() == self.owner:
+            apply_torch_threads(wanted)
+            self.applied = wanted
+            self.changes += 1
+        return self.applied
+
+    def follow(self) -> "JobThreads":
+        """Start reading the file and apply what it says before every module's forward (on this thread)."""
+        import torch
+
+        self.owner = threading.get_ident()
+        self.wanted = self.read()
+        self.apply()
+        def before_forward(module, args) -> None:  # returns None: a pre-hook's return value would replace the input
+            self.apply()
+
+        self._hook = torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
+        threading.Thread(target=self._poll, name="job-threads", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
 
 class CpuMeter:

@@ -31,12 +31,18 @@ class RetrainConfig(Checked):
     job_threads: int = opt(0, "CPU threads of a training job (0 = half the cores, at least 1); serving gives "
                            "them up while the job runs.")
     job_nice: int = opt(10, "Niceness of the job process (0-19): on a contended core chat goes first.")
+    idle_cores_after_seconds: float = opt(15.0, "A running job takes serving's cores too once no chat reply has "
+                                          "been in flight this long (0 = never); a chat that starts gets them back "
+                                          "within a second.")
     heartbeat_seconds: float = opt(2.0, "How often a running job writes its heartbeat.")
     stale_after_seconds: float = opt(60.0, "A running job without heartbeat this long is dead.")
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot work (called at load)."""
         one_of("retrain.method", self.method, tuple(METHODS))
+        if self.idle_cores_after_seconds < 0:
+            raise ConfigError(f"retrain.idle_cores_after_seconds: expected 0 (never) or more seconds, got "
+                              f"{self.idle_cores_after_seconds}")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from rlhf.config import AppConfig
-from rlhf.cpu import CpuBudget, THREAD_VARIABLES, thread_env, thread_plan
+from rlhf.cpu import CpuBudget, JobThreads, THREAD_VARIABLES, thread_env, thread_plan
 from rlhf.jobs.worker import config_of
 from rlhf.plugins import code_settings
 from storage import Job, Store
@@ -50,7 +50,8 @@ def worker_env(job_config: AppConfig, base: dict, root: str) -> tuple[dict, int]
 class JobRunner:
     """Starts at most one job process at a time; reaps it, enforces cancels, records crashes.
 
-    It tells ``budget`` (shared with the serving engines) when a job holds cores, so serving gives them up.
+    It tells ``budget`` (shared with the serving engines) when a job holds cores, so serving gives them up, and
+    tells the job how many it may use now (``rlhf.cpu.JobThreads``: every core while nobody chats).
     """
 
     def __init__(self, store: Store, config: AppConfig, cancel_grace: float = CANCEL_GRACE_SECONDS,
@@ -62,7 +63,11 @@ class JobRunner:
         self._proc: Optional[subprocess.Popen] = None
         self._job_id: Optional[int] = None
         self._cancel_seen: Optional[float] = None
+        self._threads_file: Optional[Path] = None  # where the running job reads its thread share
+        self._threads_shared = 0
+        self._threads_lock = threading.Lock()  # the two above: the budget's listener runs on a serving thread
         self._lock = threading.Lock()
+        self.budget.listen(self._share_threads)  # a chat started: the job gives serving its cores back now
 
     def sweep(self) -> list[Job]:
         """At start: jobs left 'running' by a dead process are failed (or re-queued to resume)."""
@@ -76,6 +81,7 @@ class JobRunner:
         """One scheduling step: reap or police the running job, else start the next queued one."""
         with self._lock:
             self._reap()
+            self._share_threads()  # nobody chatted for a while: the job may take every core
             if self._proc is None:
                 job = self.store.claim_job(pid=os.getpid())
                 if job is not None:
@@ -95,8 +101,11 @@ class JobRunner:
         self.store.log_job(job.id, "job process environment: " + ", ".join(f"{k}={env[k]}" for k in THREAD_VARIABLES))
         # Code comes from this app's config, never the job row; the process works in the data dir's jobs area
         # (not the project root, which may hold ./data) and, with -P, does not put that directory on sys.path.
+        with self._threads_lock:
+            self._threads_file, self._threads_shared = log_file.with_suffix(".threads"), 0
+        self._share_threads()  # every core if nobody chats now, else the job's share
         argv = [sys.executable, "-P", "-m", "rlhf.jobs.worker", os.path.abspath(self.store.path), str(job.id),
-                str(os.getpid()), json.dumps(code_settings(self.config))]
+                str(os.getpid()), json.dumps(code_settings(self.config)), str(self._threads_file)]
         self._proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       cwd=log_file.parent, env=env, start_new_session=True)
         out.close()
@@ -105,6 +114,19 @@ class JobRunner:
         self._cancel_seen = None
         self.store.set_job_pid(job.id, self._proc.pid)
         log.info("job %s (%s) started in process %s", job.id, job.kind, self._proc.pid)
+
+    def _share_threads(self) -> None:
+        """Write the running job's thread share to its threads file when it changed (also the budget's listener)."""
+        with self._threads_lock:
+            if self._threads_file is None:
+                return
+            threads = self.budget.job_share()
+            if threads != self._threads_shared:
+                try:
+                    JobThreads.write(self._threads_file, threads)
+                    self._threads_shared = threads
+                except OSError:  # the data dir went away under us: the job keeps its threads
+                    log.warning("could not write %s", self._threads_file, exc_info=True)
 
     def _reap(self) -> None:
         if self._proc is None:
@@ -127,6 +149,10 @@ class JobRunner:
 
     def _clear(self) -> None:
         self._proc, self._job_id, self._cancel_seen = None, None, None
+        with self._threads_lock:
+            if self._threads_file is not None:
+                self._threads_file.unlink(missing_ok=True)
+            self._threads_file, self._threads_shared = None, 0
         self.budget.job_ended()
 
     def wait(self, job_id: int, timeout: float = 600.0, poll: float = 0.2) -> Job:

@@ -50,24 +50,30 @@ def _heartbeat(ctx: JobContext, every: float, stop: threading.Event, parent: int
             os._exit(3)
 
 
-def claim_cpu(config: AppConfig, lower_priority: bool = False) -> str:
+def claim_cpu(config: AppConfig, lower_priority: bool = False, threads_file: Optional[str] = None):
     """Take this process's share of the CPU budget (``rlhf.cpu``): torch's thread counts on this (the training)
-    thread and, in a job process, its niceness. Returns a line for the job log."""
-    from rlhf.cpu import apply_torch_threads, thread_plan
+    thread and, in a job process, its niceness; with ``threads_file`` (the runner's), follow the share the app
+    writes there. Returns a line for the job log and the follower (None without one)."""
+    from rlhf.cpu import JobThreads, apply_torch_threads, thread_plan
 
     plan = thread_plan(config)
     if config.device not in ("cpu", "auto"):
-        return "CPU budget not applied (device=cuda)"
+        return "CPU budget not applied (device=cuda)", None
     threads = apply_torch_threads(plan.job, interop=1)
     if lower_priority and plan.job_nice:
         os.nice(plan.job_nice)
-    return f"CPU budget: {threads} torch thread(s), nice {os.nice(0)} — {plan.describe()}"
+    line = f"CPU budget: {threads} torch thread(s), nice {os.nice(0)} — {plan.describe()}"
+    follower = JobThreads(threads_file, threads).follow() if threads_file else None
+    if follower is not None and follower.applied != threads:
+        line += f"; now {follower.applied} (nobody is chatting)"
+    return line, follower
 
 
 def run_job(store: Store, job_id: int, code: Mapping[str, dict], parent_pid: int = 0,
-            lower_priority: bool = False) -> Job:
+            lower_priority: bool = False, threads_file: Optional[str] = None) -> Job:
     """Run one claimed job to its end in this process and record the outcome. ``code``: the running app's code
-    settings (``rlhf.plugins.code_settings``), which replace whatever the job's saved config names."""
+    settings (``rlhf.plugins.code_settings``), which replace whatever the job's saved config names;
+    ``threads_file``: where the app says how many threads the job may use now."""
     job = store.get_job(job_id)
     try:
         config = config_of(job)
@@ -78,7 +84,7 @@ def run_job(store: Store, job_id: int, code: Mapping[str, dict], parent_pid: int
     # The data dir is where this Store lives now: a job queued before the data dir was moved or restored
     # elsewhere must write its run, reward model and version there, not at the path it was queued with.
     config.data_dir = str(store.root)
-    cpu = claim_cpu(config, lower_priority)  # leave serving its cores
+    cpu, follower = claim_cpu(config, lower_priority, threads_file)  # leave serving its cores
     ctx = JobContext(store, job, config)
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(ctx, config.retrain.heartbeat_seconds, stop, parent_pid),
@@ -89,6 +95,9 @@ def run_job(store: Store, job_id: int, code: Mapping[str, dict], parent_pid: int
         ctx.progress(0.0, "starting", f"{job.kind} job started (pid {os.getpid()})")
         ctx.log(cpu)
         result = fn(ctx) or {}
+        if follower is not None and follower.changes:
+            ctx.log(f"CPU budget: the job changed its thread count {follower.changes} time(s) as chat came and "
+                    f"went; it ended on {follower.applied}")
         return store.finish_job(job_id, "succeeded", result=result)
     except JobCancelled:
         ctx.log("cancelled", "warning")
@@ -98,19 +107,23 @@ def run_job(store: Store, job_id: int, code: Mapping[str, dict], parent_pid: int
         return store.finish_job(job_id, "failed", error=f"{type(exc).__name__}: {exc}")
     finally:
         stop.set()
+        if follower is not None:
+            follower.stop()
 
 
 def main(argv: list[str]) -> int:
-    """``python -m rlhf.jobs.worker DB_PATH JOB_ID PARENT_PID CODE_JSON``: run one job in this process
-    (``CODE_JSON``: the app's ``rlhf.plugins.code_settings``)."""
+    """``python -m rlhf.jobs.worker DB_PATH JOB_ID PARENT_PID CODE_JSON [THREADS_FILE]``: run one job in this
+    process (``CODE_JSON``: the app's ``rlhf.plugins.code_settings``; ``THREADS_FILE``: the app's live thread share
+    for the job)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s job %(levelname)s %(name)s: %(message)s")
     db_path, job_id, parent, code = argv[0], int(argv[1]), int(argv[2]), json.loads(argv[3])
+    threads_file = argv[4] if len(argv) > 4 else None
     if parent and os.getppid() != parent:
         return 3
     refuse_imports_under(DataDir.of_database(db_path).root)
     store = Store(db_path)
     try:
-        job = run_job(store, job_id, code, parent, lower_priority=True)
+        job = run_job(store, job_id, code, parent, lower_priority=True, threads_file=threads_file)
     finally:
         store.close()
     return 0 if job.status == "succeeded" else 1

@@ -76,6 +76,9 @@ class _Threads:
     def serving_threads(self) -> int:
         return self.threads
 
+    def serving_load(self, busy: bool) -> None:
+        """The app's budget hears about chat from the app's side of the engine; nothing to do here."""
+
 
 def prove(loop, tokenizer) -> str:
     """Decode a few tokens through ``loop`` — one reply alone, then two in one batch — the way chat will, so a

@@ -83,6 +83,8 @@ class EngineLoop(Engine):
             self.admission.admit(self._waiting)
             self._waiting += 1
             self._submitted += 1
+        if self.budget is not None:
+            self.budget.serving_load(True)  # a job holding every core hears it now, not at the next step
         self._inbox.put(request)
 
     def load_adapter(self, name: str, path: str) -> None:
@@ -163,6 +165,8 @@ class EngineLoop(Engine):
         if idle and self._pending and self.batch_window_s:
             time.sleep(self.batch_window_s)  # company: replies that arrive together start together
             self._drain(None)
+        if idle and self._pending:
+            self._follow_budget()  # the first step of a reply after a quiet spell runs on chat's share
         if self._pending:
             self._active = True
             self._start_pending()
@@ -231,6 +235,7 @@ class EngineLoop(Engine):
     def _follow_budget(self) -> None:
         if self.budget is None:
             return
+        self.budget.serving_load(bool(self._running or self._waiting or self._pending))
         want = max(1, int(self.budget.serving_threads()))
         if self.meter is not None:
             want = self.meter.fit(want)

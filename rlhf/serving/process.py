@@ -225,6 +225,8 @@ class EngineProcess(Engine):
             if not ready:
                 self._held.append((rid, message))
         request.stream.on_cancel = lambda: self._send(wire.Cancel(rid))
+        if self.budget is not None:  # a job holding every core hears it now, and the child gets chat's share first
+            self._follow_budget()
         if ready:
             self._send(message)
 
@@ -311,6 +313,7 @@ class EngineProcess(Engine):
     def _follow_budget(self) -> None:
         self._budget_checked = time.monotonic()
         if self.budget is not None:
+            self.budget.serving_load(bool(self._streams))  # a chat in flight: a running job gives its cores back
             want = max(1, int(self.budget.serving_threads()))
             if want != self.threads and self._link.is_set():
                 self.threads = want

@@ -71,10 +71,18 @@ def test_serve_during_retrain_quick(app_config, tmp_path, capsys):
     path = tmp_path / "BENCHMARKS.md"
     from bench import serve_retrain
 
-    figures = serve_retrain.run(app_config, quick(during_retrain=True), path=path)
+    from rlhf.config import apply_overrides
+
+    # a job takes every core after half a second without chat: each round starts with a pause and a lone reply
+    config = apply_overrides(app_config, {"retrain.idle_cores_after_seconds": 0.5})
+    figures = serve_retrain.run(config, quick(during_retrain=True), path=path)
     assert last_json_line(capsys) == figures
-    assert set(figures) == {"users", "tokens_per_s", "idle_tokens_per_s", "ratio_vs_idle", "ttft_p95_s",
-                            "job_seconds", "idle_job_seconds"}
+    pause = {"ttft_after_pause_p95_s", "ttft_after_pause_max_s"}
+    assert set(figures) - pause == {"users", "tokens_per_s", "idle_tokens_per_s", "ratio_vs_idle", "ttft_p95_s",
+                                    "job_seconds", "idle_job_seconds"}
+    if pause <= set(figures):  # the job outlived a pause
+        assert 0 < figures["ttft_after_pause_p95_s"] <= figures["ttft_after_pause_max_s"]
+        assert "first reply after a pause" in path.read_text()
     assert figures["users"] == 8 and figures["tokens_per_s"] > 0 and figures["idle_tokens_per_s"] > 0
     assert figures["ratio_vs_idle"] == pytest.approx(figures["tokens_per_s"] / figures["idle_tokens_per_s"], abs=0.01)
     assert figures["job_seconds"] > 0 and figures["idle_job_seconds"] > 0 and figures["ttft_p95_s"] > 0

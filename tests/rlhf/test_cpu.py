@@ -6,8 +6,8 @@ import time
 import pytest
 
 from rlhf.config import load_config
-from rlhf.cpu import THREAD_VARIABLES, CpuBudget, CpuMeter, available_cores, plan_threads, thread_env, \
-    thread_plan, threads_beside
+from rlhf.cpu import THREAD_VARIABLES, CpuBudget, CpuMeter, JobThreads, available_cores, plan_threads, \
+    thread_env, thread_plan, threads_beside
 
 
 @pytest.mark.parametrize("cores, idle, busy, job", [
@@ -59,6 +59,79 @@ def test_budget_follows_the_running_job():
     assert budget.serving_threads() == 2 and "a job is running" in budget.status()
     budget.job_ended()
     assert budget.serving_threads() == 4
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_job_takes_every_core_while_nobody_chats_and_gives_them_back_when_a_chat_starts():
+    clock, woken = Clock(), []
+    budget = CpuBudget(plan_threads(4, idle_after_s=15.0), clock)
+    budget.listen(lambda: woken.append(clock.now))
+    assert budget.plan.job == 2 and budget.plan.job_alone == 4 and "4 after 15 s without a chat" in budget.status()
+    budget.job_started()
+    assert budget.job_share() == 4 and budget.serving_threads() == 1  # nobody has chatted yet
+    budget.serving_load(False)  # an idle engine's poll wakes nobody
+    assert budget.job_share() == 4 and woken == []
+    budget.serving_load(True)  # a reply in flight: the job's share drops at once, the listener hears it once
+    assert budget.job_share() == 2 and budget.serving_threads() == 2 and woken == [1000.0]
+    clock.now += 1.0
+    budget.serving_load(True)
+    assert woken == [1000.0] and "chat uses 2 thread(s), the job 2" in budget.status()
+    clock.now += 14.9  # the last reply ended 14.9 s ago: not quiet yet
+    assert budget.job_share() == 2
+    clock.now += 0.1
+    assert budget.job_share() == 4 and budget.serving_threads() == 1 and "the job 4" in budget.status()
+    budget.serving_load(True)
+    assert woken == [1000.0, 1016.0] and budget.job_share() == 2
+    budget.job_ended()
+    assert budget.serving_threads() == 4
+
+
+@pytest.mark.parametrize("cores, idle_after", [(4, 0.0), (1, 15.0)])
+def test_no_idle_cores_to_take(cores, idle_after):
+    """``idle_cores_after_seconds`` 0 keeps the job on its share; one core has nothing to give."""
+    budget = CpuBudget(plan_threads(cores, idle_after_s=idle_after), Clock())
+    assert budget.job_share() == budget.plan.job == budget.plan.job_most
+    assert "without a chat" not in budget.plan.describe()
+
+
+def test_the_job_follows_its_threads_file_on_its_training_thread(tmp_path):
+    """The share is applied before the next module's forward, on the thread that trains, not on others."""
+    import threading
+
+    import torch
+
+    path = tmp_path / "1.threads"
+    before = torch.get_num_threads()
+    layer = torch.nn.Linear(4, 4)
+    JobThreads.write(path, 1)
+    follower = JobThreads(path, 3, poll_s=0.01).follow()  # the job started on 3: the file says 1, then 2
+    try:
+        assert torch.get_num_threads() == 1 and follower.applied == 1
+        JobThreads.write(path, 2)
+        assert wait_for(lambda: follower.wanted == 2)
+        seen = []
+        other = threading.Thread(target=lambda: (layer(torch.zeros(1, 4)), seen.append(follower.applied)))
+        other.start()
+        other.join()
+        assert seen == [1] and torch.get_num_threads() == 1  # another thread's forward changes nothing
+        layer(torch.zeros(1, 4))
+        assert torch.get_num_threads() == 2 and follower.applied == 2 and follower.changes == 2
+        path.unlink()  # the job's file is gone (the app cleaned up): keep what we have
+        assert follower.read() == 2
+    finally:
+        follower.stop()
+        torch.set_num_threads(before)
+    JobThreads.write(path, 1)
+    time.sleep(0.05)
+    layer(torch.zeros(1, 4))
+    assert torch.get_num_threads() == before  # stopped: the hook is gone
 
 
 def wait_for(predicate, timeout=10.0):

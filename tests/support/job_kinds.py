@@ -13,7 +13,7 @@ from rlhf.config import AppConfig, apply_overrides
 from rlhf.jobs.context import JobContext
 
 SELFTEST = {"selftest": "tests.support.job_kinds:selftest",  # scheduler.job_kinds entries
-            "whereami": "tests.support.job_kinds:whereami"}
+            "whereami": "tests.support.job_kinds:whereami", "threads": "tests.support.job_kinds:threads"}
 
 
 def selftest(ctx: JobContext) -> dict:
@@ -30,6 +30,24 @@ def selftest(ctx: JobContext) -> dict:
         while True:  # ignores cancel on purpose: the runner must kill it
             time.sleep(0.2)
     return {"steps": steps}
+
+
+def threads(ctx: JobContext) -> dict:
+    """Module forwards every 20 ms until ``stop_file`` exists, recording torch's thread count (a metric per change):
+    what a job's training thread runs with as the app's budget changes."""
+    import torch
+    from pathlib import Path
+
+    stop = Path(ctx.job.config["threads"]["stop_file"])
+    layer, seen, step = torch.nn.Linear(8, 8), None, 0
+    while not stop.exists() and step < 3000:
+        layer(torch.zeros(1, 8))
+        step += 1
+        if torch.get_num_threads() != seen:
+            seen = torch.get_num_threads()
+            ctx.metrics(step, {"threads/torch": seen})
+        time.sleep(0.02)
+    return {"steps": step}
 
 
 def whereami(ctx: JobContext) -> dict:

@@ -162,6 +162,7 @@ def test_job_process_gets_its_thread_budget_and_serving_gets_the_cores_back(sche
     assert budget.job_threads == 0 and budget.serving_threads() == plan.serving_idle
     job = selftest(sched, steps=10, sleep=0.2)
     sched.runner.tick()
+    budget.serving_load(True)  # someone chats: the job keeps to its share
     assert budget.job_threads == plan.job and budget.serving_threads() == plan.serving_busy
     sched.runner.wait(job.id, timeout=60)
     deadline = time.time() + 30
@@ -222,3 +223,58 @@ def test_a_kind_named_in_the_config_is_imported_by_the_job_that_runs_it(tmp_path
     with pytest.raises(Exception, match="scheduler.job_kinds: expected name"):
         apply_overrides(app_config, {"scheduler.job_kinds": {"selftest": "no_function_named"}})
     store.close()
+
+
+def test_a_running_job_takes_the_idle_cores_and_gives_them_back_when_a_chat_starts(app_config, store, tmp_path):
+    """Through the real files and process: the job's training thread runs on every core while nobody chats, on its
+    share within a moment of a chat starting, and on every core again once chat has been quiet a while."""
+    from rlhf.config import apply_overrides
+    from rlhf.cpu import available_cores
+
+    if available_cores() < 2:
+        pytest.skip("one core: a job has no serving cores to take")
+    config = apply_overrides(app_config, {"retrain.idle_cores_after_seconds": 1.0})
+    runner = JobRunner(store, config, cancel_grace=1.0)
+    sched = StudioScheduler(store, config, runner)
+    stop = tmp_path / "stop"
+    plan, budget = runner.budget.plan, runner.budget
+    try:
+        job = sched.enqueue("threads", "assistant", threads={"stop_file": str(stop)})
+        runner.tick()
+
+        def threads_seen():
+            return [int(r["value"]) for r in store.job_metrics(job.id)]
+
+        def wait_seen(value):
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                runner.tick()
+                if threads_seen() and threads_seen()[-1] == value:
+                    return
+                time.sleep(0.05)
+            raise AssertionError(f"the job never ran on {value} threads: {threads_seen()}")
+
+        wait_seen(plan.cores)  # nobody has chatted: every core
+        t0 = time.monotonic()
+        budget.serving_load(True)  # a reply starts: the listener writes the job's share at once
+        wait_seen(plan.job)
+        handover = time.monotonic() - t0
+        for _ in range(5):  # the chat goes on for a moment: the job stays on its share
+            budget.serving_load(True)
+            runner.tick()
+            time.sleep(0.1)
+        assert threads_seen()[-1] == plan.job
+        wait_seen(plan.cores)  # a second of quiet: every core again
+        assert handover < 5.0, handover
+        stop.touch()
+        done = runner.wait(job.id, timeout=30)
+        assert done.status == "succeeded"
+        log = "\n".join(r["line"] for r in store.job_log_tail(job.id, 50))
+        assert "changed its thread count" in log
+        deadline = time.time() + 30
+        while runner.tick() is not None and time.time() < deadline:  # until the process has exited
+            time.sleep(0.1)
+        assert not list(config.paths.job_logs.glob("*.threads"))  # the runner cleaned up
+    finally:
+        stop.touch()
+        sched.shutdown()

@@ -179,6 +179,23 @@ def test_threads_follow_the_cpu_budget(server):
         server.use_budget(CpuBudget(plan_threads(1)))
 
 
+def test_a_reply_wakes_the_budget_so_a_job_holding_every_core_gives_chat_its_share(server):
+    """While nobody chats a job may hold every core; the first reply tells the budget (whose listener tells the
+    job), and the engine takes chat's share for it."""
+    budget = CpuBudget(plan_threads(4, job_threads=1, idle_after_s=60.0))
+    woke = []
+    budget.listen(lambda: woke.append(budget.job_share()))
+    budget.job_started()
+    assert budget.job_share() == 4 and budget.serving_threads() == 1
+    server.use_budget(budget)
+    try:
+        server.generate("", HISTORY, BASE, greedy(2))
+        assert woke == [1]  # once, with the job's share already back to 1
+        wait_until(lambda: server.engine.threads == 3, "chat's 3 threads beside the job's 1")
+    finally:
+        server.use_budget(CpuBudget(plan_threads(1)))
+
+
 @pytest.mark.parametrize("kind", ENGINES)
 def test_a_full_queue_answers_busy_with_a_retry_hint(kind, tiny_model_dir, tmp_path):
     from rlhf.base_models import load_tokenizer
