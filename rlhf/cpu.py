@@ -220,12 +220,10 @@ class JobThreads:
     @staticmethod
     def write(path, threads: int) -> None:
         """The app's side: publish ``threads`` atomically (a reader never sees half a number)."""
-        from pathlib import Path
+        from rlhf.files import atomic_file
 
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(str(max(1, int(threads))))
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            tmp.write_text(str(max(1, int(threads))))
 
     def read(self) -> int:
         try:
