@@ -118,6 +118,12 @@ class PPOConfig(Checked):
                                 "distinct-2 check sees).", "shaping")
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.",
                                  "shaping")
+    vote_weight: float = opt(0.0, "Weight of DPO's loss on the decided votes, one batch of them after each PPO update "
+                             "(0 = off): pulls the policy toward the replies people chose where its own samples "
+                             "seldom reach them (rlhf.training.ppo.votes).", "votes")
+    vote_beta: float = opt(0.1, "DPO's beta in ppo.vote_weight's loss (higher: the policy stays nearer the base).",
+                           "votes")
+    vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
     lora_r: int = opt(16, "LoRA rank of the policy adapter.", "adapter")
     lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.", "adapter")
     load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).", "adapter")
@@ -139,6 +145,8 @@ class PPOConfig(Checked):
             raise ConfigError("ppo.temperature must be > 0 (PPO needs sampled replies)")
         if self.ratio_limit <= 1 or self.max_guard_events < 1:
             raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
+        if self.vote_weight < 0 or self.vote_beta <= 0 or self.vote_batch < 1:
+            raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_beta > 0 and ppo.vote_batch >= 1")
         if not 0 <= self.adversarial_ratio <= 1:
             raise ConfigError(f"ppo.adversarial_ratio must be in [0, 1], got {self.adversarial_ratio}")
         one_of("ppo.advantage", self.advantage, ("group", "gae"))

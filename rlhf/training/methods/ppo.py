@@ -1,5 +1,6 @@
 """``retrain.method: ppo``: our PPO on the reward model (``rlhf.training.ppo.trainer.train_ppo``, config section
-``ppo``): it samples the policy's own replies and learns from the reward model's scores of them."""
+``ppo``): it samples the policy's own replies and learns from the reward model's scores of them (and, with
+``ppo.vote_weight``, from the decided votes themselves: ``rlhf.training.ppo.votes``)."""
 from __future__ import annotations
 
 from rlhf.training.methods.base import PolicyMethod
@@ -21,7 +22,8 @@ class PPO(PolicyMethod):
         from rlhf.training.ppo.trainer import train_ppo
 
         return train_ppo(config, base_source, reward_fn, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
-                         resume=resume, on_step=on_step, device=device, base=base, evaluate_before=evaluate_before)
+                         resume=resume, on_step=on_step, device=device, base=base, evaluate_before=evaluate_before,
+                         pairs=pairs)
 
     def result_metrics(self, trained, pairs):
         return {"ppo/reward_after": trained.reward_after}

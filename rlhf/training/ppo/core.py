@@ -206,6 +206,15 @@ def ppo_policy_loss(
     return pg_loss, stats
 
 
+def preference_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+                    ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPO's loss on whole replies' summed log-probs (Rafailov et al. 2023, eq. 7), one entry per pair:
+    ``-log σ(β [(log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))])``. Returns (mean loss, the
+    margins β[...] detached): a margin above 0 means the policy prefers the chosen reply more than the reference."""
+    margins = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
+    return -torch.nn.functional.logsigmoid(margins).mean(), margins.detach()
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

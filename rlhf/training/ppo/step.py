@@ -14,6 +14,7 @@ import torch
 from rlhf.training.ppo.core import (compute_gae, entropy_from_logits, group_advantages, logprobs_from_logits,
                                    masked_mean, masked_whiten, ppo_policy_loss, token_rewards, value_loss)
 from rlhf.training.ppo.rollout import encode_prompts, generate, reply_relevance, score_tokens
+from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.shaping import RewardShaper
 from rlhf.voice import distinct_n
@@ -71,8 +72,9 @@ def _reduce(acc, values: Sequence[float]) -> list[float]:
 
 
 def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffer, shaper: RewardShaper, kl_ctl,
-             guard: Guard, cfg, acc) -> dict:
-    """One PPO iteration: rollout, score, KL, advantages (group or GAE), update; returns the step's metrics."""
+             guard: Guard, cfg, acc, votes: Optional[VoteTerm] = None) -> dict:
+    """One PPO iteration: rollout, score, KL, advantages (group or GAE), update, then (``votes``, with
+    ``ppo.vote_weight``) one step on DPO's loss over a batch of the decided votes; returns the step's metrics."""
     rank, world, dev = acc.process_index, acc.num_processes, acc.device
     t0 = time.perf_counter()
 
@@ -117,9 +119,11 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     # Update: several epochs over shuffled minibatches.
     batch = Batch(logprobs, values, advantages, returns, mask, kl_per_reply)
     stats = _update(step, model, optimizer, ro, batch, guard, cfg, acc)
+    voted = _vote_update(step, model, optimizer, votes, guard, cfg, acc) if votes is not None else {}
     t4 = time.perf_counter()
 
-    local = _local_metrics(scores_list, parts, mask, ro, kl_per_reply, stats, (t0, t1, t2, t3, t4), rel)
+    local = {**_local_metrics(scores_list, parts, mask, ro, kl_per_reply, stats, (t0, t1, t2, t3, t4), rel),
+             **voted}
     keys = list(local)
     metrics = dict(zip(keys, _reduce(acc, [local[k] for k in keys])))
     metrics["ppo/kl_coef"] = kl_ctl.value
@@ -194,6 +198,19 @@ def _apply(step: int, model, optimizer, loss, cfg, acc) -> Optional[str]:
         reason = f"non-finite gradient at step {step}"
     optimizer.zero_grad(set_to_none=True)
     return reason
+
+
+def _vote_update(step: int, model, optimizer, votes: VoteTerm, guard: Guard, cfg, acc) -> dict[str, float]:
+    """One optimizer step on ``ppo.vote_weight`` x DPO's loss over this step's votes (skipped, as a guard event,
+    when the loss or its gradient is not finite); the loss and margins as they were before the step."""
+    loss, margins = votes.loss(model, step, acc.process_index, acc.num_processes)
+    finite = _reduce(acc, [float(torch.isfinite(loss))])[0] == 1.0
+    reason = _apply(step, model, optimizer, cfg.vote_weight * loss, cfg, acc) if finite else \
+        f"non-finite vote loss at step {step}"
+    if reason is not None:
+        guard.event(reason)
+    return {"votes/loss": loss.item(), "votes/margin": margins.mean().item(),
+            "votes/accuracy": (margins > 0).float().mean().item()}
 
 
 def _update(step: int, model, optimizer, ro, b: Batch, guard: Guard, cfg, acc) -> dict[str, list[float]]:

@@ -32,6 +32,7 @@ from rlhf.config import AppConfig
 from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
+from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
 from rlhf.training.shaping import RewardShaper
@@ -201,8 +202,10 @@ def _start(config: AppConfig, base_source: str, reward_fn, eval_prompts, run_dir
 def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuffer | Sequence[list[dict]],
               eval_prompts: Sequence[list[dict]], run_dir: Path, init_adapter: Optional[str] = None,
               resume: Optional[Path] = None, on_step: Optional[Callable[[int, dict], None]] = None,
-              device: str = "cpu", base=None, evaluate_before: bool = True) -> Optional[PPOResult]:
+              device: str = "cpu", base=None, evaluate_before: bool = True,
+              pairs: Sequence[dict] = ()) -> Optional[PPOResult]:
     """Run PPO on a LoRA policy over ``base_source``; ``reward_fn(prompts, replies) -> scores`` (None = rules only).
+    ``pairs``: the decided votes (``{prompt: messages, chosen, rejected}``) that ``ppo.vote_weight`` learns from.
     ``base``: that causal LM when this process has it loaded already (the LoRA adapter goes on its weights).
     ``evaluate_before``: also evaluate the starting policy on ``eval_prompts`` (``reward_before``; NaN when off: the
     retrain's own evaluation measures the active version on the same prompts).
@@ -217,12 +220,18 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
                  base)
     acc, state = run.acc, run.state
     guard = Guard(cfg.max_guard_events, state["guard_events"])
+    votes = None
+    if cfg.vote_weight > 0 and pairs:
+        t = time.perf_counter()
+        votes = VoteTerm(run.tokenizer, pairs, cfg, acc.device)
+        votes.prepare(run.policy)  # the reference's log-probs of every pair, read once
+        state["phase_seconds"]["reference"] += time.perf_counter() - t
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
         for step in range(state["step"] + 1, cfg.steps + 1):
             metrics = ppo_step(step, run.model, run.policy, run.optimizer, run.tokenizer, buffer, run.shaper,
-                               run.kl_ctl, guard, cfg, acc)
+                               run.kl_ctl, guard, cfg, acc, votes)
             run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None

@@ -1,0 +1,98 @@
+"""ppo.vote_weight: DPO's loss on the decided votes inside PPO (``rlhf.training.ppo.votes``): the maths, the rows'
+log-probs against an unpadded forward, the order the pairs are read in, and a real run that learns the votes."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf.config import ConfigError, load_config
+from rlhf.training.ppo.core import preference_loss
+from rlhf.training.ppo.votes import VoteTerm
+
+PROMPTS = [[{"role": "user", "content": q}] for q in ("Name a colour.", "How do I boil an egg?",
+                                                      "What is the capital of France?")]
+PAIRS = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in zip(
+    PROMPTS, ("Blue, like the sky. Thank you for asking!", "Boil it for eight minutes, please.", "Paris."),
+    ("Blue.", "Put it in boiling water for eight minutes until it is done, then cool it.", "It is Paris, France."))]
+
+
+def config(tmp_path, model_dir, *overrides):
+    return load_config(env={}, overrides=[
+        "ppo.relevance_weight=0", "ppo.novelty_weight=0", "ppo.repetition_weight=0",
+        f"data_dir={tmp_path / 'data'}", f"base_model={model_dir}", "device=cpu", "ppo.batch_size=2",
+        "ppo.group_size=2", "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.eval_prompts=2",
+        "ppo.save_every=0", *overrides])
+
+
+def test_preference_loss_is_dpos():
+    zero = torch.zeros(2)
+    loss, margins = preference_loss(zero, zero, zero, zero, 0.1)
+    assert loss.item() == pytest.approx(math.log(2)) and margins.tolist() == [0.0, 0.0]
+    # The policy likes the chosen reply 3 nats more than the reference does, the rejected one 1 nat less.
+    loss, margins = preference_loss(torch.tensor([-7.0]), torch.tensor([-11.0]), torch.tensor([-10.0]),
+                                    torch.tensor([-10.0]), 0.5)
+    assert margins.item() == pytest.approx(0.5 * (3 - (-1)))
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-2.0))))
+    assert not margins.requires_grad
+
+
+def test_each_pass_reads_every_pair_once(tokenizer, tmp_path, tiny_model_dir):
+    cfg = config(tmp_path, tiny_model_dir, "ppo.vote_batch=2").ppo
+    pairs = [{**PAIRS[i % 3], "chosen": f"reply {i}"} for i in range(5)]
+    term = VoteTerm(tokenizer, pairs, cfg, "cpu")
+    places = [i for step in range(1, 6) for i in term.batch(step)]  # 10 places: two passes over 5 pairs
+    assert sorted(places[:5]) == sorted(places[5:]) == list(range(5))
+    # Two processes read different pairs at one step, and the same pairs at a rerun of it.
+    assert set(term.batch(1, 0, 2)).isdisjoint(term.batch(1, 1, 2))
+    assert term.batch(3, 1, 2) == term.batch(3, 1, 2)
+    with pytest.raises(ValueError, match="at least one decided pair"):
+        VoteTerm(tokenizer, [], cfg, "cpu")
+
+
+@pytest.mark.slow
+def test_rows_read_each_reply_as_an_unpadded_forward_does(tokenizer, tmp_path, tiny_model_dir):
+    from rlhf.training.ppo.rollout import build_policy
+
+    cfg = config(tmp_path, tiny_model_dir).ppo
+    policy = build_policy(str(tiny_model_dir), cfg, "cpu")
+    term = VoteTerm(tokenizer, PAIRS, cfg, "cpu")
+    term.prepare(policy)
+    for i, pair in enumerate(PAIRS):
+        for j, reply in enumerate((pair["chosen"], pair["rejected"])):
+            prompt = term.prompt_ids[i]
+            tokens = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            ids = torch.tensor([prompt + tokens])
+            with torch.no_grad(), policy.policy.disable_adapter():
+                logits = policy.policy(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+            expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None]).sum()
+            assert term.reference[i, j].item() == pytest.approx(expected.item(), abs=1e-3)
+
+
+@pytest.mark.slow
+def test_ppo_with_vote_weight_learns_the_votes(tmp_path, tiny_model_dir):
+    """A reward that pays nothing: whatever PPO learns comes from the votes, and the policy's margin for the chosen
+    replies, read before each step's vote update, grows from about 0 (the fresh adapter is the reference)."""
+    from rlhf.training.ppo.trainer import train_ppo
+
+    cfg = config(tmp_path, tiny_model_dir, "ppo.steps=6", "ppo.vote_weight=1", "ppo.vote_beta=0.1",
+                 "ppo.vote_batch=3", "ppo.learning_rate=3e-3")
+    result = train_ppo(cfg, str(tiny_model_dir), lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2],
+                       tmp_path / "run", pairs=PAIRS)
+    margins = [m["votes/margin"] for m in result.history]
+    assert abs(margins[0]) < 0.05, margins  # only step 1's PPO update (on rounding noise) came before it
+    assert margins[-1] > margins[0] + 0.1 and result.history[-1]["votes/accuracy"] == 1.0, margins
+    assert result.history[-1]["votes/loss"] < math.log(2)
+    # Off by default, and without pairs the term is not built: no vote metrics.
+    plain = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir),
+                      lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "plain", pairs=PAIRS)
+    assert not any(k.startswith("votes/") for k in plain.history[0])
+
+
+def test_bad_vote_settings_are_refused(tmp_path, tiny_model_dir):
+    for bad in ("ppo.vote_weight=-1", "ppo.vote_beta=0", "ppo.vote_batch=0"):
+        with pytest.raises(ConfigError, match="ppo.vote_weight must be >= 0"):
+            config(tmp_path, tiny_model_dir, bad)
+    with pytest.raises(ConfigError, match="ppo.vote_weight must be a finite number"):
+        config(tmp_path, tiny_model_dir, "ppo.vote_weight=nan")
