@@ -139,9 +139,9 @@ def train_policy(config: AppConfig, source: str, device: str, scorer, policy_pai
     from rlhf.training.policy import train_policy as train
 
     def progress(step: int, metrics: dict) -> None:  # one line per step on stderr, for whoever watches
-        shown = {k: round(v, 3) for k, v in metrics.items() if k in ("reward/mean", "ppo/kl", "ppo/entropy",
-                                                                     "loss/policy", "dpo/reward_accuracy",
-                                                                     "voice/distinct2", "voice/relevance")}
+        shown = {k: round(v, 3) for k, v in metrics.items() if k in (
+            "reward/mean", "ppo/kl", "ppo/entropy", "loss/policy", "dpo/reward_accuracy", "voice/distinct2",
+            "voice/relevance", "votes/margin")}
         print(f"[{config.retrain.method} step {step}] {shown}", file=sys.stderr, flush=True)
 
     return train(config, source, scorer, policy_pairs, prompts, [], run_dir, device=device, on_step=progress)
