@@ -31,6 +31,9 @@ class VoteTerm:
         self.tokenizer, self.cfg, self.device = tokenizer, cfg, device
         self.prompt_ids = [encode_prompt(tokenizer, list(p["prompt"]), cfg.max_prompt_tokens) for p in pairs]
         self.replies = [(p["chosen"], p["rejected"]) for p in pairs]
+        stop = tokenizer.eos_token_id  # each reply ends in the end-of-turn token, as generation ends it
+        self.tokens = [tuple((tokenizer(t, add_special_tokens=False)["input_ids"] + [stop])[:REPLY_TOKENS]
+                             for t in pair) for pair in self.replies]
         self.reference: torch.Tensor | None = None  # (pairs, 2): summed log-probs of chosen, rejected
 
     def __len__(self) -> int:
@@ -39,9 +42,9 @@ class VoteTerm:
     def rows(self, idx: Sequence[int]) -> Rollout:
         """The chosen replies of pairs ``idx`` after their prompts, then their rejected replies: prompts
         left-padded, replies right-padded, each reply ending in the end-of-turn token as generation ends it."""
-        stop, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        pad = self.tokenizer.pad_token_id
         texts = [self.replies[i][0] for i in idx] + [self.replies[i][1] for i in idx]
-        tokens = [(self.tokenizer(t, add_special_tokens=False)["input_ids"] + [stop])[:REPLY_TOKENS] for t in texts]
+        tokens = [self.tokens[i][0] for i in idx] + [self.tokens[i][1] for i in idx]
         width = max(len(t) for t in tokens)
         response = torch.tensor([t + [pad] * (width - len(t)) for t in tokens])
         mask = torch.tensor([[1.0] * len(t) + [0.0] * (width - len(t)) for t in tokens])
