@@ -118,10 +118,10 @@ class PPOConfig(Checked):
                                 "distinct-2 check sees).", "shaping")
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.",
                                  "shaping")
-    vote_weight: float = opt(0.0, "Weight of DPO's loss on the decided votes, one batch of them after each PPO update "
+    vote_weight: float = opt(1.0, "Weight of DPO's loss on the decided votes, one batch of them after each PPO update "
                              "(0 = off): pulls the policy toward the replies people chose where its own samples "
                              "seldom reach them (rlhf.training.ppo.votes).", "votes")
-    vote_beta: float = opt(0.1, "DPO's beta in ppo.vote_weight's loss (higher: the policy stays nearer the base).",
+    vote_beta: float = opt(0.5, "DPO's beta in ppo.vote_weight's loss (higher: the policy stays nearer the base).",
                            "votes")
     vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
     lora_r: int = opt(16, "LoRA rank of the policy adapter.", "adapter")

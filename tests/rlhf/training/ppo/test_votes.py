@@ -84,10 +84,13 @@ def test_ppo_with_vote_weight_learns_the_votes(tmp_path, tiny_model_dir):
     assert abs(margins[0]) < 0.05, margins  # only step 1's PPO update (on rounding noise) came before it
     assert margins[-1] > margins[0] + 0.1 and result.history[-1]["votes/accuracy"] == 1.0, margins
     assert result.history[-1]["votes/loss"] < math.log(2)
-    # Off by default, and without pairs the term is not built: no vote metrics.
-    plain = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir),
-                      lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "plain", pairs=PAIRS)
-    assert not any(k.startswith("votes/") for k in plain.history[0])
+    # On by default; ppo.vote_weight=0 turns it off, and without pairs the term is not built: no vote metrics.
+    assert config(tmp_path, tiny_model_dir).ppo.vote_weight > 0
+    off = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1", "ppo.vote_weight=0"), str(tiny_model_dir),
+                    lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "off", pairs=PAIRS)
+    none = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir),
+                     lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "none", pairs=())
+    assert not any(k.startswith("votes/") for run in (off, none) for k in run.history[0])
 
 
 def test_bad_vote_settings_are_refused(tmp_path, tiny_model_dir):
