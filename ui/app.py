@@ -143,6 +143,10 @@ def build_ui(services: Services) -> gr.Blocks:
                                    elem_id="annotator-name")
             remembered = gr.BrowserState("", storage_key="rlhf-studio-annotator", secret="rlhf-studio")
             restored = gr.Textbox(visible="hidden", elem_id="annotator-restored")  # the name remembered, on its way
+            # Saved in the browser itself, at the keystroke, and as the box's first listener (the page sends a change's
+            # listeners in order, each waiting on the queue): a reload right after typing, or a busy queue, must not
+            # bring back the name typed before it and store the next labels under someone else's.
+            annotator.change(None, [annotator], [remembered], js="(name) => name", api_name=False)
         with gr.Tab("Chat & Rate"):
             build_chat(services, annotator)
         with gr.Tab("Arena") as arena_tab:
@@ -164,5 +168,4 @@ def build_ui(services: Services) -> gr.Blocks:
             # the typed name would be replaced and the first ratings stored under someone else's.
             demo.load(lambda saved: saved or gr.skip(), [remembered], [restored], js=NOTE_TYPING, api_name=False)
             restored.change(None, [restored], [annotator], js=RESTORE_NAME, api_name=False)
-            annotator.change(lambda name: name, [annotator], [remembered], api_name=False)
     return demo

@@ -209,6 +209,24 @@ def test_labels_need_a_name_in_local_mode(studio, page_of):
     expect(page.get_by_placeholder(NAME_BOX)).to_have_value("nina", timeout=SLOW)  # the page loads its events first
 
 
+def test_a_name_changed_just_before_a_reload_is_the_one_remembered(studio, page_of):
+    """The name is saved in the browser at the keystroke, not after a round trip to a queue that may be busy: with
+    every queued request held, a changed name still survives a reload (the labels after it go under it)."""
+    from playwright.sync_api import expect
+
+    page = page_of(None)
+    saved = "() => localStorage.getItem('rlhf-studio-annotator')"  # encrypted, with a new IV each time it is saved
+    held = []
+    page.route("**/gradio_api/queue/join*", lambda route: held.append(route))  # the server hears nothing from here on
+    for name in ("rover", "walker2"):
+        before = page.evaluate(saved)
+        page.get_by_placeholder(NAME_BOX).fill(name)
+        wait_until(lambda: page.evaluate(saved) != before, SLOW / 1000, f"the browser to save {name!r} (no server)")
+    page.unroute_all(behavior="ignoreErrors")  # the held requests die with the page
+    page.reload()
+    expect(page.get_by_placeholder(NAME_BOX)).to_have_value("walker2", timeout=SLOW)
+
+
 def test_a_flag_ticked_in_the_panel_and_regenerate_act_on_the_panels_reply(studio, page_of):
     from playwright.sync_api import expect
 
