@@ -124,6 +124,9 @@ class PPOConfig(Checked):
     vote_beta: float = opt(0.5, "DPO's beta in ppo.vote_weight's loss (higher: the policy stays nearer the base).",
                            "votes")
     vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
+    vote_passes: int = opt(0, "Passes over the decided pairs that ppo.vote_weight's steps may make (0 = a step "
+                           "after every PPO update): on a small pool each further pass mostly widens margins "
+                           "already won while the KL keeps rising.", "votes")
     lora_r: int = opt(16, "LoRA rank of the policy adapter.", "adapter")
     lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.", "adapter")
     load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).", "adapter")
@@ -145,8 +148,9 @@ class PPOConfig(Checked):
             raise ConfigError("ppo.temperature must be > 0 (PPO needs sampled replies)")
         if self.ratio_limit <= 1 or self.max_guard_events < 1:
             raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
-        if self.vote_weight < 0 or self.vote_beta <= 0 or self.vote_batch < 1:
-            raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_beta > 0 and ppo.vote_batch >= 1")
+        if self.vote_weight < 0 or self.vote_beta <= 0 or self.vote_batch < 1 or self.vote_passes < 0:
+            raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_beta > 0, ppo.vote_batch >= 1 and "
+                              "ppo.vote_passes >= 0")
         if not 0 <= self.adversarial_ratio <= 1:
             raise ConfigError(f"ppo.adversarial_ratio must be in [0, 1], got {self.adversarial_ratio}")
         one_of("ppo.advantage", self.advantage, ("group", "gae"))

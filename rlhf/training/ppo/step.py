@@ -119,7 +119,8 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     # Update: several epochs over shuffled minibatches.
     batch = Batch(logprobs, values, advantages, returns, mask, kl_per_reply)
     stats = _update(step, model, optimizer, ro, batch, guard, cfg, acc)
-    voted = _vote_update(step, model, optimizer, votes, guard, cfg, acc) if votes is not None else {}
+    voted = _vote_update(step, model, optimizer, votes, guard, cfg, acc) \
+        if votes is not None and votes.active(step, acc.num_processes) else {}
     t4 = time.perf_counter()
 
     local = {**_local_metrics(scores_list, parts, mask, ro, kl_per_reply, stats, (t0, t1, t2, t3, t4), rel),

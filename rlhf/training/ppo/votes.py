@@ -82,6 +82,12 @@ class VoteTerm:
             out.append(int(order[place % n]))
         return out
 
+    def active(self, step: int, world: int = 1) -> bool:
+        """Whether step ``step`` takes a vote batch: always, or (``ppo.vote_passes``) until the steps before it
+        have read every pair that many times."""
+        done = (step - 1) * world * min(self.cfg.vote_batch, len(self))
+        return self.cfg.vote_passes == 0 or done < self.cfg.vote_passes * len(self)
+
     def loss(self, model, step: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(DPO loss, margins) of the policy (``model``, as the update calls it) on this step's pairs."""
         if self.reference is None:

@@ -47,6 +47,11 @@ def test_each_pass_reads_every_pair_once(tokenizer, tmp_path, tiny_model_dir):
     # Two processes read different pairs at one step, and the same pairs at a rerun of it.
     assert set(term.batch(1, 0, 2)).isdisjoint(term.batch(1, 1, 2))
     assert term.batch(3, 1, 2) == term.batch(3, 1, 2)
+    assert all(term.active(step) for step in range(1, 50))  # ppo.vote_passes 0: a vote step after every update
+    once = VoteTerm(tokenizer, pairs, config(tmp_path, tiny_model_dir, "ppo.vote_batch=2", "ppo.vote_passes=1").ppo,
+                    "cpu")
+    assert [once.active(step) for step in range(1, 6)] == [True, True, True, False, False]  # 6 places read >= 5
+    assert [once.active(step, world=2) for step in range(1, 4)] == [True, True, False]  # 4 places a step
     with pytest.raises(ValueError, match="at least one decided pair"):
         VoteTerm(tokenizer, [], cfg, "cpu")
 
@@ -91,10 +96,15 @@ def test_ppo_with_vote_weight_learns_the_votes(tmp_path, tiny_model_dir):
     none = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir),
                      lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "none", pairs=())
     assert not any(k.startswith("votes/") for run in (off, none) for k in run.history[0])
+    # ppo.vote_passes 1 with a batch of all three pairs: step 1 reads them, step 2 takes no vote step.
+    once = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=2", "ppo.vote_batch=3", "ppo.vote_passes=1"),
+                     str(tiny_model_dir), lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "once",
+                     pairs=PAIRS)
+    assert [any(k.startswith("votes/") for k in m) for m in once.history] == [True, False]
 
 
 def test_bad_vote_settings_are_refused(tmp_path, tiny_model_dir):
-    for bad in ("ppo.vote_weight=-1", "ppo.vote_beta=0", "ppo.vote_batch=0"):
+    for bad in ("ppo.vote_weight=-1", "ppo.vote_beta=0", "ppo.vote_batch=0", "ppo.vote_passes=-1"):
         with pytest.raises(ConfigError, match="ppo.vote_weight must be >= 0"):
             config(tmp_path, tiny_model_dir, bad)
     with pytest.raises(ConfigError, match="ppo.vote_weight must be a finite number"):
