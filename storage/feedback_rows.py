@@ -28,16 +28,9 @@ class FeedbackExportMixin:
         """(watermark, rows) read in one read transaction: the rows hold exactly the store at the watermark's
         moment, so no conversation, message, rating or comparison written after it is in them (a WAL reader
         sees one moment). What one retrain trains its reward model and its policy on."""
-        conn = self.db.conn
-        if conn.in_transaction:  # inside a caller's transaction: already one moment
-            watermark = self.feedback_watermark(agent)
-            return watermark, self.feedback_rows(agent, until=watermark)
-        conn.execute("BEGIN")
-        try:
+        with self.reading():
             watermark = self.feedback_watermark(agent)
             rows = self.feedback_rows(agent, until=watermark)
-        finally:
-            conn.execute("COMMIT")  # reads only: nothing to roll back
         return watermark, rows
 
     def count_feedback_since(self, agent: int | str, watermark: Optional[dict]) -> int:
@@ -91,8 +84,11 @@ class FeedbackExportMixin:
         A rating row's ``withdrawn`` lists the fields taken back since (``withdraw_rating``); ``fold_ratings`` honours
         it. ``until`` (a watermark) freezes the snapshot; a watermark from before withdrawals existed has none.
         """
-        agent_id = self.get_agent(agent).id
-        until = until or {"rating_id": 2**62, "comparison_id": 2**62, "withdrawal_id": 2**62}
+        with self.reading():  # one moment: a conversation written between two reads would miss its messages' rows
+            return self._feedback_rows(self.get_agent(agent).id,
+                                       until or {"rating_id": 2**62, "comparison_id": 2**62, "withdrawal_id": 2**62})
+
+    def _feedback_rows(self, agent_id: int, until: dict) -> dict:
         conversations = self._all("""SELECT c.id, c.system_prompt, c.source, c.created, a.name AS annotator
                                      FROM conversations c LEFT JOIN annotators a ON a.id = c.annotator_id
                                      WHERE c.agent_id = ? ORDER BY c.id""", [agent_id])

@@ -94,6 +94,21 @@ class Store(AgentsMixin, ConversationsMixin, RatingsMixin, ComparisonsMixin, Fee
             yield
 
     @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Several reads as one moment: a read transaction, in which a WAL reader sees the store as it was at its
+        first read, whatever other connections write meanwhile. Inside a caller's transaction, that one."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            yield
+            return
+        conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")  # reads only: nothing to roll back
+
+    @contextlib.contextmanager
     def _tx(self) -> Iterator[Database]:
         """A write transaction: BEGIN IMMEDIATE outside, a SAVEPOINT when nested (an inner failure rolls back
         only its own writes). Waiting for another writer is bounded by ``busy_timeout``; past it: StoreBusy."""

@@ -8,7 +8,7 @@ from gradio_client import Client
 
 from tests.support.gradio_page import event, page_call
 
-CHAT = ("Hello from the page", "assistant", "active", "dora", 8, 0.0, 1.0, "", 0, None, "", "")  # its inputs
+CHAT = ("Hello from the page", "assistant", "active", "dora", 8, 0.0, 1.0, "", 0, None, "", "", [])  # its inputs
 
 
 def test_the_ui_events_are_no_api_and_gradio_client_is_sent_to_rest(live_app, services):

@@ -142,14 +142,29 @@ def test_a_message_typed_or_sent_while_a_reply_streams_is_kept_and_sent(studio, 
 
 
 def test_the_trash_icon_starts_a_new_conversation(studio, page_of):
+    """Also when the trash's own event reaches the server after the next message is sent: held here for a while,
+    the message waits for it and goes to a new conversation (it once went to the conversation just left)."""
     from playwright.sync_api import expect
 
     _, store = studio
     page = page_of("tess")
     before = send_chat(page, "alpha")
+    held, holding = [], [True]
+    page.route("**/gradio_api/queue/join*", lambda route: held.append(route) if holding[0] else route.continue_())
     page.get_by_role("button", name="Clear", exact=True).click()
     expect(user_bubbles(page)).to_have_count(0)
-    after = send_chat(page, "beta")
+    page.wait_for_timeout(1000)
+    assert held  # the trash's event (and any other sent since the click) is held; what follows goes through
+    holding[0] = False
+    box = page.get_by_placeholder(MESSAGE_BOX)
+    box.fill("beta")
+    box.press("Enter")
+    page.wait_for_timeout(1500)
+    assert user_message(store, "beta") is None  # the message waits for the trash's event
+    for route in held:
+        route.continue_()
+    after = int(chat_status(page, r"Reply #(?!%d\b)(\d+) stored" % before).group(1))
+    panel_on(page, after)
     old, new = store.get_message(before), store.get_message(after)
     assert new.conversation_id != old.conversation_id
     assert [m.content for m in store.branch(after)][:1] == ["beta"]

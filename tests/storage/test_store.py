@@ -272,6 +272,30 @@ def test_feedback_rows_and_watermarks(store):
     assert frozen["comparisons"] == [] and len(frozen["ratings"]) == 1
 
 
+def test_feedback_rows_are_one_moment_while_another_connection_writes(store, monkeypatch):
+    """A conversation and its messages written between two of ``feedback_rows``' reads are in neither (the vote
+    queue's stats once answered 500: a message whose conversation the first read had not seen)."""
+    chat(store, "before")
+    writer = Store(store.path)
+    reads, read = [], store._all
+
+    def then_write(sql, params=()):
+        rows = read(sql, params)
+        if not reads:  # after the first read (the conversations), another connection adds a whole exchange
+            chat(writer, "during")
+        reads.append(sql)
+        return rows
+
+    monkeypatch.setattr(store, "_all", then_write)
+    rows = store.feedback_rows("assistant")
+    monkeypatch.undo()
+    writer.close()
+    assert len(reads) > 2
+    assert [m["content"] for m in rows["messages"]] == ["before", "reply to before"]
+    assert {m["conversation_id"] for m in rows["messages"]} <= {c["id"] for c in rows["conversations"]}
+    assert len(store.feedback_rows("assistant")["messages"]) == 4  # the next read sees it
+
+
 # ---- transactions: savepoints and one bounded wait ---------------------------------------------------
 def test_a_failed_nested_block_rolls_back_only_its_own_writes(store):
     conversation = store.create_conversation("assistant")

@@ -22,7 +22,8 @@ from ui.tabs import chat_view as cv
 from ui.tabs.chat_layout import IDLE, NOTE_GATE_JS, PAGE_JS, ChatParts, layout_chat
 from ui.tabs.chat_versions import (ACTIVE, follow_store, refresh_agents, refresh_versions, show_picker,
                                    version_choices)
-from ui.tabs.common import BLUR_ON_SEND, PAINT_SECONDS, check_message, guidelines_markdown, labeller
+from ui.tabs.common import (MOVED, MOVING, PAINT_SECONDS, SEND_AFTER_MOVES, check_message, guidelines_markdown,
+                            labeller)
 from ui.tabs.errors import error_status, error_text, handles_errors
 from ui.views.text import literal_html
 
@@ -120,14 +121,17 @@ def _policy_id(version) -> Optional[int]:
 
 def send_message(services: Services, text: str, state: dict, agent_name: str, policy_id, annotator: str,
                  max_new_tokens, temperature, top_p, seed, touched=0, form_for=None, panel_as=None, note=None,
-                 request: gr.Request = None):
+                 shown=None, request: gr.Request = None):
     """Record the user's message, stream the reply into the chat (the label panel moves to it as it starts),
-    record the reply."""
+    record the reply. ``shown`` is the chat as the page shows it: when the page shows none (its trash icon emptied
+    it) the message starts a new conversation, even if the trash's own event has not reached the state yet."""
     store = services.store
     state = {**empty_state(), **dict(state or {})}
     if state["busy"]:
         yield _status_only(BUSY)
         return
+    if shown is not None and not shown:
+        state = empty_state()
     try:
         name = labeller(services, request, annotator)
         check_message(services, text)
@@ -318,13 +322,14 @@ def _wire_replies(services: Services, p: ChatParts, annotator) -> None:
     # One event for Enter and Send; "always_last": a message sent while a reply streams goes out when it ends. The
     # box gives the focus back on send, so the keys 1-5 label the reply and do not type into the box.
     gr.on([p.text.submit, p.send.click], bind(send_message, services),
-          [p.text, p.state, p.agent, p.version, annotator] + p.gen + [p.touched, p.form_for, p.panel_as, p.note],
+          [p.text, p.state, p.agent, p.version, annotator] + p.gen + [p.touched, p.form_for, p.panel_as, p.note,
+                                                                    p.chatbot],
           p.out + p.panel_out, api_name="chat", trigger_mode="always_last", concurrency_limit=None,
-          concurrency_id="generate", js=BLUR_ON_SEND) \
+          concurrency_id="generate", js=SEND_AFTER_MOVES) \
         .then(follow, follow_in, p.panel_out + [p.chatbot], api_name=False, show_progress="hidden")
     p.regen.click(bind(regenerate_reply, services), [p.state, p.version, annotator] + p.gen +
                   [p.form_for, p.agent, p.touched, p.panel_as, p.note], p.out + p.panel_out, api_name="regenerate",
-                  concurrency_limit=None, concurrency_id="generate") \
+                  concurrency_limit=None, concurrency_id="generate", js=SEND_AFTER_MOVES) \
         .then(follow, follow_in, p.panel_out + [p.chatbot], api_name=False, show_progress="hidden")
 
 
@@ -365,8 +370,10 @@ def _wire_moves(services: Services, p: ChatParts, annotator) -> None:
     moved_in = [p.state, p.agent, annotator] + p.panel_in
     for button, step in ((p.prev_alt, -1), (p.next_alt, 1)):
         button.click(bind(show_alternative, services, step), moved_in, p.out + p.panel_out, api_name=False)
-    gr.on([p.new.click, p.chatbot.clear], bind(new_conversation, services), moved_in, p.out + p.panel_out,
-          api_name=False)
+    emptied = [p.new.click, p.chatbot.clear]  # the page's chat is empty at once; the state follows on the server
+    gr.on(emptied, None, None, None, js=MOVING, api_name=False)
+    gr.on(emptied, bind(new_conversation, services), moved_in, p.out + p.panel_out, api_name=False) \
+        .then(None, None, None, js=MOVED, api_name=False)
     p.conversations.input(bind(open_conversation, services), [p.conversations] + moved_in, p.out + p.panel_out,
                           api_name=False)
     listing = bind(refresh_list, services)

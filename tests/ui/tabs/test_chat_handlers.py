@@ -236,6 +236,25 @@ def test_new_conversation_is_refused_while_a_reply_streams(services):
     assert chat.BUSY in run(chat.regenerate_reply(services, {**out[1], "busy": True}, "active", "alice", *GEN))[3]
 
 
+def test_a_message_sent_on_an_emptied_chat_starts_a_new_conversation(services):
+    """The trash icon empties the page's chat at once; its event may reach the state after the next message. The
+    page's chat goes with the message: shown empty, the message starts a new conversation."""
+    store = services.store
+    first = send(services, "alpha")
+    shown = first[0].value if isinstance(first[0], gr.Chatbot) else first[0]
+    assert shown  # the chat as the page shows it after a reply
+
+    def send_on(page_chat, text):
+        return run(chat.send_message(services, text, first[1], "assistant", "active", "alice", *GEN, 0, None, "", "",
+                                     page_chat))
+
+    kept = send_on(shown, "beta")  # the page shows the conversation: it goes on
+    assert kept[1]["conversation_id"] == first[1]["conversation_id"]
+    fresh = send_on([], "gamma")  # the state still names the old conversation; the page shows none
+    assert fresh[1]["conversation_id"] != first[1]["conversation_id"]
+    assert [m.content for m in store.branch(fresh[1]["ids"][-1])][:1] == ["gamma"]
+
+
 def test_new_conversation_and_going_back_to_an_old_one(services):
     store = services.store
     out = send(services, "First conversation")

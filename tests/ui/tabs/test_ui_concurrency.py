@@ -21,7 +21,8 @@ def test_concurrent_ui_chats_reach_the_engine_together(live_app, services):
     before = server.engine_load().submitted
     gate = stall(server.engine)  # the engine holds between two steps, so no chat can finish
     try:
-        joins = [page.join("chat", f"Hello {i}", "assistant", "active", f"ann{i}", 8, 0.0, 1.0, "", 0, None, "", "")
+        joins = [page.join("chat", f"Hello {i}", "assistant", "active", f"ann{i}", 8, 0.0, 1.0, "", 0, None, "", "",
+                           [])
                  for i, page in enumerate(pages)]
         # With a concurrency limit of 1, the 2nd and 3rd chats would wait in Gradio's queue for the 1st.
         wait_until(lambda: server.engine_load().submitted - before == 3, "three chats in the engine at once")
