@@ -239,8 +239,11 @@ class QueueMixin:
     # ---- figures -----------------------------------------------------------------------------
     def queue_stats(self, agent: int | str, lease_seconds: float, exclude_annotators: Iterable[str] = ()) -> dict:
         """Counts of an agent's queue: items made, open (take a vote), fresh (open, never shown), scored (open,
-        with an uncertainty), expired, and votes per annotator name."""
-        agent_id = self.get_agent(agent).id
+        with an uncertainty), expired, and votes per annotator name; all read at one moment."""
+        with self.reading():
+            return self._queue_stats(self.get_agent(agent).id, lease_seconds, exclude_annotators)
+
+    def _queue_stats(self, agent_id: int, lease_seconds: float, exclude_annotators: Iterable[str]) -> dict:
         params = self._open_params(agent_id, lease_seconds, exclude_annotators)
         open_ = self._one(f"""SELECT COUNT(*) AS n, COUNT(i.uncertainty) AS scored,
                               SUM(NOT EXISTS (SELECT 1 FROM queue_assignments s WHERE s.item_id = i.id)) AS fresh
