@@ -153,9 +153,10 @@ def test_the_trash_icon_starts_a_new_conversation(studio, page_of):
     page.route("**/gradio_api/queue/join*", lambda route: held.append(route) if holding[0] else route.continue_())
     page.get_by_role("button", name="Clear", exact=True).click()
     expect(user_bubbles(page)).to_have_count(0)
-    page.wait_for_timeout(1000)
-    assert held  # the trash's event (and any other sent since the click) is held; what follows goes through
-    holding[0] = False
+    trash_event = '{"data":[null,"assistant","tess",'  # new_conversation's inputs: (state, agent, name, ...)
+    wait_until(lambda: page.wait_for_timeout(50) or any((r.request.post_data or "").startswith(trash_event)
+                                                         for r in held), SLOW / 1000, "the trash's event, held")
+    holding[0] = False  # the trash's event (and any other sent since the click) stays held; what follows goes through
     box = page.get_by_placeholder(MESSAGE_BOX)
     box.fill("beta")
     box.press("Enter")
