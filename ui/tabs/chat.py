@@ -370,7 +370,7 @@ def _wire_moves(services: Services, p: ChatParts, annotator) -> None:
     moved_in = [p.state, p.agent, annotator] + p.panel_in
     for button, step in ((p.prev_alt, -1), (p.next_alt, 1)):
         button.click(bind(show_alternative, services, step), moved_in, p.out + p.panel_out, api_name=False)
-    emptied = [p.new.click, p.chatbot.clear]  # the page's chat is empty at once; the state follows on the server
+    emptied = [p.new.click, p.chatbot.clear]  # a send waits until the state is reset too (common.MOVING)
     gr.on(emptied, None, None, None, js=MOVING, api_name=False)
     gr.on(emptied, bind(new_conversation, services), moved_in, p.out + p.panel_out, api_name=False) \
         .then(None, None, None, js=MOVED, api_name=False)
