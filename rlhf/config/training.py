@@ -124,9 +124,9 @@ class PPOConfig(Checked):
     vote_beta: float = opt(0.5, "DPO's beta in ppo.vote_weight's loss (higher: the policy stays nearer the base).",
                            "votes")
     vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
-    vote_passes: int = opt(0, "Passes over the decided pairs that ppo.vote_weight's steps may make (0 = a step "
+    vote_passes: int = opt(2, "Passes over the decided pairs that ppo.vote_weight's steps may make (0 = a step "
                            "after every PPO update): on a small pool each further pass mostly widens margins "
-                           "already won while the KL keeps rising.", "votes")
+                           "already won while the KL keeps rising (16 votes: 8 vote steps, not 16).", "votes")
     lora_r: int = opt(16, "LoRA rank of the policy adapter.", "adapter")
     lora_alpha: int = opt(32, "LoRA alpha of the policy adapter.", "adapter")
     load_in_4bit: bool = opt(False, "QLoRA: 4-bit NF4 base for the policy (CUDA only).", "adapter")

@@ -39,7 +39,7 @@ def test_preference_loss_is_dpos():
 
 
 def test_each_pass_reads_every_pair_once(tokenizer, tmp_path, tiny_model_dir):
-    cfg = config(tmp_path, tiny_model_dir, "ppo.vote_batch=2").ppo
+    cfg = config(tmp_path, tiny_model_dir, "ppo.vote_batch=2", "ppo.vote_passes=0").ppo
     pairs = [{**PAIRS[i % 3], "chosen": f"reply {i}"} for i in range(5)]
     term = VoteTerm(tokenizer, pairs, cfg, "cpu")
     places = [i for step in range(1, 6) for i in term.batch(step)]  # 10 places: two passes over 5 pairs
@@ -82,15 +82,17 @@ def test_ppo_with_vote_weight_learns_the_votes(tmp_path, tiny_model_dir):
     from rlhf.training.ppo.trainer import train_ppo
 
     cfg = config(tmp_path, tiny_model_dir, "ppo.steps=6", "ppo.vote_weight=1", "ppo.vote_beta=0.1",
-                 "ppo.vote_batch=3", "ppo.learning_rate=3e-3")
+                 "ppo.vote_batch=3", "ppo.learning_rate=3e-3", "ppo.vote_passes=0")
     result = train_ppo(cfg, str(tiny_model_dir), lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2],
                        tmp_path / "run", pairs=PAIRS)
     margins = [m["votes/margin"] for m in result.history]
     assert abs(margins[0]) < 0.05, margins  # only step 1's PPO update (on rounding noise) came before it
     assert margins[-1] > margins[0] + 0.1 and result.history[-1]["votes/accuracy"] == 1.0, margins
     assert result.history[-1]["votes/loss"] < math.log(2)
-    # On by default; ppo.vote_weight=0 turns it off, and without pairs the term is not built: no vote metrics.
-    assert config(tmp_path, tiny_model_dir).ppo.vote_weight > 0
+    # On by default, for two passes; ppo.vote_weight=0 turns it off, and without pairs the term is not built: no
+    # vote metrics.
+    default = config(tmp_path, tiny_model_dir).ppo
+    assert default.vote_weight > 0 and default.vote_passes == 2
     off = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1", "ppo.vote_weight=0"), str(tiny_model_dir),
                     lambda p, r: [0.0] * len(r), PROMPTS, PROMPTS[:2], tmp_path / "off", pairs=PAIRS)
     none = train_ppo(config(tmp_path, tiny_model_dir, "ppo.steps=1"), str(tiny_model_dir),
