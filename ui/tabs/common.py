@@ -20,8 +20,8 @@ NO_GUIDELINES = "*No guidelines for this agent yet. Admins write them in Data â†
 # (1-5 score in Chat, A/B/T/X vote in the Arena) work at once instead of typing into the box. Inputs pass through.
 BLUR_ON_SEND = "(...args) => { document.activeElement?.blur(); return args; }"
 
-# The trash icon and New conversation empty the page's chat at once, and their event then resets the tab's state
-# on the server. A message sent (or a Regenerate pressed) in between waits for that reset, for at most 10 s, so it
+# The trash icon empties the page's chat at once; its event (and New conversation's) then resets the tab's state on
+# the server. A message sent (or a Regenerate pressed) in between waits for that reset, for at most 10 s, so it
 # never goes to the conversation just left. MOVING runs in the browser at the click, MOVED after the reset.
 MOVING = "() => { window.__rlhfMoving = (window.__rlhfMoving || 0) + 1; }"
 MOVED = "() => { window.__rlhfMoving = Math.max(0, (window.__rlhfMoving || 0) - 1); }"
