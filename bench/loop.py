@@ -141,7 +141,7 @@ def train_policy(config: AppConfig, source: str, device: str, scorer, policy_pai
     def progress(step: int, metrics: dict) -> None:  # one line per step on stderr, for whoever watches
         shown = {k: round(v, 3) for k, v in metrics.items() if k in (
             "reward/mean", "ppo/kl", "ppo/entropy", "loss/policy", "dpo/reward_accuracy", "voice/distinct2",
-            "voice/relevance", "votes/margin")}
+            "voice/repetition", "voice/relevance", "votes/margin")}
         print(f"[{config.retrain.method} step {step}] {shown}", file=sys.stderr, flush=True)
 
     return train(config, source, scorer, policy_pairs, prompts, [], run_dir, device=device, on_step=progress)
@@ -191,6 +191,8 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
             "rm_cv_low": round(cv["cv_low"] or 0.0, 3), "rm_cv_high": round(cv["cv_high"] or 0.0, 3),
             **judged, "entropy_first": round(entropy[0], 3) if entropy else None,
             "entropy_last": round(entropy[-1], 3) if entropy else None,
+            "voice_trace": [[round(m["voice/distinct2"], 3), round(m["voice/repetition"], 3)] for m in history
+                            if "voice/repetition" in m],
             "reward_s": round(reward_s, 1), "train_s": round(train_s, 1), **memory.figures(),
             "method_metrics": get_method(config.retrain.method).result_metrics(result, len(policy_pairs)),
             "train_phases": {k: round(v, 1) for k, v in result.phase_seconds.items()},

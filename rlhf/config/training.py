@@ -96,6 +96,14 @@ class PPOConfig(Checked):
     kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.", "KL")
     kl_limit: float = opt(20.0, "Hard KL limit per reply; a minibatch above it is skipped.", "KL")
     approx_kl_stop: float = opt(0.5, "Stop the update epochs early when approx KL exceeds this.", "KL")
+    stop_repetition_rise: float = opt(0.015, "Voice watch: stop the run, keeping the last weights whose rollouts "
+                                      "kept the voice, once the rollouts' repeated 3-grams (mean over "
+                                      "ppo.stop_window steps) rise this much above the first step's (0 = off; "
+                                      "rlhf.training.ppo.voice_watch; bench loop, #40).", "guards")
+    stop_distinct_drop: float = opt(0.0, "Voice watch: the same stop when the rollouts' distinct-2 falls this much "
+                                    "below the first step's (0 = off: over 4 prompts a step it dips 0.05-0.07 in "
+                                    "runs that keep their voice).", "guards")
+    stop_window: int = opt(2, "Voice watch: steps averaged before comparing with the first step.", "guards")
     max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.", "guards")
     ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].", "guards")
     reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.", "shaping")
@@ -151,6 +159,9 @@ class PPOConfig(Checked):
         if self.vote_weight < 0 or self.vote_beta <= 0 or self.vote_batch < 1 or self.vote_passes < 0:
             raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_beta > 0, ppo.vote_batch >= 1 and "
                               "ppo.vote_passes >= 0")
+        if not (self.stop_repetition_rise >= 0 and self.stop_distinct_drop >= 0 and self.stop_window >= 1):
+            raise ConfigError("ppo.stop_repetition_rise and ppo.stop_distinct_drop must be >= 0 and "
+                              "ppo.stop_window >= 1")
         if not 0 <= self.adversarial_ratio <= 1:
             raise ConfigError(f"ppo.adversarial_ratio must be in [0, 1], got {self.adversarial_ratio}")
         one_of("ppo.advantage", self.advantage, ("group", "gae"))

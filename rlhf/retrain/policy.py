@@ -44,5 +44,10 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
     # a retrain's wall time)
     result = train_policy(cfg, base_source, scorer, pairs, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
                           resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
+    stop = method.result_metrics(result, len(pairs))
+    if "voice_watch/step" in stop:
+        ctx.log(f"voice watch: {stop['voice_watch/reason']} at step {stop['voice_watch/step']} of "
+                f"{stop['voice_watch/of']}; stopped, keeping the weights after step {stop['voice_watch/kept']}",
+                level="warning")
     return result, eval_prompts
 

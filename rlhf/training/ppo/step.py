@@ -17,7 +17,7 @@ from rlhf.training.ppo.rollout import encode_prompts, generate, reply_relevance,
 from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.shaping import RewardShaper
-from rlhf.voice import distinct_n
+from rlhf.voice import distinct_n, repetition
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def _local_metrics(scores_list: list[float], parts: dict, mask: torch.Tensor, ro
         "ppo/approx_kl": mean(stats["approx_kl"]), "ppo/clipfrac": mean(stats["clipfrac"]),
         "loss/policy": mean(stats["pg_loss"]), "loss/value": mean(stats["v_loss"]),
         "ppo/entropy": mean(stats["entropy"]), "ppo/response_length": float(ro.mask.sum(1).mean()),
-        "voice/distinct2": distinct_n(ro.replies),
+        "voice/distinct2": distinct_n(ro.replies), "voice/repetition": mean([repetition(r) for r in ro.replies]),
         "time/generate": t1 - t0, "time/reference": t2 - t1, "time/score": t3 - t2, "time/update": t4 - t3,
         **{f"reward/{name}": mean([v for v in vals if math.isfinite(v)]) for name, vals in parts.items()},
         **({"voice/relevance": mean(rel)} if rel is not None else {}),

@@ -32,6 +32,7 @@ from rlhf.config import AppConfig
 from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
+from rlhf.training.ppo.voice_watch import VoiceWatch
 from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
@@ -58,6 +59,7 @@ class PPOResult:
     eval_samples: list = field(default_factory=list)
     history: list = field(default_factory=list)
     guard_events: int = 0
+    voice_stop: Optional[dict] = None  # {step, kept, reason} when the voice watch stopped the run early
     policy: Any = field(default=None, repr=False, compare=False)  # the trained PolicyWithValue, in memory
 
     def summary(self) -> dict:
@@ -226,19 +228,26 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         votes = VoteTerm(run.tokenizer, pairs, cfg, acc.device)
         votes.prepare(run.policy)  # the reference's log-probs of every pair, read once
         state["phase_seconds"]["reference"] += time.perf_counter() - t
+    watch = VoiceWatch(cfg, run.policy, state["step"]) if VoiceWatch.wanted(cfg) else None
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
         for step in range(state["step"] + 1, cfg.steps + 1):
+            if state.get("voice_stop"):  # resumed after the watch had stopped the run
+                break
             metrics = ppo_step(step, run.model, run.policy, run.optimizer, run.tokenizer, buffer, run.shaper,
                                run.kl_ctl, guard, cfg, acc, votes)
+            reason = watch.check([*state["history"], metrics]) if watch is not None else None
+            if reason is not None:  # the policy is back on the weights kept; the checkpoint saves those
+                state["voice_stop"] = {"step": step, "kept": watch.vouched_step, "of": cfg.steps, "reason": reason}
             run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None
         if run.main:
             result = _finish(run.policy, run.run_dir, state, run.evaluate(), guard.events, run.elapsed(),
-                             {"step": cfg.steps, "base": base_source, "init_adapter": init_adapter,
-                              "processes": acc.num_processes, "device": str(acc.device)})
+                             {"step": len(state["history"]), "base": base_source, "init_adapter": init_adapter,
+                              "processes": acc.num_processes, "device": str(acc.device),
+                              "voice_stop": state.get("voice_stop")})
         acc.wait_for_everyone()
         return result
     except PPOFailed as exc:
@@ -260,4 +269,4 @@ def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, 
     (run_dir / "eval_samples.json").write_text(json.dumps(final["samples"], indent=1))
     return PPOResult(run_dir, info["step"], state["reward_before"], final["reward"], final["kl"], seconds,
                      dict(state["phase_seconds"]), final_dir / "adapter", run_dir / "best" / "adapter",
-                     final["samples"], state["history"], guard_events, policy)
+                     final["samples"], state["history"], guard_events, info.get("voice_stop"), policy)

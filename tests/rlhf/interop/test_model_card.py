@@ -384,3 +384,19 @@ def test_the_card_states_the_method_and_no_placeholder_interval(shipped, tmp_pat
     text = render_card(card_facts(store, v2))
     assert "then DPO on the preference pairs" in text and "PPO" not in text
     assert "0.00–1.00" not in text and "without a held-out judge (no interval measured)" in text
+
+
+def test_the_card_says_when_the_voice_watch_stopped_training(shipped, tmp_path):
+    from rlhf.retrain.model_card import card_facts, render_card
+
+    store, config = shipped["store"], shipped["config"]
+    agent = store.get_agent(shipped["v1"].agent_id)
+    stopped = {**METRICS, "voice_watch/step": 9, "voice_watch/kept": 7, "voice_watch/of": 16,
+               "voice_watch/reason": "repeated 3-grams up 0.017 (ppo.stop_repetition_rise=0.015)"}
+    v2 = publish_version(store, config, agent.name, make_adapter(shipped["local_base"], tmp_path / "v2", seed=7),
+                         parent_id=shipped["v1"].id, promote=False, job_id=None,
+                         data_snapshot=store.feedback_watermark(agent.id), run_config=config.to_dict(),
+                         metrics=stopped)
+    text = render_card(card_facts(store, v2))
+    assert "Training stopped at step 9 of 16" in text and "kept the weights after step 7" in text
+    assert "Training stopped" not in render_card(card_facts(store, shipped["v1"]))

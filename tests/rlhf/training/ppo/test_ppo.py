@@ -198,6 +198,57 @@ def test_resume_continues_exactly(tmp_path, tiny_model_dir):
     assert resumed.reward_after == pytest.approx(straight.reward_after)
 
 
+@pytest.fixture(scope="module")
+def few_words(tmp_path_factory, tokenizer):
+    """A tiny random Llama that writes only six words, so its replies share word pairs and repeat 3-grams (a
+    random model over the whole vocabulary never does, and the voice watch would have nothing to see)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    ids = [tokenizer(f" {w}", add_special_tokens=False)["input_ids"][0]
+           for w in ("cat", "dog", "tea", "rain", "sun", "sky")]
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.01)
+        model.lm_head.weight[ids] = torch.randn(len(ids), 64) * 2
+    target = tmp_path_factory.mktemp("few-words")
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def test_the_voice_watch_stops_a_drifting_run_on_the_weights_it_vouched_for(tmp_path, few_words):
+    """Thresholds so small that the first step whose rollouts repeat more or vary less than step 1's stops the run
+    (deterministic: fixed seeds, one thread). Up to the stop the run is the unwatched run on the same seeds, so the
+    weights it keeps are that run's checkpoint of the step it names."""
+    common = ("ppo.steps=4", "ppo.save_every=1", "ppo.max_new_tokens=12")
+    free = train_ppo(ppo_config(tmp_path, few_words, *common, "ppo.stop_repetition_rise=0"), str(few_words),
+                     reply_length, PROMPTS, PROMPTS[:2], tmp_path / "free")
+    assert free.voice_stop is None and len(free.history) == 4
+    config = ppo_config(tmp_path, few_words, *common, "ppo.stop_repetition_rise=1e-9",
+                        "ppo.stop_distinct_drop=1e-9", "ppo.stop_window=1")
+    watched = train_ppo(config, str(few_words), reply_length, PROMPTS, PROMPTS[:2], tmp_path / "watched")
+    stop = watched.voice_stop
+    assert stop is not None and 2 <= stop["step"] <= 4 and stop["kept"] == stop["step"] - 2
+    assert "ppo.stop_" in stop["reason"]
+    assert watched.steps == len(watched.history) == stop["step"]
+    assert [m["voice/distinct2"] for m in watched.history] == [m["voice/distinct2"] for m in free.history][:stop["step"]]
+    kept = adapter_tensors(tmp_path / "free" / "checkpoints" / f"step-{stop['kept']:06d}" / "adapter")
+    final = adapter_tensors(watched.final_dir)
+    assert kept.keys() == final.keys()
+    for key in kept:
+        assert_close(final[key], kept[key])
+    info = json.loads((watched.run_dir / "final" / "info.json").read_text())
+    assert info["voice_stop"] == stop and info["step"] == stop["step"] and stop["of"] == 4
+    from rlhf.training.methods import get_method
+    recorded = get_method("ppo").result_metrics(watched, 0)  # what the published version's metrics keep
+    assert [recorded[f"voice_watch/{k}"] for k in ("step", "kept", "of")] == [stop["step"], stop["kept"], 4]
+
+
 # ---------------------------------------------------------------- guards
 
 

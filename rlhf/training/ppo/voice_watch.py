@@ -1,0 +1,71 @@
+"""The voice watch: a PPO run stops once its own rollouts start to loop or lose their variety, and keeps the last
+weights whose rollouts still sounded like the policy it started from.
+
+A reward model fitted on a few votes can pay for a surface feature (numbers, list markers) that the policy learns
+to repeat; the guard then rejects the new version after the whole run was spent. The rollouts already show the drift
+while it happens: each step logs ``voice/repetition`` (the mean share of a reply's word 3-grams that repeat, the
+guard's measure) and ``voice/distinct2`` over the step's replies. The first step's rollouts come from the starting
+weights, so they are the reference. After each step the mean over the last ``ppo.stop_window`` steps is compared
+with it; a rise in repetition above ``ppo.stop_repetition_rise`` or a fall in distinct-2 below
+``ppo.stop_distinct_drop`` stops the run. Step k's rollouts were sampled from the weights after step k-1, so each
+check that passes vouches for those weights; on a stop the policy goes back to the last weights vouched for.
+
+The decision reads the step metrics, which are a mean over processes, so every process of a multi-process run stops
+at the same step with the same weights.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Optional, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class VoiceWatch:
+    """Watches the rollouts' voice step by step; ``check`` restores the last vouched-for weights and says why when
+    the voice has drifted."""
+
+    def __init__(self, cfg, policy, step: int = 0):
+        self.rise, self.drop, self.window = cfg.stop_repetition_rise, cfg.stop_distinct_drop, cfg.stop_window
+        self.policy = policy
+        # The weights the next step's rollouts come from, and the last ones whose rollouts kept the voice (until a
+        # check passes: the starting ones, also on a resumed run), each with the step after which they were taken.
+        self.pending, self.pending_step = self._copy(), step
+        self.vouched, self.vouched_step = self.pending, step
+
+    @staticmethod
+    def wanted(cfg) -> bool:
+        return cfg.stop_repetition_rise > 0 or cfg.stop_distinct_drop > 0
+
+    def _copy(self) -> dict:
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.policy.named_parameters() if p.requires_grad}
+
+    def drift(self, history: Sequence[dict]) -> Optional[str]:
+        """Why the last ``window`` steps' rollouts no longer sound like the first step's (None while they do)."""
+        first, recent = history[0], history[-self.window:]
+        rise = statistics.mean(m["voice/repetition"] for m in recent) - first["voice/repetition"]
+        drop = first["voice/distinct2"] - statistics.mean(m["voice/distinct2"] for m in recent)
+        if self.rise > 0 and rise > self.rise:
+            return f"repeated 3-grams up {rise:.3f} (ppo.stop_repetition_rise={self.rise})"
+        if self.drop > 0 and drop > self.drop:
+            return f"distinct-2 down {drop:.3f} (ppo.stop_distinct_drop={self.drop})"
+        return None
+
+    def check(self, history: Sequence[dict]) -> Optional[str]:
+        """After a step (``history`` ends with it): None while the voice holds; otherwise the reason, with the
+        policy's trainable weights put back to the last ones vouched for."""
+        reason = self.drift(history)
+        if reason is None:
+            self.vouched, self.vouched_step = self.pending, self.pending_step
+            self.pending, self.pending_step = self._copy(), len(history)
+            return None
+        with torch.no_grad():
+            for name, p in self.policy.named_parameters():
+                if name in self.vouched:
+                    p.copy_(self.vouched[name].to(p.device))
+        log.warning("PPO voice watch: %s at step %d; keeping the weights after step %d", reason, len(history),
+                    self.vouched_step)
+        return reason
