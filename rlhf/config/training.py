@@ -96,10 +96,11 @@ class PPOConfig(Checked):
     kl_horizon: int = opt(10000, "Horizon of the adaptive KL controller.", "KL")
     kl_limit: float = opt(20.0, "Hard KL limit per reply; a minibatch above it is skipped.", "KL")
     approx_kl_stop: float = opt(0.5, "Stop the update epochs early when approx KL exceeds this.", "KL")
-    stop_repetition_rise: float = opt(0.015, "Voice watch: stop the run, keeping the last weights whose rollouts "
+    stop_repetition_rise: float = opt(0.0, "Voice watch: stop the run, keeping the last weights whose rollouts "
                                       "kept the voice, once the rollouts' repeated 3-grams (mean over "
                                       "ppo.stop_window steps) rise this much above the first step's (0 = off; "
-                                      "rlhf.training.ppo.voice_watch; bench loop, #40).", "guards")
+                                      "0.015 kept concrete's voice at 16 votes but also stopped a run that kept "
+                                      "it: rlhf.training.ppo.voice_watch, BENCHMARKS.md).", "guards")
     stop_distinct_drop: float = opt(0.0, "Voice watch: the same stop when the rollouts' distinct-2 falls this much "
                                     "below the first step's (0 = off: over 4 prompts a step it dips 0.05-0.07 in "
                                     "runs that keep their voice).", "guards")

@@ -37,10 +37,10 @@ def test_drift_compares_the_recent_window_with_the_first_step():
     assert watch.drift([first, step(0.0, 0.90), step(0.0, 0.95)]) is None  # more variety is not a drift
 
 
-def test_on_by_default_for_repetition_only():
+def test_off_by_default():
     defaults = cfg()
-    assert defaults.stop_repetition_rise == 0.015 and defaults.stop_distinct_drop == 0 and defaults.stop_window == 2
-    assert VoiceWatch.wanted(defaults)
+    assert defaults.stop_repetition_rise == 0 and defaults.stop_distinct_drop == 0 and defaults.stop_window == 2
+    assert not VoiceWatch.wanted(defaults)
 
 
 def test_a_zero_threshold_is_off():
