@@ -56,26 +56,33 @@ def adapter_tensors(adapter_dir):
 # ---------------------------------------------------------------- learning
 
 
+def untied_llama(tokenizer):
+    """A tiny random Llama (seed 0) with its own output layer, for a test to plant something in."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+
+
+def saved(model, tokenizer, target):
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory, tokenizer):
     """A tiny random Llama whose output layer has a planted direction u: the tokens whose output rows point
     along u form half the vocabulary, and a LoRA policy can favour them all by steering its hidden state."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
-    model = LlamaForCausalLM(cfg)
+    model = untied_llama(tokenizer)
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 0.5)
         u = torch.randn(64)
         favoured = set(torch.nonzero(model.lm_head.weight @ u > 0).flatten().tolist())
-    target = tmp_path_factory.mktemp("planted")
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target, favoured
+    return saved(model, tokenizer, tmp_path_factory.mktemp("planted")), favoured
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -202,23 +209,13 @@ def test_resume_continues_exactly(tmp_path, tiny_model_dir):
 def few_words(tmp_path_factory, tokenizer):
     """A tiny random Llama that writes only six words, so its replies share word pairs and repeat 3-grams (a
     random model over the whole vocabulary never does, and the voice watch would have nothing to see)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
-    model = LlamaForCausalLM(cfg)
+    model = untied_llama(tokenizer)
     ids = [tokenizer(f" {w}", add_special_tokens=False)["input_ids"][0]
            for w in ("cat", "dog", "tea", "rain", "sun", "sky")]
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 0.01)
         model.lm_head.weight[ids] = torch.randn(len(ids), 64) * 2
-    target = tmp_path_factory.mktemp("few-words")
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target
+    return saved(model, tokenizer, tmp_path_factory.mktemp("few-words"))
 
 
 def test_the_voice_watch_stops_a_drifting_run_on_the_weights_it_vouched_for(tmp_path, few_words):
