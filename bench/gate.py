@@ -34,10 +34,12 @@ import numpy as np
 
 from bench.report import report
 from rlhf.config import AppConfig, ConfigError
+from rlhf.training.judge import pairs_for_a_judge
 
 BON_KL = float(np.log(4) - 3 / 4)  # KL of best-of-4 to its base policy (Stiennon et al. 2020, bound)
 NULL_TRIALS, REAL_SEEDS = 300, 10
 QUICK_NULL, QUICK_SEEDS = 12, 1
+VOTES = 128  # pool votes per trial: a judge is set aside from 94 decided pairs (gate.min_judge_pairs 32)
 
 
 @dataclass
@@ -160,7 +162,7 @@ def table(rows: list[dict]) -> list[dict]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """This benchmark's flags (`rlhf-studio bench gate ...`)."""
     p.add_argument("--quick", action="store_true", help="smaller run (smoke test of the benchmark itself)")
-    p.add_argument("--votes", type=int, help="pool votes per trial (default 64)")
+    p.add_argument("--votes", type=int, help=f"pool votes per trial (default {VOTES})")
     p.add_argument("--trials", type=int, help="null trials (default 300)")
 
 
@@ -175,10 +177,12 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     from rlhf.training.features import ReplyFeatures
 
     quick = bool(getattr(args, "quick", False))
-    votes = getattr(args, "votes", None) or 64
-    if votes < 2 * config.gate.min_judge_pairs:
-        raise ConfigError(f"--votes must be at least {2 * config.gate.min_judge_pairs} (twice gate.min_judge_pairs: "
-                          f"the judge and PPO's reward model each need that many), got {votes}")
+    votes = getattr(args, "votes", None) or VOTES
+    fewest = pairs_for_a_judge(config.gate.judge_share, config.gate.min_judge_pairs)
+    if fewest is None or votes < fewest:
+        raise ConfigError(f"--votes must be at least {fewest} to set a judge aside (gate.min_judge_pairs "
+                          f"{config.gate.min_judge_pairs} at gate.judge_share {config.gate.judge_share}), got {votes}"
+                          if fewest else "bench gate measures the held-out judge: gate.judge_share must be above 0")
     n_null, seeds = (QUICK_NULL, QUICK_SEEDS) if quick else (NULL_TRIALS, REAL_SEEDS)
     n_null = getattr(args, "trials", None) or n_null
     t0 = time.perf_counter()

@@ -50,8 +50,9 @@ class GateConfig(Checked):
     """How a retrained version gets promoted: held-out judge, reward-hacking guard, and people's votes."""
     judge_share: float = opt(0.33, "Share of preference pairs (whole conversations) kept out of PPO's reward model "
                              "to fit the gate's judge, which PPO never optimised (0 = no judge: people decide).")
-    min_judge_pairs: int = opt(8, "Fewest pairs in the judge's share and in PPO's share; fewer: no judge, people "
-                               "decide.")
+    min_judge_pairs: int = opt(32, "Fewest pairs in the judge's share and in PPO's share; fewer: no judge, every "
+                               "pair trains and people decide (32 at share 0.33: a judge from 94 decided pairs; "
+                               "a judge of fewer costs the policy a third of its votes, #40).")
     guard: bool = opt(True, "Check candidate vs active replies for reward hacking before any promotion.")
     max_length_ratio: float = opt(2.0, "Guard: trips when the candidate's mean reply length (words) is over this "
                                   "many times the active one's.")

@@ -46,6 +46,17 @@ def judge_split(groups: Sequence[str], share: float, min_pairs: int, seed: int =
     return np.setdiff1d(everything, judge), judge
 
 
+def pairs_for_a_judge(share: float, min_pairs: int) -> Optional[int]:
+    """The fewest pairs, one per conversation, from which ``judge_split`` sets a judge's share aside (None when
+    ``share`` is 0: never)."""
+    if share <= 0:
+        return None
+    n = 2 * min_pairs
+    while len(judge_split([str(i) for i in range(n)], share, min_pairs)[1]) == 0:
+        n += 1
+    return n
+
+
 def fit_judge(x_chosen: np.ndarray, x_rejected: np.ndarray, judge_rows: np.ndarray, test_rows: np.ndarray,
               c: float, members: int, seed: int = 0,
               weights: Optional[np.ndarray] = None) -> tuple[Optional[reward_head.LinearHead], dict]:

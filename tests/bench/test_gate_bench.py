@@ -7,12 +7,14 @@ import json
 import pytest
 
 from bench import decide, gate
+from rlhf.config import apply_overrides
 
 pytestmark = pytest.mark.slow  # features of the whole pool (tiny model: seconds)
 
 
 def test_quick_gate_bench_reports_the_contract(app_config, tmp_path, capsys):
-    figures = gate.run(app_config, argparse.Namespace(quick=True, votes=32, trials=4), path=tmp_path / "B.md")
+    config = apply_overrides(app_config, {"gate.min_judge_pairs": 8})  # a judge from 22 pairs: a quick run
+    figures = gate.run(config, argparse.Namespace(quick=True, votes=32, trials=4), path=tmp_path / "B.md")
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == figures
     assert {"null_trials", "null_promoted", "real_trials", "real_promoted", "real_rejected", "seconds"} <= set(figures)
     assert figures["null_trials"] == 4 and figures["real_trials"] == 6  # one seed per planted preference
@@ -20,8 +22,13 @@ def test_quick_gate_bench_reports_the_contract(app_config, tmp_path, capsys):
     assert 0 <= figures["null_promoted_low"] <= figures["null_promoted_rate"] <= figures["null_promoted_high"] <= 1
     text = (tmp_path / "B.md").read_text()
     assert "## gate" in text and "| null | coin flips | 4 |" in text
-    with pytest.raises(ValueError, match="--votes must be at least 16"):
-        gate.run(app_config, argparse.Namespace(quick=True, votes=8, trials=1), path=tmp_path / "B.md")
+    with pytest.raises(ValueError, match="--votes must be at least 22"):
+        gate.run(config, argparse.Namespace(quick=True, votes=21, trials=1), path=tmp_path / "B.md")
+    with pytest.raises(ValueError, match="--votes must be at least 94"):  # the default: a judge from 94 pairs
+        gate.run(app_config, argparse.Namespace(quick=True, votes=64, trials=1), path=tmp_path / "B.md")
+    with pytest.raises(ValueError, match="judge_share must be above 0"):
+        gate.run(apply_overrides(app_config, {"gate.judge_share": 0}), argparse.Namespace(quick=True, votes=128,
+                                                                                            trials=1))
 
 
 def test_summary_counts_by_hand():

@@ -25,6 +25,18 @@ def test_judge_split_keeps_whole_groups_and_its_share():
     assert len(judge_split(groups, 0.0, 8)[1]) == 0
 
 
+def test_by_default_every_vote_trains_until_a_judge_can_be_set_aside_from_94_pairs():
+    from rlhf.config import load_config
+    from rlhf.training.judge import pairs_for_a_judge
+
+    gate = load_config(env={}).gate
+    assert pairs_for_a_judge(gate.judge_share, gate.min_judge_pairs) == 94
+    for n, judged in ((64, 0), (93, 0), (94, 32)):  # 64 votes: all train, people decide (#40's table)
+        mine, theirs = judge_split([str(i) for i in range(n)], gate.judge_share, gate.min_judge_pairs)
+        assert (len(mine), len(theirs)) == (n - judged, judged)
+    assert pairs_for_a_judge(0.33, 8) == 22 and pairs_for_a_judge(0.0, 8) is None
+
+
 def synthetic(n, d=12, seed=0, signal=True):
     """Feature pairs; with ``signal`` the first feature decides the preference, else labels are coin flips."""
     rng = np.random.default_rng(seed)

@@ -337,7 +337,8 @@ def test_the_gates_judge_is_fitted_on_pairs_the_reward_model_never_sees(tmp_path
     from rlhf.training.reward import load_judge, load_reward_model
 
     config = load_config(env={}, overrides=[f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}",
-                                            "device=cpu", "reward.cv_folds=3"])  # the default: head + judge
+                                            "device=cpu", "reward.cv_folds=3",
+                                            "gate.min_judge_pairs=8"])  # head + judge (the default's from 94 pairs)
     store = Store(config.db_path)
     store.ensure_default_agent(str(tiny_model_dir))
     plant(store, 40)

@@ -182,7 +182,7 @@ def test_method_choice():
 @pytest.mark.slow
 def test_a_tiny_model_learns_a_planted_marker_word_preference(tmp_path, tiny_model_dir):
     config = load_config(env={}, overrides=[f"data_dir={tmp_path / 'data'}", f"base_model={tiny_model_dir}",
-                                            "device=cpu"])
+                                            "device=cpu", "gate.min_judge_pairs=8"])  # a judge from 22 pairs
     store = Store(config.db_path)
     store.ensure_default_agent(str(tiny_model_dir))
     plant(store, 40, seed=0)  # the reply ending in "thanks" always wins
