@@ -179,10 +179,11 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     quick = bool(getattr(args, "quick", False))
     votes = getattr(args, "votes", None) or VOTES
     fewest = pairs_for_a_judge(config.gate.judge_share, config.gate.min_judge_pairs)
-    if fewest is None or votes < fewest:
+    if fewest is None:
+        raise ConfigError("bench gate measures the held-out judge: gate.judge_share must be above 0")
+    if votes < fewest:
         raise ConfigError(f"--votes must be at least {fewest} to set a judge aside (gate.min_judge_pairs "
-                          f"{config.gate.min_judge_pairs} at gate.judge_share {config.gate.judge_share}), got {votes}"
-                          if fewest else "bench gate measures the held-out judge: gate.judge_share must be above 0")
+                          f"{config.gate.min_judge_pairs} at gate.judge_share {config.gate.judge_share}), got {votes}")
     n_null, seeds = (QUICK_NULL, QUICK_SEEDS) if quick else (NULL_TRIALS, REAL_SEEDS)
     n_null = getattr(args, "trials", None) or n_null
     t0 = time.perf_counter()
