@@ -132,6 +132,9 @@ class PPOConfig(Checked):
                              "seldom reach them (rlhf.training.ppo.votes).", "votes")
     vote_beta: float = opt(0.5, "DPO's beta in ppo.vote_weight's loss (higher: the policy stays nearer the base).",
                            "votes")
+    vote_nll_weight: float = opt(0.0, "Weight, inside ppo.vote_weight's loss, of the chosen replies' negative "
+                                 "log-likelihood per token (RPO's term, Pang et al. 2024; 0 = DPO's loss alone): "
+                                 "holds the policy near replies people chose as written.", "votes")
     vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
     vote_passes: int = opt(2, "Passes over the decided pairs that ppo.vote_weight's steps may make (0 = a step "
                            "after every PPO update): on a small pool each further pass mostly widens margins "
@@ -157,9 +160,10 @@ class PPOConfig(Checked):
             raise ConfigError("ppo.temperature must be > 0 (PPO needs sampled replies)")
         if self.ratio_limit <= 1 or self.max_guard_events < 1:
             raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
-        if self.vote_weight < 0 or self.vote_beta <= 0 or self.vote_batch < 1 or self.vote_passes < 0:
-            raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_beta > 0, ppo.vote_batch >= 1 and "
-                              "ppo.vote_passes >= 0")
+        if min(self.vote_weight, self.vote_nll_weight, self.vote_passes) < 0 or self.vote_beta <= 0 \
+                or self.vote_batch < 1:
+            raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_nll_weight >= 0, ppo.vote_beta > 0, "
+                              "ppo.vote_batch >= 1 and ppo.vote_passes >= 0")
         if not (self.stop_repetition_rise >= 0 and self.stop_distinct_drop >= 0 and self.stop_window >= 1):
             raise ConfigError("ppo.stop_repetition_rise and ppo.stop_distinct_drop must be >= 0 and "
                               "ppo.stop_window >= 1")

@@ -89,10 +89,20 @@ class VoteTerm:
         return self.cfg.vote_passes == 0 or done < self.cfg.vote_passes * len(self)
 
     def loss(self, model, step: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """(DPO loss, margins) of the policy (``model``, as the update calls it) on this step's pairs."""
+        """(loss, margins) of the policy (``model``, as the update calls it) on this step's pairs: DPO's loss,
+        plus ``ppo.vote_nll_weight`` x the chosen replies' mean negative log-likelihood per token."""
         if self.reference is None:
             raise RuntimeError("VoteTerm.prepare must read the reference before the first loss")
         idx = self.batch(step, rank, world)
-        lp = self._logprobs(model, self.rows(idx))
+        rows = self.rows(idx)
+        lp = self._logprobs(model, rows)
         ref = self.reference[idx].to(lp.device)
-        return preference_loss(lp[:len(idx)], lp[len(idx):], ref[:, 0], ref[:, 1], self.cfg.vote_beta)
+        loss, margins = preference_loss(lp[:len(idx)], lp[len(idx):], ref[:, 0], ref[:, 1], self.cfg.vote_beta)
+        if self.cfg.vote_nll_weight > 0:
+            loss = loss + self.cfg.vote_nll_weight * chosen_nll(lp[:len(idx)], rows.mask[:len(idx)])
+        return loss, margins
+
+
+def chosen_nll(summed_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """RPO's likelihood term: the mean over replies of minus each reply's log-prob per token."""
+    return -(summed_logprobs / mask.sum(1).clamp(min=1)).mean()

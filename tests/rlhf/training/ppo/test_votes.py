@@ -9,7 +9,7 @@ import torch
 
 from rlhf.config import ConfigError, load_config
 from rlhf.training.ppo.core import preference_loss
-from rlhf.training.ppo.votes import VoteTerm
+from rlhf.training.ppo.votes import VoteTerm, chosen_nll
 
 PROMPTS = [[{"role": "user", "content": q}] for q in ("Name a colour.", "How do I boil an egg?",
                                                       "What is the capital of France?")]
@@ -36,6 +36,32 @@ def test_preference_loss_is_dpos():
     assert margins.item() == pytest.approx(0.5 * (3 - (-1)))
     assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-2.0))))
     assert not margins.requires_grad
+
+
+def test_chosen_nll_is_minus_the_log_prob_per_token():
+    # Two chosen replies: -6 nats over 3 tokens and -2 over 4 (the padding after them is not read).
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    assert chosen_nll(torch.tensor([-6.0, -2.0]), mask).item() == pytest.approx((2.0 + 0.5) / 2)
+
+
+@pytest.mark.slow
+def test_vote_nll_weight_adds_the_chosen_replies_likelihood(tokenizer, tmp_path, tiny_model_dir):
+    """With the adapter fresh the policy is the reference: DPO's loss is log 2, and ppo.vote_nll_weight adds that
+    weight times the chosen replies' NLL per token, read by an unpadded forward."""
+    from rlhf.training.ppo.rollout import build_policy
+
+    cfg = config(tmp_path, tiny_model_dir, "ppo.vote_batch=3", "ppo.vote_nll_weight=0.5").ppo
+    policy = build_policy(str(tiny_model_dir), cfg, "cpu")
+    term = VoteTerm(tokenizer, PAIRS, cfg, "cpu")
+    term.prepare(policy)
+    nll = []
+    for i, pair in enumerate(PAIRS):
+        tokens = tokenizer(pair["chosen"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        nll.append(-term.reference[i, 0].item() / len(tokens))
+    with torch.no_grad():
+        loss, margins = term.loss(policy, 1)
+    assert margins.abs().max().item() < 1e-3
+    assert loss.item() == pytest.approx(math.log(2) + 0.5 * sum(nll) / 3, abs=1e-3)
 
 
 def test_each_pass_reads_every_pair_once(tokenizer, tmp_path, tiny_model_dir):
@@ -106,7 +132,8 @@ def test_ppo_with_vote_weight_learns_the_votes(tmp_path, tiny_model_dir):
 
 
 def test_bad_vote_settings_are_refused(tmp_path, tiny_model_dir):
-    for bad in ("ppo.vote_weight=-1", "ppo.vote_beta=0", "ppo.vote_batch=0", "ppo.vote_passes=-1"):
+    for bad in ("ppo.vote_weight=-1", "ppo.vote_beta=0", "ppo.vote_batch=0", "ppo.vote_passes=-1",
+                "ppo.vote_nll_weight=-0.5"):
         with pytest.raises(ConfigError, match="ppo.vote_weight must be >= 0"):
             config(tmp_path, tiny_model_dir, bad)
     with pytest.raises(ConfigError, match="ppo.vote_weight must be a finite number"):
