@@ -95,11 +95,11 @@ class VoteTerm:
             raise RuntimeError("VoteTerm.prepare must read the reference before the first loss")
         idx = self.batch(step, rank, world)
         rows = self.rows(idx)
-        lp = self._logprobs(model, rows)
+        lp, n = self._logprobs(model, rows), len(idx)  # the first n rows are the chosen replies
         ref = self.reference[idx].to(lp.device)
-        loss, margins = preference_loss(lp[:len(idx)], lp[len(idx):], ref[:, 0], ref[:, 1], self.cfg.vote_beta)
+        loss, margins = preference_loss(lp[:n], lp[n:], ref[:, 0], ref[:, 1], self.cfg.vote_beta)
         if self.cfg.vote_nll_weight > 0:
-            loss = loss + self.cfg.vote_nll_weight * chosen_nll(lp[:len(idx)], rows.mask[:len(idx)])
+            loss = loss + self.cfg.vote_nll_weight * chosen_nll(lp[:n], rows.mask[:n])
         return loss, margins
 
 
