@@ -101,6 +101,20 @@ def per_oracle(summary: list[dict]) -> str:
     return "Per preference: win rate vs base (distinct-2 change vs base).\n\n" + "\n".join(lines) + "\n"
 
 
+def relabel(rows: list[dict], label: str) -> list[dict]:
+    """Every row as one method named ``label``, for rows that are one retrain spelled by different overrides (a
+    default measured before and after a setting that does not touch those cells). Two rows of one cell refuse."""
+    cells: dict[tuple, int] = {}
+    for r in rows:
+        key = (r["oracle"], r["seed"], r["votes_asked"])
+        cells[key] = cells.get(key, 0) + 1
+    twice = sorted(str(k) for k, n in cells.items() if n > 1)
+    if twice:
+        raise ValueError(f"--label merges one row per (oracle, seed, votes); these cells have two or more: "
+                         f"{', '.join(twice)}")
+    return [{**r, "method": label, "variant": ""} for r in rows]
+
+
 def plot(rows: list[dict], path: Path) -> Path:
     """Win rate against distinct-2, a line per preference (and method variant) through its vote counts."""
     from bench.plot import tradeoff_svg
@@ -125,9 +139,15 @@ def main(argv=None) -> int:
     table.add_argument("files", nargs="+", type=Path)
     table.add_argument("--plot", metavar="SVG", type=Path,
                        help="also draw win rate vs distinct-2 per preference, one point per vote count")
+    table.add_argument("--label", help="show every row as this one method (one row per oracle, seed and votes)")
     args = p.parse_args(argv)
     if args.cmd == "table":
         rows = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
+        if args.label:
+            try:
+                rows = relabel(rows, args.label)
+            except ValueError as e:
+                p.error(str(e))
         sys.stdout.write(markdown(rows))
         if args.plot:
             plot(rows, args.plot)

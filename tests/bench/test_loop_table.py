@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import loop_table
 
 
@@ -52,3 +54,22 @@ def test_the_table_can_plot_each_preference_across_vote_counts(tmp_path, capsys)
     assert loop_table.main(["table", str(path), "--plot", str(tmp_path / "votes.svg")]) == 0
     svg = (tmp_path / "votes.svg").read_text()
     assert svg.count("<circle") == 2 and "a · ppo" in svg and ">16<" in svg and ">32<" in svg
+
+
+def test_a_label_shows_one_retrain_spelled_two_ways_as_one_method(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    rows = [{**row("a", "ppo", 0, 0.8), "variant": "ppo.vote_passes=2"},
+            {**row("b", "ppo", 0, 0.6), "variant": "ppo.vote_passes=2,gate.judge_share=0"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert loop_table.main(["table", str(path), "--label", "ppo (default)"]) == 0
+    assert "| ppo (default) | 32 | 0.70 (not 0.75) | 0.60 (b) |" in capsys.readouterr().out
+
+
+def test_a_label_refuses_two_rows_of_one_cell(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    rows = [row("a", "ppo", 0, 0.8), {**row("a", "ppo", 0, 0.6), "variant": "ppo.steps=8"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as refused:
+        loop_table.main(["table", str(path), "--label", "ppo"])
+    assert refused.value.code == 2
+    assert "('a', 0, 32)" in capsys.readouterr().err
