@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 import statistics
 import sys
 from pathlib import Path
@@ -104,10 +105,7 @@ def per_oracle(summary: list[dict]) -> str:
 def relabel(rows: list[dict], label: str) -> list[dict]:
     """Every row as one method named ``label``, for rows that are one retrain spelled by different overrides (a
     default measured before and after a setting that does not touch those cells). Two rows of one cell refuse."""
-    cells: dict[tuple, int] = {}
-    for r in rows:
-        key = (r["oracle"], r["seed"], r["votes_asked"])
-        cells[key] = cells.get(key, 0) + 1
+    cells = Counter((r["oracle"], r["seed"], r["votes_asked"]) for r in rows)
     twice = sorted(str(k) for k, n in cells.items() if n > 1)
     if twice:
         raise ValueError(f"--label merges one row per (oracle, seed, votes); these cells have two or more: "
