@@ -140,7 +140,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
     from rlhf.training.prompts import build_prompt_sets
 
     quick = bool(getattr(args, "quick", False))
-    config = bench_settings(config, quick)
+    app_config, config = config, bench_settings(config, quick)  # the job runs as the app runs it, not as the trainers
     cfg = config.ppo
     device = pick_device(config.device)
     source = resolve_model(config.base_model, config.data_path)
@@ -160,7 +160,7 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
         anchor = run_anchor(config, source, prompts, threads)
     finally:
         torch.set_num_threads(threads_before)
-    retrain = run_retrain(config, quick)
+    retrain = run_retrain(app_config, quick)
     ours_sps = completions(cfg) / ours["step_s"]
     rloo_sps = completions(cfg) / rloo["step_s"]
     split = {k: round(v / ours["step_s"], 3) for k, v in ours["phases"].items()}
@@ -176,7 +176,8 @@ def run(config: AppConfig, args: argparse.Namespace, path: Optional[Path] = None
                "threads": threads, "retrain_seconds": retrain["seconds"],
                "retrain_peak_rss_mb": retrain["peak_rss_mb"], "retrain_phase_seconds": retrain["phase_seconds"],
                "load_average": [round(x, 2) for x in os.getloadavg()],
-               "retrain_ppo_phase_seconds": retrain["ppo_phase_seconds"], "eval_share": retrain["eval_share"],
+               "retrain_ppo_phase_seconds": retrain["ppo_phase_seconds"], "retrain_ppo_steps": retrain["ppo_steps"],
+               "eval_share": retrain["eval_share"],
                "eval_share_with_ppo": retrain["eval_share_with_ppo"],
                "rollout_tokens_per_s": round(rollout_tps, 1), "anchor_tokens_per_s": round(anchor["tokens_per_s"], 1),
                "anchor_engine": anchor["engine"], "rollout_vs_anchor": round(rollout_tps / anchor["tokens_per_s"], 2)}
@@ -198,7 +199,7 @@ def describe(config: AppConfig, device: str, threads: int, split: dict, retrain:
             "Our phase split (share of a step): "
             + ", ".join(f"{k} {v:.0%}" for k, v in split.items()) + ". "
             + f"A whole retrain job ({'the --quick config' if quick else 'the default config'}, "
-            f"{retrain['pairs']} votes "
+            f"{retrain['pairs']} votes, {retrain['ppo_steps']} PPO steps "
             f"from the shipped preference pool, its own process) took {retrain['seconds']:.0f} s and peaked at "
             f"{retrain['peak_rss_mb'] or float('nan'):.0f} MB resident: "
             + ", ".join(f"{k} {v:.0f} s" for k, v in retrain["phase_seconds"].items())
@@ -228,4 +229,4 @@ def run_retrain(config: AppConfig, quick: bool) -> dict:
     if result["status"] != "succeeded":
         raise RuntimeError(f"the benchmark retrain failed: {result['error']}")
     after = peak_child_rss_mb()
-    return {**result, "peak_rss_mb": round(after, 1) if after > before else None}
+    return {**result, "peak_rss_mb": round(after, 1) if after > before else None, "ppo_steps": run.config.ppo.steps}

@@ -136,6 +136,9 @@ class PPOConfig(Checked):
                                  "log-likelihood per token (RPO's term, Pang et al. 2024; 0 = DPO's loss alone): "
                                  "holds the policy near replies people chose as written.", "votes")
     vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
+    vote_batch_max: int = opt(4, "Most decided pairs per step: ppo.vote_batch is raised up to this when "
+                              "ppo.vote_passes passes over the pairs would not fit in ppo.steps (a larger pool "
+                              "read as often as a smaller one).", "votes")
     vote_passes: int = opt(2, "Passes over the decided pairs that ppo.vote_weight's steps may make (0 = a step "
                            "after every PPO update): on a small pool each further pass mostly widens margins "
                            "already won while the KL keeps rising (16 votes: 8 vote steps, not 16).", "votes")
@@ -161,9 +164,9 @@ class PPOConfig(Checked):
         if self.ratio_limit <= 1 or self.max_guard_events < 1:
             raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
         if min(self.vote_weight, self.vote_nll_weight, self.vote_passes) < 0 or self.vote_beta <= 0 \
-                or self.vote_batch < 1:
+                or self.vote_batch < 1 or self.vote_batch_max < 1:
             raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_nll_weight >= 0, ppo.vote_beta > 0, "
-                              "ppo.vote_batch >= 1 and ppo.vote_passes >= 0")
+                              "ppo.vote_batch and ppo.vote_batch_max >= 1 and ppo.vote_passes >= 0")
         if not (self.stop_repetition_rise >= 0 and self.stop_distinct_drop >= 0 and self.stop_window >= 1):
             raise ConfigError("ppo.stop_repetition_rise and ppo.stop_distinct_drop must be >= 0 and "
                               "ppo.stop_window >= 1")

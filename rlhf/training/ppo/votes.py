@@ -9,6 +9,7 @@ still decide what it samples. The reference's log-probs of every pair are read o
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -71,10 +72,20 @@ class VoteTerm:
                 parts.append(torch.stack([lp[:len(idx)], lp[len(idx):]], 1))
         self.reference = torch.cat(parts)
 
+    def per_step(self, world: int = 1) -> int:
+        """Pairs a step reads on each process: ``ppo.vote_batch``, raised up to ``ppo.vote_batch_max`` when the
+        ``ppo.vote_passes`` passes over every pair would not fit in ``ppo.steps`` (a larger pool: every pair
+        read as often as a smaller pool's), never more than the pairs there are."""
+        k = self.cfg.vote_batch
+        if self.cfg.vote_passes > 0:
+            needed = math.ceil(self.cfg.vote_passes * len(self) / (self.cfg.steps * world))
+            k = max(k, min(needed, self.cfg.vote_batch_max))
+        return min(k, len(self))
+
     def batch(self, step: int, rank: int = 0, world: int = 1) -> list[int]:
         """The pairs step ``step`` (from 1) reads on process ``rank``: consecutive places in a shuffled order
         of all pairs, a fresh order per pass."""
-        n, k = len(self), min(self.cfg.vote_batch, len(self))
+        n, k = len(self), self.per_step(world)
         start = ((step - 1) * world + rank) * k
         out = []
         for place in range(start, start + k):
@@ -85,7 +96,7 @@ class VoteTerm:
     def active(self, step: int, world: int = 1) -> bool:
         """Whether step ``step`` takes a vote batch: always, or (``ppo.vote_passes``) until the steps before it
         have read every pair that many times."""
-        done = (step - 1) * world * min(self.cfg.vote_batch, len(self))
+        done = (step - 1) * world * self.per_step(world)
         return self.cfg.vote_passes == 0 or done < self.cfg.vote_passes * len(self)
 
     def loss(self, model, step: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,6 +82,25 @@ def test_each_pass_reads_every_pair_once(tokenizer, tmp_path, tiny_model_dir):
         VoteTerm(tokenizer, [], cfg, "cpu")
 
 
+def test_a_larger_pool_takes_more_pairs_a_step_up_to_vote_batch_max(tokenizer, tmp_path, tiny_model_dir):
+    pairs = [{**PAIRS[i % 3], "chosen": f"reply {i}"} for i in range(9)]
+
+    def term(*overrides):
+        return VoteTerm(tokenizer, pairs, config(tmp_path, tiny_model_dir, "ppo.steps=3", "ppo.vote_batch=2",
+                                                 "ppo.vote_passes=1", *overrides).ppo, "cpu")
+
+    assert term("ppo.vote_batch_max=1").per_step() == 2  # never below vote_batch
+    grown = term("ppo.vote_batch_max=8")
+    assert grown.per_step() == 3  # one pass over 9 pairs in 3 steps
+    assert [len(grown.batch(s)) for s in (1, 2, 3)] == [3, 3, 3]
+    assert sorted(i for s in (1, 2, 3) for i in grown.batch(s)) == list(range(9))
+    assert [grown.active(s) for s in (1, 2, 3, 4)] == [True, True, True, False]
+    assert term("ppo.vote_batch_max=8").per_step(world=3) == 2  # three processes share the pass
+    assert term("ppo.vote_batch_max=2").per_step() == 2  # capped: the pass takes more steps than there are
+    assert term("ppo.vote_batch_max=8", "ppo.vote_passes=0").per_step() == 2  # no passes asked: vote_batch
+    assert term("ppo.vote_batch_max=20", "ppo.vote_passes=4").per_step() == 9  # never more than the pairs
+
+
 @pytest.mark.slow
 def test_rows_read_each_reply_as_an_unpadded_forward_does(tokenizer, tmp_path, tiny_model_dir):
     from rlhf.training.ppo.rollout import build_policy
@@ -133,7 +152,7 @@ def test_ppo_with_vote_weight_learns_the_votes(tmp_path, tiny_model_dir):
 
 def test_bad_vote_settings_are_refused(tmp_path, tiny_model_dir):
     for bad in ("ppo.vote_weight=-1", "ppo.vote_beta=0", "ppo.vote_batch=0", "ppo.vote_passes=-1",
-                "ppo.vote_nll_weight=-0.5"):
+                "ppo.vote_nll_weight=-0.5", "ppo.vote_batch_max=0"):
         with pytest.raises(ConfigError, match="ppo.vote_weight must be >= 0"):
             config(tmp_path, tiny_model_dir, bad)
     with pytest.raises(ConfigError, match="ppo.vote_weight must be a finite number"):
