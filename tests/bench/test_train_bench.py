@@ -9,10 +9,8 @@ import pytest
 
 from bench import train as bench_train
 
-SLOW = pytest.mark.slow  # trains and starts a retrain job: not in `make test-fast`
 
-
-@SLOW
+@pytest.mark.slow  # trains and starts a retrain job: not in `make test-fast`
 def test_train_bench_quick_compares_with_rloo(app_config, tmp_path, capsys):
     path = tmp_path / "BENCHMARKS.md"
     figures = bench_train.run(app_config, argparse.Namespace(quick=True, users=None), path=path)
