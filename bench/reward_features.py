@@ -64,14 +64,14 @@ def chosen_shorter(pairs: Sequence[dict]) -> list[dict]:
     return [p for p in pairs if len(p["chosen"].split()) < len(p["rejected"].split())]
 
 
-def accuracies(matrix: np.ndarray, index: dict, train: list[dict], held: list[dict], c: float, members: int,
-               seed: int) -> float:
-    """Held-out accuracy (ties half) of the app's head fitted on ``train`` with one feature matrix."""
+def accuracies(matrix: np.ndarray, index: dict, train: list[dict], held: Sequence[list[dict]], c: float,
+               members: int, seed: int) -> list[float]:
+    """Accuracy (ties half) on each held-out set of the app's head, fitted once on ``train`` with one matrix."""
     from rlhf.training.reward_head import fit_pairs, pair_accuracy
 
     rows = lambda pairs, side: matrix[[index[(p["prompt"], p[side])] for p in pairs]]  # noqa: E731
     head = fit_pairs(rows(train, "chosen"), rows(train, "rejected"), c=c, members=members, seed=seed)
-    return pair_accuracy(head, rows(held, "chosen"), rows(held, "rejected")) if held else float("nan")
+    return [pair_accuracy(head, rows(h, "chosen"), rows(h, "rejected")) if h else float("nan") for h in held]
 
 
 def run(config, votes: Sequence[int], seeds: Sequence[int]) -> list[dict]:
@@ -99,8 +99,8 @@ def run(config, votes: Sequence[int], seeds: Sequence[int]) -> list[dict]:
         for n in votes:
             trains = [oracle_pairs(pool, oracle, train_ids, n, seed=s) for s in seeds]
             for name, matrix in sets.items():
-                acc = [accuracies(matrix, feats.index, t, held, r.head_c, r.ensemble, r.seed) for t in trains]
-                acc_short = [accuracies(matrix, feats.index, t, short, r.head_c, r.ensemble, r.seed) for t in trains]
+                acc, acc_short = zip(*(accuracies(matrix, feats.index, t, [held, short], r.head_c, r.ensemble,
+                                                  r.seed) for t in trains))
                 out.append({"oracle": oracle, "votes": n, "features": name, "held_out": len(held),
                             "chosen_shorter": len(short), "accuracy": round(statistics.mean(acc), 3),
                             "accuracy_chosen_shorter": round(statistics.mean(acc_short), 3)})
