@@ -3,7 +3,8 @@ seed, one JSON line per retrain, then mean and worst over preferences per method
 
 One cell (an oracle at one vote count) per process, every method and seed in it on the same votes, so many cells
 run side by side on one GPU: ``python -m bench.loop_table run --oracle polite --votes 32 --out polite-32.jsonl``;
-then ``python -m bench.loop_table table *.jsonl`` prints the markdown table.
+then ``python -m bench.loop_table table *.jsonl`` prints the markdown table, and ``python -m bench.loop_table watch
+*.jsonl --rise 0.015`` where PPO's voice watch would have stopped each run, from the rollouts' trace a row keeps.
 """
 from __future__ import annotations
 
@@ -113,6 +114,44 @@ def relabel(rows: list[dict], label: str) -> list[dict]:
     return [{**r, "method": label, "variant": ""} for r in rows]
 
 
+def watch_replay(rows: list[dict], rise: float, drop: float, window: int) -> list[dict]:
+    """Where PPO's voice watch with these thresholds (``ppo.stop_repetition_rise``, ``ppo.stop_distinct_drop``,
+    ``ppo.stop_window``) would have stopped each row's run, replayed on the rollouts' trace the row keeps, beside
+    the verdict on the run's own end. Up to a stop a watched run is the unwatched one, so the trace says where it
+    would stop; what the kept weights would have scored needs the run. Rows without a trace are left out."""
+    from rlhf.training.ppo.voice_watch import voice_drift
+
+    out = []
+    for r in rows:
+        if not r.get("voice_trace"):
+            continue
+        history = [{"voice/distinct2": d, "voice/repetition": rep} for d, rep in r["voice_trace"]]
+        stop = next((k for k in range(1, len(history) + 1) if voice_drift(history[:k], rise, drop, window)), None)
+        out.append({"method": method_label(r), "oracle": r["oracle"], "votes": r["votes_asked"], "seed": r["seed"],
+                    "win_rate": r["oracle_win_rate"], "voice_kept": keeps_voice(r), "steps": len(history),
+                    # step k's rollouts came from the weights after step k-1, vouched for by step k-1's check
+                    "stop": stop, "kept_step": None if stop is None else max(0, stop - 2)})
+    return out
+
+
+def watch_markdown(replay: list[dict]) -> str:
+    """The replay as a table, then how many runs the watch would stop that lost the voice, stop that kept it, and
+    leave that lost it."""
+    lines = ["| method | votes | preference | seed | win rate | voice (the run's end) | the watch |",
+             "|---|---|---|---|---|---|---|"]
+    for x in sorted(replay, key=lambda x: (x["method"], x["votes"], x["oracle"], x["seed"])):
+        action = "runs on" if x["stop"] is None else f'stops at step {x["stop"]} of {x["steps"]}, keeps step ' \
+                                                       f'{x["kept_step"]}'
+        lines.append(f'| {x["method"]} | {x["votes"]} | {x["oracle"]} | {x["seed"]} | {x["win_rate"]:.2f} | '
+                     f'{"kept" if x["voice_kept"] else "lost"} | {action} |')
+    needed = sum(x["stop"] is not None and not x["voice_kept"] for x in replay)
+    needless = sum(x["stop"] is not None and x["voice_kept"] for x in replay)
+    missed = sum(x["stop"] is None and not x["voice_kept"] for x in replay)
+    return "\n".join(lines) + (f"\n\nOf {len(replay)} runs with a trace the watch stops {needed + needless}: {needed} "
+                               f"that lost the voice, {needless} that kept it; it lets {missed} that lost it run "
+                               f"on.\n")
+
+
 def plot(rows: list[dict], path: Path) -> Path:
     """Win rate against distinct-2, a line per preference (and method variant) through its vote counts."""
     from bench.plot import tradeoff_svg
@@ -138,26 +177,36 @@ def main(argv=None) -> int:
     table.add_argument("--plot", metavar="SVG", type=Path,
                        help="also draw win rate vs distinct-2 per preference, one point per vote count")
     table.add_argument("--label", help="show every row as this one method (one row per oracle, seed and votes)")
+    watch = sub.add_parser("watch", help="where PPO's voice watch would have stopped each run (from its trace)")
+    watch.add_argument("files", nargs="+", type=Path)
+    watch.add_argument("--rise", type=float, default=0.015, help="ppo.stop_repetition_rise to replay (0 = off)")
+    watch.add_argument("--drop", type=float, default=0.0, help="ppo.stop_distinct_drop to replay (0 = off)")
+    watch.add_argument("--window", type=int, default=2, help="ppo.stop_window to replay")
+    watch.add_argument("--label", help="show every row as this one method (one row per oracle, seed and votes)")
     args = p.parse_args(argv)
-    if args.cmd == "table":
-        rows = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
-        if args.label:
-            try:
-                rows = relabel(rows, args.label)
-            except ValueError as e:
-                p.error(str(e))
-        sys.stdout.write(markdown(rows))
-        if args.plot:
-            plot(rows, args.plot)
+    if args.cmd == "run":
+        from rlhf.config import load_config
+
+        config = load_config(overrides=args.set)
+        run_cell(config, args.oracle, args.votes, [m for m in args.methods.split(",") if m],
+                 [int(s) for s in args.seeds.split(",") if s], args.out, args.eval_prompts, args.samples,
+                 ",".join(args.set))
         return 0
-    from rlhf.config import load_config
-
-    config = load_config(overrides=args.set)
-    run_cell(config, args.oracle, args.votes, [m for m in args.methods.split(",") if m],
-             [int(s) for s in args.seeds.split(",") if s], args.out, args.eval_prompts, args.samples,
-             ",".join(args.set))
+    if args.cmd == "watch" and (min(args.rise, args.drop) < 0 or max(args.rise, args.drop) <= 0 or args.window < 1):
+        p.error("--rise and --drop must be >= 0, one of them > 0, and --window >= 1")
+    rows = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
+    if args.label:
+        try:
+            rows = relabel(rows, args.label)
+        except ValueError as e:
+            p.error(str(e))
+    if args.cmd == "watch":
+        sys.stdout.write(watch_markdown(watch_replay(rows, args.rise, args.drop, args.window)))
+        return 0
+    sys.stdout.write(markdown(rows))
+    if args.plot:
+        plot(rows, args.plot)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -73,3 +73,41 @@ def test_a_label_refuses_two_rows_of_one_cell(tmp_path, capsys):
         loop_table.main(["table", str(path), "--label", "ppo"])
     assert refused.value.code == 2
     assert "('a', 0, 32)" in capsys.readouterr().err
+
+
+def traced(oracle, seed, trace, **kw):
+    """A row whose rollouts' voice per step (distinct-2, repeated 3-grams) was kept."""
+    return {**row(oracle, "ppo", seed, 0.8, **kw), "voice_trace": trace}
+
+
+def test_the_watch_replay_stops_where_the_rollouts_drift_and_keeps_the_weights_two_steps_back():
+    calm = [[0.90, 0.00]] * 6
+    looping = [[0.90, 0.00]] * 3 + [[0.90, 0.02], [0.90, 0.04], [0.90, 0.05]]  # last two: 0.03 at step 5
+    rows = [traced("a", 0, looping, rep=0.09), traced("b", 0, calm), traced("c", 0, looping),
+            traced("d", 0, calm, rep=0.05), row("e", "ppo", 0, 0.7)]  # e: no trace, left out
+    replay = {x["oracle"]: x for x in loop_table.watch_replay(rows, rise=0.015, drop=0.0, window=2)}
+    assert set(replay) == {"a", "b", "c", "d"}
+    assert (replay["a"]["stop"], replay["a"]["kept_step"], replay["a"]["voice_kept"]) == (5, 3, False)
+    assert replay["b"]["stop"] is None and replay["b"]["kept_step"] is None
+    assert replay["c"]["stop"] == 5 and replay["c"]["voice_kept"]  # a stop the run's end did not need
+    assert replay["d"]["stop"] is None and not replay["d"]["voice_kept"]  # a loss the rollouts never showed
+    text = loop_table.watch_markdown(list(replay.values()))
+    assert "| ppo | 32 | a | 0 | 0.80 | lost | stops at step 5 of 6, keeps step 3 |" in text
+    assert "Of 4 runs with a trace the watch stops 2: 1 that lost the voice, 1 that kept it; it lets 1 that " \
+           "lost it run on." in text
+    # A fall in variety is the distinct-2 check's, off unless asked for.
+    narrowing = [[0.90, 0.0]] * 2 + [[0.80, 0.0]] * 2
+    assert loop_table.watch_replay([traced("f", 0, narrowing)], 0.015, 0.0, 2)[0]["stop"] is None
+    assert loop_table.watch_replay([traced("f", 0, narrowing)], 0.0, 0.05, 2)[0]["stop"] == 4
+
+
+def test_the_watch_command_refuses_thresholds_that_watch_nothing(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(traced("a", 0, [[0.9, 0.0]] * 3)) + "\n")
+    for bad in (["--rise", "0"], ["--rise", "-0.1"], ["--window", "0"]):
+        with pytest.raises(SystemExit) as refused:
+            loop_table.main(["watch", str(path), *bad])
+        assert refused.value.code == 2
+        assert "--rise and --drop" in capsys.readouterr().err
+    assert loop_table.main(["watch", str(path), "--label", "ppo (default)"]) == 0
+    assert "| ppo (default) | 32 | a | 0 | 0.80 | kept | runs on |" in capsys.readouterr().out

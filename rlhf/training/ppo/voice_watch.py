@@ -24,6 +24,19 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def voice_drift(history: Sequence[dict], rise: float, drop: float, window: int) -> Optional[str]:
+    """Why the last ``window`` steps' rollouts (``voice/repetition``, ``voice/distinct2`` per step) no longer sound
+    like the first step's, by the thresholds ``rise`` and ``drop`` (0 = that check off); None while they do."""
+    first, recent = history[0], history[-window:]
+    up = statistics.mean(m["voice/repetition"] for m in recent) - first["voice/repetition"]
+    down = first["voice/distinct2"] - statistics.mean(m["voice/distinct2"] for m in recent)
+    if rise > 0 and up > rise:
+        return f"repeated 3-grams up {up:.3f} (ppo.stop_repetition_rise={rise})"
+    if drop > 0 and down > drop:
+        return f"distinct-2 down {down:.3f} (ppo.stop_distinct_drop={drop})"
+    return None
+
+
 class VoiceWatch:
     """Watches the rollouts' voice step by step; ``check`` restores the last vouched-for weights and says why when
     the voice has drifted."""
@@ -45,14 +58,7 @@ class VoiceWatch:
 
     def drift(self, history: Sequence[dict]) -> Optional[str]:
         """Why the last ``window`` steps' rollouts no longer sound like the first step's (None while they do)."""
-        first, recent = history[0], history[-self.window:]
-        rise = statistics.mean(m["voice/repetition"] for m in recent) - first["voice/repetition"]
-        drop = first["voice/distinct2"] - statistics.mean(m["voice/distinct2"] for m in recent)
-        if self.rise > 0 and rise > self.rise:
-            return f"repeated 3-grams up {rise:.3f} (ppo.stop_repetition_rise={self.rise})"
-        if self.drop > 0 and drop > self.drop:
-            return f"distinct-2 down {drop:.3f} (ppo.stop_distinct_drop={self.drop})"
-        return None
+        return voice_drift(history, self.rise, self.drop, self.window)
 
     def check(self, history: Sequence[dict]) -> Optional[str]:
         """After a step (``history`` ends with it): None while the voice holds; otherwise the reason, with the
