@@ -208,5 +208,6 @@ def main(argv=None) -> int:
         plot(rows, args.plot)
     return 0
 
+
 if __name__ == "__main__":
     raise SystemExit(main())
