@@ -134,8 +134,9 @@ class PeakMemory:
 
 
 def train_policy(config: AppConfig, source: str, device: str, scorer, policy_pairs: list[dict], prompts: list,
-                 run_dir: Path):
-    """The retrain's policy step (``retrain.method``: PPO on the reward model, or DPO on the votes) from the base."""
+                 eval_prompts: list, run_dir: Path):
+    """The retrain's policy step (``retrain.method``: PPO on the reward model, or DPO on the votes) from the base,
+    with the held-out ``eval_prompts`` the app's retrain gives it (PPO's final evaluation and voice check)."""
     from rlhf.training.policy import train_policy as train
 
     def progress(step: int, metrics: dict) -> None:  # one line per step on stderr, for whoever watches
@@ -144,7 +145,8 @@ def train_policy(config: AppConfig, source: str, device: str, scorer, policy_pai
             "voice/repetition", "voice/relevance", "votes/margin")}
         print(f"[{config.retrain.method} step {step}] {shown}", file=sys.stderr, flush=True)
 
-    return train(config, source, scorer, policy_pairs, prompts, [], run_dir, device=device, on_step=progress)
+    return train(config, source, scorer, policy_pairs, prompts, eval_prompts, run_dir, device=device,
+                 on_step=progress, evaluate_before=False)
 
 
 def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, oracle: str, n_pairs: int,
@@ -168,20 +170,22 @@ def one_oracle(config: AppConfig, source: str, device: str, featurize, pool, ora
     scorer, cv, judge, evidence, policy_pairs = fit_reward(config, featurize, pairs, system)
     reward_s = time.perf_counter() - t0
     policy_pairs = [{**p, "prompt": chat(system, p["prompt"])} for p in policy_pairs]
+    # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on, and the
+    # policy step evaluates (and checks its voice) on the gate's.
+    gate_prompts = [text[i] for i in held_ids[-config.ppo.eval_prompts:]]
     with tempfile.TemporaryDirectory(prefix=f"bench-loop-{oracle}-") as tmp:
         t0 = time.perf_counter()
         with PeakMemory() as memory:
             result = train_policy(config, source, device, scorer, policy_pairs,
-                                  [chat(system, text[i]) for i in train_ids], Path(tmp) / "run")
+                                  [chat(system, text[i]) for i in train_ids],
+                                  [chat(system, p) for p in gate_prompts], Path(tmp) / "run")
         train_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         model, tokenizer = adapters_on_base(source, device, {"new": str(result.final_dir)})
         judged = verdict(model, tokenizer, oracle, [text[i] for i in held_ids[:eval_prompts]], system, samples)
         judged["best_of_pool"] = best_of_pool(pool, oracle, held_ids)
-        # The gate reads the last held-out prompts, the oracle the first: as in the app, neither was voted on.
         if gate:
-            judged.update(gate_verdict(config, model, tokenizer, scorer, judge, evidence,
-                                       [text[i] for i in held_ids[-config.ppo.eval_prompts:]], system))
+            judged.update(gate_verdict(config, model, tokenizer, scorer, judge, evidence, gate_prompts, system))
         eval_s = time.perf_counter() - t0
     history = result.history
     entropy = [m["ppo/entropy"] for m in history if "ppo/entropy" in m]

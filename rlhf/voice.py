@@ -1,6 +1,7 @@
 """How a reply sounds, in words: word n-grams, distinct-n over replies, the share of a reply's 3-grams that repeat,
 and the phrase it repeats most. One measure for all who ask: PPO's repetition penalty (``rlhf.training.shaping``),
-the reward-hacking guard (``rlhf.retrain.guard``) and ``bench loop``'s voice figures, so the policy is penalised on
+the reward-hacking guard (``rlhf.retrain.guard``, whose distinct-2 and repetition rules are here for PPO's voice
+check too) and ``bench loop``'s voice figures, so the policy is penalised on
 the same measure it is checked on (PPO's novelty term reads ``shared_elsewhere``, distinct-2's loss per reply). Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
 never makes two n-grams differ. ``whole_sentences`` cuts a reply back to its last whole sentence: what a reader
 would have voted on, had the reply not been cut at a token limit (online DPO's pairs; PPO's reward and the gate's
@@ -28,6 +29,16 @@ def repetition(text: str, n: int = 3) -> float:
     w = words(text)
     grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def distinct_dropped(candidate: float, active: float, max_drop: float) -> bool:
+    """Distinct-2 fell by ``max_drop`` or more (rounded to 6 places: a 0.82 → 0.77 drop is 0.05, not 0.0499…)."""
+    return round(active - candidate, 6) >= max_drop
+
+
+def repeats_more(candidate: float, active: float, max_ratio: float, min_rise: float) -> bool:
+    """Repeated 3-grams over ``max_ratio`` × the active version's and more than ``min_rise`` above them."""
+    return candidate > max_ratio * active and round(candidate - active, 6) > min_rise
 
 
 def shared_elsewhere(texts: Sequence[str], prompts: Sequence, n: int = 2) -> list[float]:

@@ -105,6 +105,11 @@ class PPOConfig(Checked):
                                     "below the first step's (0 = off: over 4 prompts a step it dips 0.05-0.07 in "
                                     "runs that keep their voice).", "guards")
     stop_window: int = opt(2, "Voice watch: steps averaged before comparing with the first step.", "guards")
+    voice_check_tokens: int = opt(0, "Voice check at the end of a run (0 = off): sample replies this many tokens long "
+                                  "to the eval prompts from the starting and the final weights; when the final ones "
+                                  "trip the gate's distinct-2 or repetition check, keep the latest checkpoint "
+                                  "(ppo.save_every) whose replies pass instead (rlhf.training.ppo.voice_watch).",
+                                  "guards")
     max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.", "guards")
     ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].", "guards")
     reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.", "shaping")
@@ -153,6 +158,8 @@ class PPOConfig(Checked):
 
     def check(self) -> None:
         """Raise ConfigError naming the key when a value cannot train (called at load and before a run)."""
+        if self.voice_check_tokens < 0:
+            raise ConfigError(f"ppo.voice_check_tokens must be >= 0 (0 = off), got {self.voice_check_tokens}")
         if min(self.steps, self.batch_size, self.group_size, self.ppo_epochs, self.max_new_tokens) < 1:
             raise ConfigError("ppo.steps, ppo.batch_size, ppo.group_size, ppo.ppo_epochs and ppo.max_new_tokens "
                               "must be >= 1")

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rlhf.voice import distinct_n, most_repeated, repetition, words
+from rlhf.voice import distinct_dropped, distinct_n, most_repeated, repeats_more, repetition, words
 
 CHECKS = ("length", "distinct", "repetition", "off_prompt", "kl")
 SHOWN_FIRST = ("off_prompt", "repetition", "distinct", "length", "kl")  # whose examples speak most plainly
@@ -51,16 +51,6 @@ def relevance(model, tokenizer, prompts: list[list[dict]], replies: Sequence[str
     own = sequence_logprobs(model, ids, reply_ids, None, batch_size)
     away = sequence_logprobs(model, other, reply_ids, None, batch_size)
     return [(a - b) / len(r) if r else 0.0 for a, b, r in zip(own, away, reply_ids)]
-
-
-def distinct_dropped(candidate: float, active: float, max_drop: float) -> bool:
-    """Distinct-2 fell by ``max_drop`` or more (rounded to 6 places: a 0.82 → 0.77 drop is 0.05, not 0.0499…)."""
-    return round(active - candidate, 6) >= max_drop
-
-
-def repeats_more(candidate: float, active: float, max_ratio: float, min_rise: float) -> bool:
-    """Repeated 3-grams over ``max_ratio`` × the active version's and more than ``min_rise`` above them."""
-    return candidate > max_ratio * active and round(candidate - active, 6) > min_rise
 
 
 def _check(value: float, active: float, limit, tripped: bool) -> dict:

@@ -48,7 +48,7 @@ class CardFacts:
     gate_high: Optional[float] = None
     gate_reason: Optional[str] = None
     kl_to_base: Optional[float] = None
-    voice_stop: Optional[dict] = None  # {step, kept, of} when the voice watch stopped its training early
+    voice_stop: Optional[dict] = None  # {step, kept, of, by}: the voice watch stopped training, or the check went back
     method: Optional[str] = None  # retrain.method of the run that trained it (None: imported, or not known)
     arena_rating: Optional[float] = None
     arena_low: Optional[float] = None
@@ -152,7 +152,8 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         base_weights=trained_weights(agent.base_model),
         method=((policy.config.get("retrain") or {}).get("method") or m.get("retrain/method")) if trained else None,
         kl_to_base=_number(m.get("eval/kl")),
-        voice_stop={k: m[f"voice_watch/{k}"] for k in ("step", "kept", "of")} if "voice_watch/step" in m else None,
+        voice_stop={k: m.get(f"voice_watch/{k}", "watch") for k in ("step", "kept", "of", "by")}
+        if "voice_watch/step" in m else None,
         arena_rating=_number(row.get("bt")) if rated else None, arena_low=_number(row.get("ci_low")) if rated else None,
         arena_high=_number(row.get("ci_high")) if rated else None, arena_votes=int(row.get("votes", 0)),
         lora={k: adapter_cfg.get(k) for k in ("r", "lora_alpha", "target_modules") if k in adapter_cfg})
@@ -205,9 +206,18 @@ def _learning_lines(f: CardFacts) -> list[str]:
                f"{f.rm_win_rate:.0%} of the held-out prompts (that model's own view: no interval)."]
               if f.rm_win_rate is not None else []),
             f"- KL to the base model: {'not measured' if f.kl_to_base is None else f'{f.kl_to_base:.2f} nats per reply'}.",
-            *([f"- Training stopped at step {f.voice_stop['step']} of {f.voice_stop['of']}: its replies had begun to "
-               f"repeat themselves or vary less than at the start, so it kept the weights after step {f.voice_stop['kept']} (the voice watch)."]
-              if f.voice_stop else [])]
+            *([_voice_sentence(f.voice_stop)] if f.voice_stop else [])]
+
+
+def _voice_sentence(stop: dict) -> str:
+    """What the voice watch (during training) or the voice check (at its end) did to the weights published."""
+    if stop.get("by") == "check":
+        return (f"- After step {stop['step']} of {stop['of']} its replies to held-out prompts repeated themselves or "
+                f"varied less than at the start, so "
+                + (f"it kept the weights after step {stop['kept']} (the voice check)." if stop["kept"] < stop["step"]
+                   else "the voice check looked for earlier weights that did not, and found none."))
+    return (f"- Training stopped at step {stop['step']} of {stop['of']}: its replies had begun to repeat themselves or "
+            f"vary less than at the start, so it kept the weights after step {stop['kept']} (the voice watch).")
 
 
 def _method_words(method: Optional[str]) -> str:

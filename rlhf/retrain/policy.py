@@ -46,8 +46,10 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
                           resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
     stop = method.result_metrics(result, len(pairs))
     if "voice_watch/step" in stop:
-        ctx.log(f"voice watch: {stop['voice_watch/reason']} at step {stop['voice_watch/step']} of "
-                f"{stop['voice_watch/of']}; stopped, keeping the weights after step {stop['voice_watch/kept']}",
-                level="warning")
+        kept = stop["voice_watch/kept"]
+        ctx.log(f"voice {stop.get('voice_watch/by', 'watch')}: {stop['voice_watch/reason']} at step "
+                f"{stop['voice_watch/step']} of {stop['voice_watch/of']}; "
+                + (f"keeping the weights after step {kept}" if kept < stop["voice_watch/step"]
+                   else "no earlier weights kept the voice"), level="warning")
     return result, eval_prompts
 

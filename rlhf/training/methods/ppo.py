@@ -26,9 +26,9 @@ class PPO(PolicyMethod):
                          pairs=pairs)
 
     def result_metrics(self, trained, pairs):
-        stop = trained.voice_stop or {}  # the voice watch's early stop (rlhf.training.ppo.voice_watch)
+        stop = trained.voice_stop or {}  # the voice watch's stop or the voice check's (rlhf.training.ppo.voice_watch)
         return {"ppo/reward_after": trained.reward_after,
-                **{f"voice_watch/{k}": stop[k] for k in ("step", "kept", "of", "reason") if k in stop}}
+                **{f"voice_watch/{k}": stop[k] for k in ("step", "kept", "of", "reason", "by") if k in stop}}
 
 
 METHOD = PPO()

@@ -32,7 +32,7 @@ from rlhf.config import AppConfig
 from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
-from rlhf.training.ppo.voice_watch import VoiceWatch
+from rlhf.training.ppo.voice_watch import VoiceCheck, VoiceWatch
 from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
@@ -91,6 +91,19 @@ def evaluate_policy(policy, tokenizer, shaper: RewardShaper, prompts: Sequence[l
         samples += [{"prompt": p, "reply": r, "reward": s} for p, r, s in zip(chunk, ro.replies, scores)]
     finite = [r for r in rewards if math.isfinite(r)]
     return {"reward": sum(finite) / max(len(finite), 1), "kl": sum(kls) / max(len(kls), 1), "samples": samples}
+
+
+def sample_replies(policy, tokenizer, prompts: Sequence[list[dict]], cfg, device, seed: int,
+                   max_new_tokens: int) -> list[str]:
+    """One sampled reply per prompt, ``max_new_tokens`` long at most, with the same sampling noise at every call of
+    a run (the voice check compares weights, not draws)."""
+    ids = encode_prompts(tokenizer, list(prompts), cfg.max_prompt_tokens)
+    seed_step(seed, 0, 2_000_000)
+    replies: list[str] = []
+    for i in range(0, len(ids), EVAL_BATCH):
+        replies += generate(policy, tokenizer, ids[i:i + EVAL_BATCH], max_new_tokens, cfg.temperature, cfg.top_p,
+                            device, with_values=False).replies
+    return replies
 
 
 def _load(config: AppConfig, base_source: str, init_adapter: Optional[str], resume: Optional[Path], dev, base=None):
@@ -229,9 +242,12 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         votes.prepare(run.policy)  # the reference's log-probs of every pair, read once
         state["phase_seconds"]["reference"] += time.perf_counter() - t
     watch = VoiceWatch(cfg, run.policy, state["step"]) if VoiceWatch.wanted(cfg) else None
+    check = _voice_check(run)
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
+        if check is not None and "voice_start" not in state:
+            state["voice_start"] = check.measure()  # the starting weights' voice (kept in checkpoints for a resume)
         for step in range(state["step"] + 1, cfg.steps + 1):
             if state.get("voice_stop"):  # resumed after the watch had stopped the run
                 break
@@ -239,10 +255,15 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
                                run.kl_ctl, guard, cfg, acc, votes)
             reason = watch.check([*state["history"], metrics]) if watch is not None else None
             if reason is not None:  # the policy is back on the weights kept; the checkpoint saves those
-                state["voice_stop"] = {"step": step, "kept": watch.vouched_step, "of": cfg.steps, "reason": reason}
+                state["voice_stop"] = {"step": step, "kept": watch.vouched_step, "of": cfg.steps, "reason": reason,
+                                       "by": "watch"}
             run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None
+        if check is not None:
+            settled = check.settle(state["voice_start"], run.run_dir, len(state["history"]))
+            if settled is not None:
+                state["voice_stop"] = {**settled, "of": cfg.steps, "by": "check"}
         if run.main:
             result = _finish(run.policy, run.run_dir, state, run.evaluate(), guard.events, run.elapsed(),
                              {"step": len(state["history"]), "base": base_source, "init_adapter": init_adapter,
@@ -256,6 +277,18 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         raise
     finally:
         acc.end_training()
+
+
+def _voice_check(run: _Run) -> Optional[VoiceCheck]:
+    """The end-of-run voice check (``ppo.voice_check_tokens``), on the main process, when there are eval prompts."""
+    cfg = run.config.ppo
+    if not VoiceCheck.wanted(cfg) or not run.main:
+        return None
+    if not run.eval_prompts:
+        log.warning("ppo.voice_check_tokens is set but the run has no eval prompts: no voice check")
+        return None
+    return VoiceCheck(run.config, run.policy, lambda: sample_replies(
+        run.policy, run.tokenizer, run.eval_prompts, cfg, run.acc.device, cfg.seed, cfg.voice_check_tokens))
 
 
 def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, seconds: float,

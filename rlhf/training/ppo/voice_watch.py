@@ -12,14 +12,26 @@ check that passes vouches for those weights; on a stop the policy goes back to t
 
 The decision reads the step metrics, which are a mean over processes, so every process of a multi-process run stops
 at the same step with the same weights.
+
+The voice check (``ppo.voice_check_tokens``) looks once, at the end, at what the watch cannot see: the final weights'
+replies at the length people read, to the held-out eval prompts. The rollouts are short and come four prompts a
+step, and replayed on 83 runs the watch stopped as many runs that kept the voice as runs that lost it (BENCHMARKS.md).
+When the final replies trip the gate's own distinct-2 or repetition check against the starting weights' replies
+(same prompts, same sampling noise), the check goes back through the run's checkpoints, latest first, and keeps the
+first whose replies pass: a retrain that overshoots then publishes the last weights that still sounded like the
+version it started from, instead of a version the gate's guard will refuse.
 """
 from __future__ import annotations
 
 import logging
 import statistics
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+
+from rlhf.training.checkpoint import STEP_DIR, checkpoints_dir, load_policy_weights
+from rlhf.voice import distinct_dropped, distinct_n, repeats_more, repetition
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +87,61 @@ class VoiceWatch:
         log.warning("PPO voice watch: %s at step %d; keeping the weights after step %d", reason, len(history),
                     self.vouched_step)
         return reason
+
+
+def voice_of(replies: Sequence[str]) -> dict:
+    """The two measures the gate's guard reads of a voice: distinct-2 over the replies and the mean share of
+    repeated 3-grams within a reply."""
+    return {"distinct_2": distinct_n(replies),
+            "repetition": statistics.mean(repetition(r) for r in replies) if replies else 0.0}
+
+
+def voice_lost(now: dict, start: dict, gate) -> Optional[str]:
+    """Why replies measured ``now`` (``voice_of``) no longer sound like ``start``, by the gate's guard (``gate``: its
+    config section: the distinct-2 drop and the repetition ratio and rise); None while they do."""
+    if distinct_dropped(now["distinct_2"], start["distinct_2"], gate.max_distinct_drop):
+        return (f"distinct-2 {start['distinct_2']:.3f} -> {now['distinct_2']:.3f} "
+                f"(gate.max_distinct_drop={gate.max_distinct_drop})")
+    if repeats_more(now["repetition"], start["repetition"], gate.max_repetition_ratio, gate.max_repetition_rise):
+        return (f"repeated 3-grams {start['repetition']:.3f} -> {now['repetition']:.3f} (gate.max_repetition_ratio="
+                f"{gate.max_repetition_ratio}, gate.max_repetition_rise={gate.max_repetition_rise})")
+    return None
+
+
+class VoiceCheck:
+    """The end-of-run voice check: ``sample`` measures the policy's voice on the eval prompts (the same sampling
+    noise each time), ``settle`` keeps the final weights or the latest checkpoint whose voice passes."""
+
+    def __init__(self, config, policy, sample):
+        self.gate, self.policy = config.gate, policy
+        self.sample = sample  # () -> the policy's replies to the eval prompts, ppo.voice_check_tokens long
+
+    @staticmethod
+    def wanted(cfg) -> bool:
+        return cfg.voice_check_tokens > 0
+
+    def measure(self) -> dict:
+        return voice_of(self.sample())
+
+    def settle(self, start: dict, run_dir: Path, final_step: int) -> Optional[dict]:
+        """None when the final weights keep the voice of ``start``; else ``{step, kept, reason}`` with the policy on
+        the latest earlier checkpoint whose replies pass (``kept`` = ``step``, the final weights, when none does:
+        the gate's guard then decides)."""
+        reason = voice_lost(self.measure(), start, self.gate)
+        if reason is None:
+            return None
+        final = {n: p.detach().to("cpu", copy=True) for n, p in self.policy.named_parameters() if p.requires_grad}
+        earlier = sorted(((int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
+                          if (m := STEP_DIR.match(d.name)) and int(m.group(1)) < final_step), reverse=True)
+        for step, checkpoint in earlier:
+            load_policy_weights(self.policy, checkpoint)
+            if voice_lost(self.measure(), start, self.gate) is None:
+                log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
+                            final_step, step)
+                return {"step": final_step, "kept": step, "reason": reason}
+        with torch.no_grad():
+            for name, p in self.policy.named_parameters():
+                if name in final:
+                    p.copy_(final[name].to(p.device))
+        log.warning("PPO voice check: %s after step %d, and no earlier checkpoint keeps the voice", reason, final_step)
+        return {"step": final_step, "kept": final_step, "reason": reason}

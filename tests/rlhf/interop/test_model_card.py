@@ -400,3 +400,24 @@ def test_the_card_says_when_the_voice_watch_stopped_training(shipped, tmp_path):
     text = render_card(card_facts(store, v2))
     assert "Training stopped at step 9 of 16" in text and "kept the weights after step 7" in text
     assert "Training stopped" not in render_card(card_facts(store, shipped["v1"]))
+
+
+def test_the_card_says_when_the_voice_check_went_back_to_earlier_weights(shipped, tmp_path):
+    from rlhf.retrain.model_card import card_facts, render_card
+
+    store, config = shipped["store"], shipped["config"]
+    agent = store.get_agent(shipped["v1"].agent_id)
+    reason = "repeated 3-grams 0.019 -> 0.096 (gate.max_repetition_ratio=2.0, gate.max_repetition_rise=0.02)"
+    cards = []
+    for i, kept in enumerate((12, 16)):  # went back to step 12; found no earlier weights that kept the voice
+        checked = {**METRICS, "voice_watch/step": 16, "voice_watch/kept": kept, "voice_watch/of": 16,
+                   "voice_watch/reason": reason, "voice_watch/by": "check"}
+        version = publish_version(store, config, agent.name,
+                                  make_adapter(shipped["local_base"], tmp_path / f"v{i}", seed=8 + i),
+                                  parent_id=shipped["v1"].id, promote=False, job_id=None,
+                                  data_snapshot=store.feedback_watermark(agent.id), run_config=config.to_dict(),
+                                  metrics=checked)
+        cards.append(render_card(card_facts(store, version)))
+    assert "After step 16 of 16" in cards[0] and "kept the weights after step 12 (the voice check)" in cards[0]
+    assert "found none" in cards[1] and "kept the weights" not in cards[1]
+    assert all("Training stopped" not in card for card in cards)

@@ -246,6 +246,32 @@ def test_the_voice_watch_stops_a_drifting_run_on_the_weights_it_vouched_for(tmp_
     assert [recorded[f"voice_watch/{k}"] for k in ("step", "kept", "of")] == [stop["step"], stop["kept"], 4]
 
 
+def test_the_voice_check_samples_the_start_and_end_without_touching_training(tmp_path, few_words):
+    """Gate thresholds so small that any loss of variety or rise in repetition counts. The check samples the start
+    and the end on the eval prompts without touching training, so the checked run trains as the unchecked one on
+    the same seeds. The six-word model's replies loop more from the first step on (distinct-2 0.033 -> 0.022 on
+    these prompts), so no checkpoint passes and the final weights stay; test_voice_check.py has the way back."""
+    common = ("ppo.steps=4", "ppo.save_every=1", "ppo.max_new_tokens=12", "ppo.eval_prompts=4")
+    free = train_ppo(ppo_config(tmp_path, few_words, *common), str(few_words), reply_length, PROMPTS, PROMPTS[:4],
+                     tmp_path / "free")
+    config = ppo_config(tmp_path, few_words, *common, "ppo.voice_check_tokens=24", "gate.max_distinct_drop=1e-9",
+                        "gate.max_repetition_ratio=1", "gate.max_repetition_rise=0")
+    checked = train_ppo(config, str(few_words), reply_length, PROMPTS, PROMPTS[:4], tmp_path / "checked")
+    assert [m["voice/distinct2"] for m in checked.history] == [m["voice/distinct2"] for m in free.history]
+    start = json.loads((tmp_path / "checked" / "checkpoints" / "step-000001" / "trainer_state.json").read_text())
+    assert set(start["voice_start"]) == {"distinct_2", "repetition"}
+    stop = checked.voice_stop
+    assert stop is not None and stop["by"] == "check" and stop["step"] == 4 and stop["of"] == 4
+    assert stop["kept"] == 4 and "gate.max_distinct_drop" in stop["reason"]
+    kept, final = adapter_tensors(free.final_dir), adapter_tensors(checked.final_dir)
+    assert kept.keys() == final.keys()
+    for key in kept:
+        assert_close(final[key], kept[key])
+    from rlhf.training.methods import get_method
+    recorded = get_method("ppo").result_metrics(checked, 0)
+    assert recorded["voice_watch/by"] == "check" and recorded["voice_watch/kept"] == stop["kept"]
+
+
 # ---------------------------------------------------------------- guards
 
 

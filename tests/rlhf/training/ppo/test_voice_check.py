@@ -1,0 +1,97 @@
+"""The voice check (``ppo.voice_check_tokens``, ``rlhf.training.ppo.voice_watch.VoiceCheck``): the gate's voice rules
+on the final weights' replies, and which checkpoint a run that lost its voice keeps. A real run is in test_ppo.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf.config import ConfigError, load_config
+from rlhf.training.checkpoint import save_checkpoint
+from rlhf.training.ppo.voice_watch import VoiceCheck, voice_lost, voice_of
+
+VARIED = ["the cat sat on a warm mat today", "a dog ran through the park at noon", "rain fell on the old roof all night"]
+LOOPING = ["the cat sat the cat sat the cat sat", "a dog ran a dog ran a dog ran", "rain fell rain fell rain fell"]
+
+
+def config(*overrides):
+    return load_config(env={}, overrides=list(overrides))
+
+
+def test_voice_lost_reads_the_gates_distinct_and_repetition_rules():
+    gate = config().gate
+    start = voice_of(VARIED)
+    assert start["repetition"] == 0 and start["distinct_2"] == 1
+    assert voice_lost(start, start, gate) is None
+    assert voice_lost({"distinct_2": 0.96, "repetition": 0.0}, start, gate) is None  # a 0.04 drop: under the line
+    reason = voice_lost({"distinct_2": 0.95, "repetition": 0.0}, start, gate)
+    assert reason is not None and "distinct-2 1.000 -> 0.950" in reason and "gate.max_distinct_drop" in reason
+    reason = voice_lost({"distinct_2": 1.0, "repetition": 0.03}, start, gate)  # above twice 0 and more than 0.02 up
+    assert reason is not None and "repeated 3-grams 0.000 -> 0.030" in reason
+    looping = voice_of(LOOPING)
+    assert voice_lost(looping, start, gate) is not None
+    assert voice_lost(start, looping, gate) is None  # more variety is never a loss
+    strict = config("gate.max_distinct_drop=0.5").gate
+    assert voice_lost({"distinct_2": 0.9, "repetition": 0.0}, start, strict) is None
+
+
+def test_off_by_default_and_bad_values_refused():
+    assert config().ppo.voice_check_tokens == 0 and not VoiceCheck.wanted(config().ppo)
+    assert VoiceCheck.wanted(config("ppo.voice_check_tokens=64").ppo)
+    with pytest.raises(ConfigError, match="ppo.voice_check_tokens"):
+        config("ppo.voice_check_tokens=-1")
+
+
+@pytest.fixture
+def policy(tiny_model_dir):
+    from rlhf.training.ppo.rollout import build_policy
+
+    return build_policy(str(tiny_model_dir), config().ppo, "cpu")
+
+
+def marker(policy) -> torch.nn.Parameter:
+    """One LoRA weight, set to the step whose weights the policy holds."""
+    return next(p for p in policy.parameters() if p.requires_grad)
+
+
+def with_checkpoints(policy, run_dir, steps):
+    """Checkpoints after each of ``steps`` (the marker = that step), the policy left on the last one's weights."""
+    optimizer = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.1)
+    for step in steps:
+        with torch.no_grad():
+            marker(policy).fill_(float(step))
+        save_checkpoint(run_dir, step, policy, optimizer, {"step": step})
+
+
+def loops_after(step: float):
+    """A sampler whose replies loop once the policy holds weights after ``step``."""
+    def sample(policy):
+        return LOOPING if marker(policy).flatten()[0].item() > step else VARIED
+    return sample
+
+
+def test_a_final_that_lost_its_voice_goes_back_to_the_latest_checkpoint_that_kept_it(policy, tmp_path):
+    with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
+    sample = loops_after(2)
+    check = VoiceCheck(config(), policy, lambda: sample(policy))
+    stop = check.settle(voice_of(VARIED), tmp_path, final_step=4)
+    assert stop is not None and (stop["step"], stop["kept"]) == (4, 2) and "gate.max_distinct_drop" in stop["reason"]
+    assert torch.all(marker(policy) == 2.0)  # the weights after step 2, read back from its checkpoint
+
+
+def test_when_no_checkpoint_kept_the_voice_the_final_weights_stay(policy, tmp_path):
+    with_checkpoints(policy, tmp_path, [1, 2, 3])
+    sample = loops_after(0)
+    stop = VoiceCheck(config(), policy, lambda: sample(policy)).settle(voice_of(VARIED), tmp_path, final_step=3)
+    assert stop is not None and stop["kept"] == stop["step"] == 3
+    assert torch.all(marker(policy) == 3.0)
+
+
+def test_a_final_that_kept_its_voice_is_left_alone(policy, tmp_path):
+    with_checkpoints(policy, tmp_path, [1, 2])
+    calls = []
+
+    def sample():
+        calls.append(1)
+        return VARIED
+    assert VoiceCheck(config(), policy, sample).settle(voice_of(VARIED), tmp_path, final_step=2) is None
+    assert len(calls) == 1 and torch.all(marker(policy) == 2.0)
