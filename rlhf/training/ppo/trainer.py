@@ -160,13 +160,20 @@ class _Run:
     def elapsed(self) -> float:
         return self.state["seconds"] + time.perf_counter() - self.started
 
+    def timed(self, phase: str, work: Callable[[], Any]) -> Any:
+        """``work()``, its seconds added to ``phase`` in the run's phase times."""
+        t = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.state["phase_seconds"][phase] += time.perf_counter() - t
+
     def evaluate(self) -> dict:
         """Evaluate on the held-out prompts (timed as the ``eval`` phase)."""
-        t, cfg = time.perf_counter(), self.config.ppo
-        result = evaluate_policy(self.policy, self.tokenizer, self.shaper, self.eval_prompts, cfg, self.acc.device,
-                                 cfg.seed) if self.eval_prompts else {"reward": math.nan, "kl": math.nan, "samples": []}
-        self.state["phase_seconds"]["eval"] += time.perf_counter() - t
-        return result
+        cfg = self.config.ppo
+        return self.timed("eval", lambda: evaluate_policy(
+            self.policy, self.tokenizer, self.shaper, self.eval_prompts, cfg, self.acc.device, cfg.seed)
+            if self.eval_prompts else {"reward": math.nan, "kl": math.nan, "samples": []})
 
     def record(self, step: int, metrics: dict, guard: "Guard", on_step) -> None:
         """Phase times, the periodic evaluation (best/), the metrics log, checkpoints and the caller's hook."""
@@ -246,8 +253,8 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
-        if check is not None and "voice_start" not in state:
-            state["voice_start"] = check.measure()  # the starting weights' voice (kept in checkpoints for a resume)
+        if check is not None and state["step"] == 0:  # the starting weights' voice, kept in checkpoints for a resume
+            state["voice_start"] = run.timed("eval", check.measure)
         for step in range(state["step"] + 1, cfg.steps + 1):
             if state.get("voice_stop"):  # resumed after the watch had stopped the run
                 break
@@ -260,8 +267,8 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
             run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None
-        if check is not None:
-            settled = check.settle(state["voice_start"], run.run_dir, len(state["history"]))
+        if check is not None and "voice_start" in state:
+            settled = run.timed("eval", lambda: check.settle(state["voice_start"], run.run_dir, len(state["history"])))
             if settled is not None:
                 state["voice_stop"] = {**settled, "of": cfg.steps, "by": "check"}
         if run.main:
