@@ -15,7 +15,7 @@ at the same step with the same weights.
 
 The voice check (``ppo.voice_check_tokens``) looks once, at the end, at what the watch cannot see: the final weights'
 replies at the length people read, to the held-out eval prompts. The rollouts are short and come four prompts a
-step, and replayed on 83 runs the watch stopped as many runs that kept the voice as runs that lost it (BENCHMARKS.md).
+step, and replayed on 83 runs the watch stopped 12 runs that kept the voice and 8 that lost it (BENCHMARKS.md).
 When the final replies trip the gate's own distinct-2 or repetition check against the starting weights' replies
 (same prompts, same sampling noise), the check goes back through the run's checkpoints, latest first, and keeps the
 first whose replies pass: a retrain that overshoots then publishes the last weights that still sounded like the
