@@ -152,8 +152,8 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         base_weights=trained_weights(agent.base_model),
         method=((policy.config.get("retrain") or {}).get("method") or m.get("retrain/method")) if trained else None,
         kl_to_base=_number(m.get("eval/kl")),
-        voice_stop={k: m.get(f"voice_watch/{k}", "watch") for k in ("step", "kept", "of", "by")}
-        if "voice_watch/step" in m else None,
+        voice_stop={**{k: m[f"voice_watch/{k}"] for k in ("step", "kept", "of")},
+                    "by": m.get("voice_watch/by", "watch")} if "voice_watch/step" in m else None,
         arena_rating=_number(row.get("bt")) if rated else None, arena_low=_number(row.get("ci_low")) if rated else None,
         arena_high=_number(row.get("ci_high")) if rated else None, arena_votes=int(row.get("votes", 0)),
         lora={k: adapter_cfg.get(k) for k in ("r", "lora_alpha", "target_modules") if k in adapter_cfg})

@@ -36,6 +36,19 @@ from rlhf.voice import distinct_dropped, distinct_n, repeats_more, repetition
 log = logging.getLogger(__name__)
 
 
+def trainable_copy(policy) -> dict:
+    """The policy's trainable weights, copied to the CPU (what a stop or a way back puts back)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in policy.named_parameters() if p.requires_grad}
+
+
+def restore(policy, weights: dict) -> None:
+    """Put ``weights`` (from ``trainable_copy``) back into the policy."""
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if name in weights:
+                p.copy_(weights[name].to(p.device))
+
+
 def voice_drift(history: Sequence[dict], rise: float, drop: float, window: int) -> Optional[str]:
     """Why the last ``window`` steps' rollouts (``voice/repetition``, ``voice/distinct2`` per step) no longer sound
     like the first step's, by the thresholds ``rise`` and ``drop`` (0 = that check off); None while they do."""
@@ -66,7 +79,7 @@ class VoiceWatch:
         return cfg.stop_repetition_rise > 0 or cfg.stop_distinct_drop > 0
 
     def _copy(self) -> dict:
-        return {n: p.detach().to("cpu", copy=True) for n, p in self.policy.named_parameters() if p.requires_grad}
+        return trainable_copy(self.policy)
 
     def drift(self, history: Sequence[dict]) -> Optional[str]:
         """Why the last ``window`` steps' rollouts no longer sound like the first step's (None while they do)."""
@@ -80,10 +93,7 @@ class VoiceWatch:
             self.vouched, self.vouched_step = self.pending, self.pending_step
             self.pending, self.pending_step = self._copy(), len(history)
             return None
-        with torch.no_grad():
-            for name, p in self.policy.named_parameters():
-                if name in self.vouched:
-                    p.copy_(self.vouched[name].to(p.device))
+        restore(self.policy, self.vouched)
         log.warning("PPO voice watch: %s at step %d; keeping the weights after step %d", reason, len(history),
                     self.vouched_step)
         return reason
@@ -130,7 +140,7 @@ class VoiceCheck:
         reason = voice_lost(self.measure(), start, self.gate)
         if reason is None:
             return None
-        final = {n: p.detach().to("cpu", copy=True) for n, p in self.policy.named_parameters() if p.requires_grad}
+        final = trainable_copy(self.policy)
         earlier = sorted(((int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
                           if (m := STEP_DIR.match(d.name)) and int(m.group(1)) < final_step), reverse=True)
         for step, checkpoint in earlier:
@@ -139,9 +149,6 @@ class VoiceCheck:
                 log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
                             final_step, step)
                 return {"step": final_step, "kept": step, "reason": reason}
-        with torch.no_grad():
-            for name, p in self.policy.named_parameters():
-                if name in final:
-                    p.copy_(final[name].to(p.device))
+        restore(self.policy, final)
         log.warning("PPO voice check: %s after step %d, and no earlier checkpoint keeps the voice", reason, final_step)
         return {"step": final_step, "kept": final_step, "reason": reason}
