@@ -292,7 +292,7 @@ def _voice_check(run: _Run) -> Optional[VoiceCheck]:
     if not VoiceCheck.wanted(cfg) or not run.main:
         return None
     if not run.eval_prompts:
-        log.warning("ppo.voice_check_tokens is set but the run has no eval prompts: no voice check")
+        log.info("no eval prompts: no voice check (ppo.voice_check_tokens)")
         return None
     return VoiceCheck(run.config, run.policy, lambda: sample_replies(
         run.policy, run.tokenizer, run.eval_prompts, cfg, run.acc.device, cfg.seed, cfg.voice_check_tokens))

@@ -39,7 +39,7 @@ def ppo_config(tmp_path, model_dir, *overrides):
         "ppo.relevance_weight=0", "ppo.novelty_weight=0", "ppo.repetition_weight=0",
         f"data_dir={tmp_path / 'data'}", f"base_model={model_dir}", "device=cpu", "ppo.batch_size=2",
         "ppo.group_size=2", "ppo.mini_batch_size=2", "ppo.max_new_tokens=6", "ppo.eval_prompts=2",
-        "ppo.save_every=0", *overrides])
+        "ppo.save_every=0", "ppo.voice_check_tokens=0", *overrides])
 
 
 def reply_length(prompts, replies):

@@ -34,9 +34,9 @@ def test_voice_lost_reads_the_gates_distinct_and_repetition_rules():
     assert voice_lost({"distinct_2": 0.9, "repetition": 0.0}, start, strict) is None
 
 
-def test_off_by_default_and_bad_values_refused():
-    assert config().ppo.voice_check_tokens == 0 and not VoiceCheck.wanted(config().ppo)
-    assert VoiceCheck.wanted(config("ppo.voice_check_tokens=64").ppo)
+def test_on_by_default_at_the_verdicts_length_0_turns_it_off_and_bad_values_are_refused():
+    assert config().ppo.voice_check_tokens == 64 and VoiceCheck.wanted(config().ppo)
+    assert not VoiceCheck.wanted(config("ppo.voice_check_tokens=0").ppo)
     with pytest.raises(ConfigError, match="ppo.voice_check_tokens"):
         config("ppo.voice_check_tokens=-1")
 
