@@ -1,7 +1,7 @@
 """How a reply sounds, in words: word n-grams, distinct-n over replies, the share of a reply's 3-grams that repeat,
 and the phrase it repeats most. One measure for all who ask: PPO's repetition penalty (``rlhf.training.shaping``),
-the reward-hacking guard (``rlhf.retrain.guard``, whose distinct-2 and repetition rules are here for PPO's voice
-check too) and ``bench loop``'s voice figures, so the policy is penalised on
+the reward-hacking guard (``rlhf.retrain.guard``, whose length, distinct-2 and repetition rules are here for PPO's
+voice check too) and ``bench loop``'s voice figures, so the policy is penalised on
 the same measure it is checked on (PPO's novelty term reads ``shared_elsewhere``, distinct-2's loss per reply). Words are ``\w+`` runs (with an inner apostrophe), lower-cased: punctuation
 never makes two n-grams differ. ``whole_sentences`` cuts a reply back to its last whole sentence: what a reader
 would have voted on, had the reply not been cut at a token limit (online DPO's pairs; PPO's reward and the gate's
@@ -39,6 +39,16 @@ def distinct_dropped(candidate: float, active: float, max_drop: float) -> bool:
 def repeats_more(candidate: float, active: float, max_ratio: float, min_rise: float) -> bool:
     """Repeated 3-grams over ``max_ratio`` × the active version's and more than ``min_rise`` above them."""
     return candidate > max_ratio * active and round(candidate - active, 6) > min_rise
+
+
+def length_ratio(candidate_words: float, active_words: float) -> float:
+    """Mean words a reply of the candidate over the active version's, each plus one (so no reply divides by 0)."""
+    return (candidate_words + 1.0) / (active_words + 1.0)
+
+
+def length_changed(candidate_words: float, active_words: float, min_ratio: float, max_ratio: float) -> bool:
+    """The mean reply length left [``min_ratio``, ``max_ratio``] × the active version's (``length_ratio``)."""
+    return not min_ratio <= length_ratio(candidate_words, active_words) <= max_ratio
 
 
 def shared_elsewhere(texts: Sequence[str], prompts: Sequence, n: int = 2) -> list[float]:

@@ -107,8 +107,9 @@ class PPOConfig(Checked):
     stop_window: int = opt(2, "Voice watch: steps averaged before comparing with the first step.", "guards")
     voice_check_tokens: int = opt(64, "Voice check at the end of a run (0 = off): sample replies this many tokens "
                                   "long to the eval prompts from the starting and the final weights; when the final "
-                                  "ones trip the gate's distinct-2 or repetition check, keep the latest checkpoint "
-                                  "(ppo.save_every) whose replies pass instead (rlhf.training.ppo.voice_watch). 64 "
+                                  "ones trip the gate's distinct-2, repetition or length check, keep the latest "
+                                  "checkpoint (ppo.save_every) whose replies pass instead "
+                                  "(rlhf.training.ppo.voice_watch). 64 "
                                   "kept the voice on every cell of #40's table that had lost it (BENCHMARKS.md).",
                                   "guards")
     max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.", "guards")

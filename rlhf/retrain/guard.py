@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from rlhf.voice import distinct_dropped, distinct_n, most_repeated, repeats_more, repetition, words
+from rlhf.voice import distinct_dropped, distinct_n, length_changed, most_repeated, repeats_more, repetition, words
 
 CHECKS = ("length", "distinct", "repetition", "off_prompt", "kl")
 SHOWN_FIRST = ("off_prompt", "repetition", "distinct", "length", "kl")  # whose examples speak most plainly
@@ -67,10 +67,10 @@ def guard_report(prompts: list, candidate: Sequence[str], active: Sequence[str],
     """
     cand_words = [len(words(t)) for t in candidate]
     act_words = [len(words(t)) for t in active]
-    ratio = (np.mean(cand_words) + 1.0) / (np.mean(act_words) + 1.0) if candidate else 1.0
-    checks = {"length": _check(np.mean(cand_words or [0]), np.mean(act_words or [0]),
-                               [cfg.min_length_ratio, cfg.max_length_ratio],
-                               not cfg.min_length_ratio <= ratio <= cfg.max_length_ratio)}
+    w_c, w_a = float(np.mean(cand_words or [0])), float(np.mean(act_words or [0]))
+    checks = {"length": _check(w_c, w_a, [cfg.min_length_ratio, cfg.max_length_ratio],
+                               bool(candidate) and length_changed(w_c, w_a, cfg.min_length_ratio,
+                                                                  cfg.max_length_ratio))}
     d_c, d_a = distinct_n(candidate), distinct_n(active)
     checks["distinct"] = _check(d_c, d_a, cfg.max_distinct_drop, distinct_dropped(d_c, d_a, cfg.max_distinct_drop))
     rep_c, rep_a = [repetition(t) for t in candidate], [repetition(t) for t in active]

@@ -16,7 +16,7 @@ at the same step with the same weights.
 The voice check (``ppo.voice_check_tokens``) looks once, at the end, at what the watch cannot see: the final weights'
 replies at the length people read, to the held-out eval prompts. The rollouts are short and come four prompts a
 step, and replayed on 83 runs the watch stopped 12 runs that kept the voice and 8 that lost it (BENCHMARKS.md).
-When the final replies trip the gate's own distinct-2 or repetition check against the starting weights' replies
+When the final replies trip the gate's own distinct-2, repetition or length check against the starting weights' replies
 (same prompts, same sampling noise), the check goes back through the run's checkpoints, latest first, and keeps the
 first whose replies pass: a retrain that overshoots then publishes the last weights that still sounded like the
 version it started from, instead of a version the gate's guard will refuse.
@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 import torch
 
 from rlhf.training.checkpoint import STEP_DIR, checkpoints_dir, load_policy_weights
-from rlhf.voice import distinct_dropped, distinct_n, repeats_more, repetition
+from rlhf.voice import distinct_dropped, distinct_n, length_changed, repeats_more, repetition, words
 
 log = logging.getLogger(__name__)
 
@@ -100,21 +100,26 @@ class VoiceWatch:
 
 
 def voice_of(replies: Sequence[str]) -> dict:
-    """The two measures the gate's guard reads of a voice: distinct-2 over the replies and the mean share of
-    repeated 3-grams within a reply."""
+    """The three measures the gate's guard reads of a voice: distinct-2 over the replies, the mean share of repeated
+    3-grams within a reply, and the mean words a reply."""
     return {"distinct_2": distinct_n(replies),
-            "repetition": statistics.mean(repetition(r) for r in replies) if replies else 0.0}
+            "repetition": statistics.mean(repetition(r) for r in replies) if replies else 0.0,
+            "words": statistics.mean(len(words(r)) for r in replies) if replies else 0.0}
 
 
 def voice_lost(now: dict, start: dict, gate) -> Optional[str]:
     """Why replies measured ``now`` (``voice_of``) no longer sound like ``start``, by the gate's guard (``gate``: its
-    config section: the distinct-2 drop and the repetition ratio and rise); None while they do."""
+    config section: the distinct-2 drop, the repetition ratio and rise, the length ratios); None while they do. A
+    ``start`` measured before lengths were kept (a checkpoint of an older run) skips the length rule."""
     if distinct_dropped(now["distinct_2"], start["distinct_2"], gate.max_distinct_drop):
         return (f"distinct-2 {start['distinct_2']:.3f} -> {now['distinct_2']:.3f} "
                 f"(gate.max_distinct_drop={gate.max_distinct_drop})")
     if repeats_more(now["repetition"], start["repetition"], gate.max_repetition_ratio, gate.max_repetition_rise):
         return (f"repeated 3-grams {start['repetition']:.3f} -> {now['repetition']:.3f} (gate.max_repetition_ratio="
                 f"{gate.max_repetition_ratio}, gate.max_repetition_rise={gate.max_repetition_rise})")
+    if "words" in start and length_changed(now["words"], start["words"], gate.min_length_ratio, gate.max_length_ratio):
+        return (f"words a reply {start['words']:.1f} -> {now['words']:.1f} (gate.min_length_ratio="
+                f"{gate.min_length_ratio}, gate.max_length_ratio={gate.max_length_ratio})")
     return None
 
 

@@ -11,27 +11,35 @@ from rlhf.training.ppo.voice_watch import VoiceCheck, voice_lost, voice_of
 
 VARIED = ["the cat sat on a warm mat today", "a dog ran through the park at noon", "rain fell on the old roof all night"]
 LOOPING = ["the cat sat the cat sat the cat sat", "a dog ran a dog ran a dog ran", "rain fell rain fell rain fell"]
+SHORT = ["1777", "1.", "Summer"]  # a collapse to a word a reply (seen in the app): distinct-2 and repetition pass
 
 
 def config(*overrides):
     return load_config(env={}, overrides=list(overrides))
 
 
-def test_voice_lost_reads_the_gates_distinct_and_repetition_rules():
+def test_voice_lost_reads_the_gates_distinct_repetition_and_length_rules():
     gate = config().gate
     start = voice_of(VARIED)
     assert start["repetition"] == 0 and start["distinct_2"] == 1
     assert voice_lost(start, start, gate) is None
-    assert voice_lost({"distinct_2": 0.96, "repetition": 0.0}, start, gate) is None  # a 0.04 drop: under the line
-    reason = voice_lost({"distinct_2": 0.95, "repetition": 0.0}, start, gate)
+    assert voice_lost({**start, "distinct_2": 0.96}, start, gate) is None  # a 0.04 drop: under the line
+    reason = voice_lost({**start, "distinct_2": 0.95}, start, gate)
     assert reason is not None and "distinct-2 1.000 -> 0.950" in reason and "gate.max_distinct_drop" in reason
-    reason = voice_lost({"distinct_2": 1.0, "repetition": 0.03}, start, gate)  # above twice 0 and more than 0.02 up
+    reason = voice_lost({**start, "repetition": 0.03}, start, gate)  # above twice 0 and more than 0.02 up
     assert reason is not None and "repeated 3-grams 0.000 -> 0.030" in reason
     looping = voice_of(LOOPING)
     assert voice_lost(looping, start, gate) is not None
     assert voice_lost(start, looping, gate) is None  # more variety is never a loss
     strict = config("gate.max_distinct_drop=0.5").gate
-    assert voice_lost({"distinct_2": 0.9, "repetition": 0.0}, start, strict) is None
+    assert voice_lost({**start, "distinct_2": 0.9}, start, strict) is None
+    short = voice_of(SHORT)
+    assert short["distinct_2"] == 1 and short["repetition"] == 0 and start["words"] == 8 and short["words"] == 1
+    reason = voice_lost(short, start, gate)  # (1 + 1) / (8 + 1) = 0.22 of the length: under gate.min_length_ratio
+    assert reason is not None and "words a reply 8.0 -> 1.0" in reason and "gate.min_length_ratio=0.33" in reason
+    assert "words a reply 1.0 -> 8.0" in voice_lost(start, short, gate)  # 4.5 times longer: over gate.max_length_ratio
+    assert voice_lost(short, {k: v for k, v in start.items() if k != "words"}, gate) is None  # an older run's start
+    assert voice_lost(short, start, config("gate.min_length_ratio=0.2").gate) is None
 
 
 def test_on_by_default_at_the_verdicts_length_0_turns_it_off_and_bad_values_are_refused():
