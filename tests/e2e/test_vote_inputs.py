@@ -8,8 +8,10 @@ changed while a pair is shown, are refused in plain words and store nothing.
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from storage import Store
 from tests.e2e.app_process import queue_studio
@@ -45,8 +47,20 @@ def shown_item(page, other_than: int | None = None) -> int:
     """The item the status line names (waiting for one other than ``other_than``)."""
     skip = rf"(?!{other_than}\b)" if other_than is not None else ""
     line = page.locator("#vote-status")
-    line.get_by_text(re.compile(rf"Item #{skip}\d+ · ")).wait_for(timeout=SLOW)
+    try:
+        line.get_by_text(re.compile(rf"Item #{skip}\d+ · ")).wait_for(timeout=SLOW)
+    except PlaywrightTimeout:  # say what the page said instead
+        raise AssertionError(f"no item other than #{other_than} shown; the status line: {line.inner_text()!r}")
     return int(re.findall(r"Item #(\d+) · ", line.inner_text())[-1])
+
+
+def ready_for(store: Store, name: str, seconds: float = SLOW / 1000) -> None:
+    """Wait until the queue holds an item ``name`` may be shown (the refill runs in the background and, on a loaded
+    machine, can be behind the tests that used the items before)."""
+    deadline = time.monotonic() + seconds
+    while store.queue_left("assistant", name, 600) == 0:
+        assert time.monotonic() < deadline, f"the queue held nothing for {name} after {seconds:.0f} s"
+        time.sleep(0.5)
 
 
 def votes_of(store: Store, name: str) -> list:
@@ -102,6 +116,7 @@ def test_two_tabs_of_one_person_each_say_what_was_stored(studio, browser):
 def test_a_name_changed_while_a_pair_is_shown_stores_nothing_and_shows_the_new_names_pair(studio, browser):
     app, store = studio
     page, item = vote_page(browser, app.url, "kim")
+    ready_for(store, "lou")  # the pair lou gets next is one the background refill has made already
     page.get_by_placeholder(NAME_BOX).fill("lou")
     page.locator("#vote-b").click()
     after = shown_item(page, other_than=item)
