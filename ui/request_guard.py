@@ -326,6 +326,43 @@ def gradio_login(services: Services):
     return check
 
 
+# ---- /api/v1 -----------------------------------------------------------------------------------------
+class RestGuard:
+    """Pure ASGI middleware for check 5 on the REST paths. Every other path passes untouched, as a bare ASGI call:
+    wrapped in Starlette's ``BaseHTTPMiddleware``, Gradio's event stream sometimes missed a page's reload (its
+    generator was closed instead of cancelled), and a reply went on generating, and was stored, for a page gone."""
+
+    def __init__(self, app, services: Services, limiter: RateLimiter):
+        self.app = app
+        self.services = services
+        self.limiter = limiter
+
+    async def __call__(self, scope, receive, send):
+        auth = self.services.auth
+        if scope["type"] != "http" or not scope["path"].startswith(PREFIX) or auth is None \
+                or scope["path"] in PUBLIC_PATHS:
+            return await self.app(scope, receive, send)
+        request = Request(scope, receive)
+        client = request.client.host if request.client else None
+        name = basic_name(request.headers.get("authorization"))
+        if name is not None:
+            wait = auth.attempt(client, name)
+            if wait is not None:
+                return await _too_many(wait)(scope, receive, send)
+        user = await run_in_threadpool(auth.user_of, request)  # Basic means scrypt: off the event loop
+        if user and name is not None:
+            auth.succeeded(client, name)
+        wait = self.limiter.retry_after(limit_key(user, client))
+        if wait is not None:
+            return await _slow_down(wait)(scope, receive, send)
+        if not user:
+            return await error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
+                                    "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})(
+                scope, receive, send)
+        request.state.rlhf_user = user  # scope["state"]: the routes' requests read it
+        return await self.app(scope, receive, send)
+
+
 # ---- the whole guard ---------------------------------------------------------------------------------
 def install_security(app: FastAPI, services: Services, limiter: RateLimiter) -> None:
     """Install the checks above on the parent app (call after every other middleware: the last one
@@ -334,30 +371,7 @@ def install_security(app: FastAPI, services: Services, limiter: RateLimiter) -> 
     config = services.config.server
     origins = check_origins(config.allowed_origins)
 
-    @app.middleware("http")
-    async def _rest_guard(request: Request, call_next):
-        path = request.url.path
-        auth = services.auth
-        if not path.startswith(PREFIX) or auth is None or path in PUBLIC_PATHS:
-            return await call_next(request)
-        client = request.client.host if request.client else None
-        name = basic_name(request.headers.get("authorization"))
-        if name is not None:
-            wait = auth.attempt(client, name)
-            if wait is not None:
-                return _too_many(wait)
-        user = await run_in_threadpool(auth.user_of, request)  # Basic means scrypt: off the event loop
-        if user and name is not None:
-            auth.succeeded(client, name)
-        wait = limiter.retry_after(limit_key(user, client))
-        if wait is not None:
-            return _slow_down(wait)
-        if not user:
-            return error(401, "authentication required: HTTP Basic (name:password) or 'Authorization: "
-                               "Bearer <API token>'", {"WWW-Authenticate": 'Basic realm="RLHF Studio"'})
-        request.state.rlhf_user = user
-        return await call_next(request)
-
+    app.add_middleware(RestGuard, services=services, limiter=limiter)
     app.add_middleware(LoginGuard, services=services)
     app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=["*"],
                        allow_headers=["*"], max_age=600)

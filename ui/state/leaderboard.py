@@ -49,8 +49,11 @@ class _Slot:
 class Leaderboards:
     """Leaderboard tables per agent, served at once and refitted in the background (see the module docstring)."""
 
-    def __init__(self, store: Store, refit_seconds: float = 5.0):
+    def __init__(self, store: Store, refit_seconds: float = 5.0, fit=arena.board):
+        """``fit(votes, policies, n_boot=...)``: what fits a table (``arena.board``; this instance's own, so that
+        whoever watches or holds its fits sees no other instance's)."""
         self.store = store
+        self._fit = fit
         self.refit_seconds = max(0.0, float(refit_seconds))
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leaderboard")
         self._slots: dict[tuple, _Slot] = {}
@@ -143,7 +146,7 @@ class Leaderboards:
                          for c in votes), tuple((p.id, p.status) for p in policies))
         slot = self._slots[spec]
         if slot.table is None or slot.content != content:
-            table = arena.board(votes, policies, n_boot=n_boot)
+            table = self._fit(votes, policies, n_boot=n_boot)
             with self._lock:
                 slot.table, slot.content = table, content
         with self._lock:

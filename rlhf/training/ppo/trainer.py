@@ -287,15 +287,31 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
 
 
 def _voice_check(run: _Run) -> Optional[VoiceCheck]:
-    """The end-of-run voice check (``ppo.voice_check_tokens``), on the main process, when there are eval prompts."""
+    """The end-of-run voice check (``ppo.voice_check_tokens``), on the main process, when there are eval prompts:
+    sampled replies, and (``ppo.voice_check_gate``) the replies the gate's guard will read of the new version."""
     cfg = run.config.ppo
     if not VoiceCheck.wanted(cfg) or not run.main:
         return None
     if not run.eval_prompts:
         log.info("no eval prompts: no voice check (ppo.voice_check_tokens)")
         return None
-    return VoiceCheck(run.config, run.policy, lambda: sample_replies(
-        run.policy, run.tokenizer, run.eval_prompts, cfg, run.acc.device, cfg.seed, cfg.voice_check_tokens))
+    samplers = {"sampled": lambda: sample_replies(run.policy, run.tokenizer, run.eval_prompts, cfg, run.acc.device,
+                                                  cfg.seed, cfg.voice_check_tokens)}
+    if cfg.voice_check_gate:
+        samplers["gate"] = lambda: gate_replies(run.policy, run.tokenizer, run.eval_prompts, run.config)
+    return VoiceCheck(run.config, run.policy, samplers)
+
+
+def gate_replies(policy, tokenizer, prompts: Sequence[list[dict]], config: AppConfig) -> list[str]:
+    """The policy's replies as the retrain's evaluation generates the new version's for the gate's guard
+    (``rlhf.retrain.assess.evaluate_phase``): same engine, prompts, length, temperature and seed."""
+    from rlhf.training.generation import generate_replies
+
+    peft = policy.policy
+    (replies,) = generate_replies(peft, tokenizer, list(prompts), [peft.active_adapter], config.eval.max_new_tokens,
+                                  config.eval.reply_temperature, config.ppo.seed + config.eval.seed_offset,
+                                  max_prompt_tokens=config.eval.max_prompt_tokens)
+    return replies.texts
 
 
 def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, seconds: float,

@@ -16,10 +16,13 @@ at the same step with the same weights.
 The voice check (``ppo.voice_check_tokens``) looks once, at the end, at what the watch cannot see: the final weights'
 replies at the length people read, to the held-out eval prompts. The rollouts are short and come four prompts a
 step, and replayed on 83 runs the watch stopped 12 runs that kept the voice and 8 that lost it (BENCHMARKS.md).
-When the final replies trip the gate's own distinct-2, repetition or length check against the starting weights' replies
-(same prompts, same sampling noise), the check goes back through the run's checkpoints, latest first, and keeps the
-first whose replies pass: a retrain that overshoots then publishes the last weights that still sounded like the
-version it started from, instead of a version the gate's guard will refuse.
+It reads two views of the replies: sampled ones (PPO's temperature, ``ppo.voice_check_tokens`` long, what people
+chatting hear) and (``ppo.voice_check_gate``) the very replies the retrain's evaluation will show the gate's guard
+(greedy by default, ``eval.max_new_tokens`` long). When either view's replies trip the gate's own distinct-2,
+repetition or length check against the starting weights' (same prompts, same sampling noise), the check goes back
+through the run's checkpoints, latest first, and keeps the first whose replies pass in both: a retrain that
+overshoots then publishes the last weights that still sounded like the version it started from, instead of a version
+the gate's guard will refuse.
 """
 from __future__ import annotations
 
@@ -123,26 +126,41 @@ def voice_lost(now: dict, start: dict, gate) -> Optional[str]:
     return None
 
 
-class VoiceCheck:
-    """The end-of-run voice check: ``sample`` measures the policy's voice on the eval prompts (the same sampling
-    noise each time), ``settle`` keeps the final weights or the latest checkpoint whose voice passes."""
+VIEWS = {"sampled": "sampled replies", "gate": "the gate's replies"}  # what each view of the check reads
 
-    def __init__(self, config, policy, sample):
+
+def views_lost(now: dict, start: dict, gate) -> Optional[str]:
+    """``voice_lost`` on each view measured both ``now`` and at the ``start`` (``VoiceCheck.measure``), the reason
+    naming the view; a ``start`` of an older run (one flat voice: its sampled replies) is read as that view."""
+    if "distinct_2" in start:
+        start = {"sampled": start}
+    for view, voice in now.items():
+        if view in start and (reason := voice_lost(voice, start[view], gate)) is not None:
+            return f"{VIEWS.get(view, view)}: {reason}"
+    return None
+
+
+class VoiceCheck:
+    """The end-of-run voice check: ``measure`` reads the policy's voice on the eval prompts in each view
+    (``samplers``: view -> a function returning the policy's replies, the same noise each call), ``settle`` keeps
+    the final weights or the latest checkpoint whose voice passes in every view."""
+
+    def __init__(self, config, policy, samplers: dict):
         self.gate, self.policy = config.gate, policy
-        self.sample = sample  # () -> the policy's replies to the eval prompts, ppo.voice_check_tokens long
+        self.samplers = samplers
 
     @staticmethod
     def wanted(cfg) -> bool:
         return cfg.voice_check_tokens > 0
 
     def measure(self) -> dict:
-        return voice_of(self.sample())
+        return {view: voice_of(sample()) for view, sample in self.samplers.items()}
 
     def settle(self, start: dict, run_dir: Path, final_step: int) -> Optional[dict]:
         """None when the final weights keep the voice of ``start``; else ``{step, kept, reason}`` with the policy on
         the latest earlier checkpoint whose replies pass (``kept`` = ``step``, the final weights, when none does:
         the gate's guard then decides)."""
-        reason = voice_lost(self.measure(), start, self.gate)
+        reason = views_lost(self.measure(), start, self.gate)
         if reason is None:
             return None
         final = trainable_copy(self.policy)
@@ -150,7 +168,7 @@ class VoiceCheck:
                           if (m := STEP_DIR.match(d.name)) and int(m.group(1)) < final_step), reverse=True)
         for step, checkpoint in earlier:
             load_policy_weights(self.policy, checkpoint)
-            if voice_lost(self.measure(), start, self.gate) is None:
+            if views_lost(self.measure(), start, self.gate) is None:
                 log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
                             final_step, step)
                 return {"step": final_step, "kept": step, "reason": reason}

@@ -2,7 +2,8 @@
 a fit cause one more fit, a vote flipped back fits nothing, and the arena's pairing never queues behind a fit.
 
 The fit (``rlhf.analysis.arena.board``) is wrapped so that it can be held on an Event: what these tests check is
-who waits for whom, never how long anything takes."""
+who waits for whom, never how long anything takes. Each test's Leaderboards gets the wrapper as its own ``fit``, so
+no other test's refit thread (an app's, still running in this worker) can count or hold as one of its fits."""
 from __future__ import annotations
 
 import threading
@@ -18,7 +19,7 @@ HOLD = 60  # a safety net only: a held fit is always released by the test
 class Fits:
     """Counts the full fits (the pairing's n_boot=0 ones apart) and can hold the next one until released."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self):
         self.full, self.pairing = [], []
         self.held, self.release, self.done = threading.Event(), threading.Event(), threading.Event()
         self.hold_next = False
@@ -38,7 +39,7 @@ class Fits:
             finally:
                 self.done.set()
 
-        monkeypatch.setattr(pairing, "board", board)
+        self.board = board
 
     def hold(self):
         self.hold_next = True
@@ -64,8 +65,8 @@ def board(store, tmp_path):
 
 
 @pytest.fixture
-def fits(monkeypatch):
-    return Fits(monkeypatch)
+def fits():
+    return Fits()
 
 
 def votes_of(table) -> int:
@@ -73,7 +74,7 @@ def votes_of(table) -> int:
 
 
 def test_a_reader_gets_the_last_table_while_a_refit_runs_and_many_votes_cause_one_more_fit(store, board, fits):
-    boards = Leaderboards(store, refit_seconds=0)
+    boards = Leaderboards(store, refit_seconds=0, fit=fits.board)
     try:
         assert votes_of(boards.table("assistant")) == 1 and fits.full == [1]
         second = store.create_conversation("assistant", "bob", messages=[{"role": "user", "content": "q2"}])
@@ -98,7 +99,7 @@ def test_a_reader_gets_the_last_table_while_a_refit_runs_and_many_votes_cause_on
 
 
 def test_a_vote_flipped_back_fits_nothing(store, board, fits):
-    boards = Leaderboards(store, refit_seconds=0)
+    boards = Leaderboards(store, refit_seconds=0, fit=fits.board)
     try:
         boards.table("assistant")
         flip(store, board, "b")
@@ -112,7 +113,7 @@ def test_a_vote_flipped_back_fits_nothing(store, board, fits):
 
 
 def test_refits_wait_for_the_interval_and_readers_never_do(store, board, fits):
-    boards = Leaderboards(store, refit_seconds=3600)
+    boards = Leaderboards(store, refit_seconds=3600, fit=fits.board)
     try:
         boards.table("assistant")  # the first table (nothing to serve before it)
         flip(store, board, "b")
@@ -126,7 +127,7 @@ def test_refits_wait_for_the_interval_and_readers_never_do(store, board, fits):
 
 
 def test_the_arenas_pairing_does_not_queue_behind_a_fit(store, board, fits):
-    boards = Leaderboards(store, refit_seconds=0)
+    boards = Leaderboards(store, refit_seconds=0, fit=fits.board)
     try:
         boards.table("assistant")
         fits.hold()

@@ -259,7 +259,8 @@ def test_the_voice_check_samples_the_start_and_end_without_touching_training(tmp
     checked = train_ppo(config, str(few_words), reply_length, PROMPTS, PROMPTS[:4], tmp_path / "checked")
     assert [m["voice/distinct2"] for m in checked.history] == [m["voice/distinct2"] for m in free.history]
     start = json.loads((tmp_path / "checked" / "checkpoints" / "step-000001" / "trainer_state.json").read_text())
-    assert set(start["voice_start"]) == {"distinct_2", "repetition", "words"}
+    assert {view: set(voice) for view, voice in start["voice_start"].items()} == {
+        view: {"distinct_2", "repetition", "words"} for view in ("sampled", "gate")}
     stop = checked.voice_stop
     assert stop is not None and stop["by"] == "check" and stop["step"] == 4 and stop["of"] == 4
     assert stop["kept"] == 4 and "gate.max_distinct_drop" in stop["reason"]

@@ -7,7 +7,7 @@ import torch
 
 from rlhf.config import ConfigError, load_config
 from rlhf.training.checkpoint import save_checkpoint
-from rlhf.training.ppo.voice_watch import VoiceCheck, voice_lost, voice_of
+from rlhf.training.ppo.voice_watch import VoiceCheck, views_lost, voice_lost, voice_of
 
 VARIED = ["the cat sat on a warm mat today", "a dog ran through the park at noon", "rain fell on the old roof all night"]
 LOOPING = ["the cat sat the cat sat the cat sat", "a dog ran a dog ran a dog ran", "rain fell rain fell rain fell"]
@@ -80,8 +80,8 @@ def loops_after(step: float):
 def test_a_final_that_lost_its_voice_goes_back_to_the_latest_checkpoint_that_kept_it(policy, tmp_path):
     with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
     sample = loops_after(2)
-    check = VoiceCheck(config(), policy, lambda: sample(policy))
-    stop = check.settle(voice_of(VARIED), tmp_path, final_step=4)
+    check = VoiceCheck(config(), policy, {"sampled": lambda: sample(policy)})
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4)
     assert stop is not None and (stop["step"], stop["kept"]) == (4, 2) and "gate.max_distinct_drop" in stop["reason"]
     assert torch.all(marker(policy) == 2.0)  # the weights after step 2, read back from its checkpoint
 
@@ -89,7 +89,8 @@ def test_a_final_that_lost_its_voice_goes_back_to_the_latest_checkpoint_that_kep
 def test_when_no_checkpoint_kept_the_voice_the_final_weights_stay(policy, tmp_path):
     with_checkpoints(policy, tmp_path, [1, 2, 3])
     sample = loops_after(0)
-    stop = VoiceCheck(config(), policy, lambda: sample(policy)).settle(voice_of(VARIED), tmp_path, final_step=3)
+    stop = VoiceCheck(config(), policy, {"sampled": lambda: sample(policy)}).settle({"sampled": voice_of(VARIED)},
+                                                                                   tmp_path, final_step=3)
     assert stop is not None and stop["kept"] == stop["step"] == 3
     assert torch.all(marker(policy) == 3.0)
 
@@ -101,5 +102,47 @@ def test_a_final_that_kept_its_voice_is_left_alone(policy, tmp_path):
     def sample():
         calls.append(1)
         return VARIED
-    assert VoiceCheck(config(), policy, sample).settle(voice_of(VARIED), tmp_path, final_step=2) is None
+    assert VoiceCheck(config(), policy, {"sampled": sample}).settle({"sampled": voice_of(VARIED)}, tmp_path,
+                                                                    final_step=2) is None
     assert len(calls) == 1 and torch.all(marker(policy) == 2.0)
+
+
+def test_each_view_is_checked_and_the_reason_names_the_one_that_lost_the_voice():
+    gate = config().gate
+    start = {"sampled": voice_of(VARIED), "gate": voice_of(VARIED)}
+    assert views_lost(start, start, gate) is None
+    reason = views_lost({"sampled": voice_of(VARIED), "gate": voice_of(LOOPING)}, start, gate)
+    assert reason.startswith("the gate's replies: ") and "gate.max_distinct_drop" in reason
+    reason = views_lost({"sampled": voice_of(SHORT), "gate": voice_of(VARIED)}, start, gate)
+    assert reason.startswith("sampled replies: ") and "gate.min_length_ratio" in reason
+    older = voice_of(VARIED)  # an older run's start: one flat voice, of its sampled replies
+    assert views_lost({"sampled": voice_of(VARIED), "gate": voice_of(LOOPING)}, older, gate) is None
+    assert views_lost({"sampled": voice_of(LOOPING), "gate": voice_of(VARIED)}, older, gate) is not None
+
+
+def test_a_final_whose_sampled_replies_pass_but_the_gates_loop_goes_back(policy, tmp_path):
+    """What a retrain driven through the app did: sampled at temperature 1 its replies kept the voice, greedy (what
+    the gate's guard reads) they looped, and the guard refused the version. Both views must pass."""
+    with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
+    greedy = loops_after(1)
+    check = VoiceCheck(config(), policy, {"sampled": lambda: VARIED, "gate": lambda: greedy(policy)})
+    stop = check.settle({"sampled": voice_of(VARIED), "gate": voice_of(VARIED)}, tmp_path, final_step=4)
+    assert (stop["step"], stop["kept"]) == (4, 1) and stop["reason"].startswith("the gate's replies: ")
+    assert torch.all(marker(policy) == 1.0)
+    assert not config("ppo.voice_check_gate=false").ppo.voice_check_gate and config().ppo.voice_check_gate
+
+
+def test_the_gate_view_reads_the_replies_the_guard_reads(policy, tiny_model_dir):
+    """Fresh LoRA weights answer as the base: the check's gate view of them is the evaluation's greedy reply of the
+    base (``generate_replies`` with no adapter, as the guard reads the active version's), prompt for prompt."""
+    from rlhf.base_models import load_tokenizer
+    from rlhf.training.generation import generate_replies
+    from rlhf.training.ppo.trainer import gate_replies
+
+    cfg = config("eval.max_new_tokens=12")
+    tokenizer = load_tokenizer(str(tiny_model_dir), cfg.chat_template)
+    prompts = [[{"role": "user", "content": q}] for q in ("Why is the sky blue?", "Name a prime number.")]
+    mine = gate_replies(policy, tokenizer, prompts, cfg)
+    (base,) = generate_replies(policy.policy, tokenizer, prompts, [None], 12, cfg.eval.reply_temperature,
+                               cfg.ppo.seed + cfg.eval.seed_offset, max_prompt_tokens=cfg.eval.max_prompt_tokens)
+    assert mine == base.texts and all(mine)
