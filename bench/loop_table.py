@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.verdict import keeps_voice
+from bench.verdict import guard_voice, keeps_voice, published_win
 
 # #40's goals: the mean win rate over preferences a default must reach at each vote count.
 GOALS = {16: 0.65, 32: 0.75, 64: 0.85}
@@ -42,8 +42,10 @@ def run_cell(config, oracle: str, votes: int, methods: list[str], seeds: list[in
             cfg = apply_overrides(config, {"retrain.method": method, "ppo.seed": seed,
                                            f"{get_method(method).section}.seed": seed})
             row = one_oracle(cfg, source, device, featurize, pool, oracle, votes, eval_prompts, samples, gate=False)
+            gate_view = cfg.ppo.voice_check_gate and cfg.ppo.voice_check_tokens > 0
             with open(out, "a") as f:
-                f.write(json.dumps({**row, "votes_asked": votes, "device": device, "variant": variant}) + "\n")
+                f.write(json.dumps({**row, "votes_asked": votes, "device": device, "variant": variant,
+                                    "guard_voice": guard_voice(row["method_metrics"], gate_view)}) + "\n")
 
 
 def method_label(row: dict) -> str:
@@ -73,15 +75,26 @@ def summarise(rows: list[dict]) -> list[dict]:
                     "train_s": statistics.mean(x["train_s"] for x in runs),
                     "reward_s": statistics.mean(x.get("reward_s", 0.0) for x in runs),
                     "goal": GOALS.get(votes), "distinct_drops": drops,
-                    "pairs": statistics.mean(x["pairs"] for x in runs), "wins": wins})
+                    "pairs": statistics.mean(x["pairs"] for x in runs), "wins": wins, **published(by_oracle)})
     return out
+
+
+def published(by_oracle: dict[str, list[dict]]) -> dict:
+    """How many runs the gate's guard would publish by its voice rules, and the mean over oracles of what the team
+    gets (``published_win``); both None unless every run says."""
+    wins = {o: [published_win(x) for x in runs] for o, runs in by_oracle.items()}
+    if any(w is None for ws in wins.values() for w in ws):
+        return {"published": None, "published_win": None}
+    return {"published": sum(bool(x.get("guard_voice")) for rs in by_oracle.values() for x in rs),
+            "published_win": statistics.mean(statistics.mean(ws) for ws in wins.values())}
 
 
 def markdown(rows: list[dict]) -> str:
     """The table: one line per method and vote count, against #40's goal; then each preference's win rate."""
     lines = ["| method | votes | win rate mean (goal) | worst (oracle) | distinct-2 drop mean / worst | repeated "
-             "3-grams rise worst | words vs base, fewest (oracle) | KL | voice kept | reward model s | policy s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "3-grams rise worst | words vs base, fewest (oracle) | KL | voice kept | guard publishes (win mean) | "
+             "reward model s | policy s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = summarise(rows)
     for s in summary:
         met = s["goal"] is not None and round(s["mean_win"], 6) >= s["goal"]
@@ -89,8 +102,14 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {s['method']} | {s['votes']} | {s['mean_win']:.2f}{goal} | {s['worst_win']:.2f} "
                      f"({s['worst_oracle']}) | {s['mean_distinct_drop']:+.3f} / {s['worst_distinct_drop']:+.3f} | "
                      f"{s['worst_repetition_rise']:+.3f} | {s['shortest']:.2f} ({s['shortest_oracle']}) | "
-                     f"{s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | {s['reward_s']:.0f} | {s['train_s']:.0f} |")
+                     f"{s['kl']:.2f} | {s['voice_kept']}/{s['runs']} | {guard_cell(s)} | {s['reward_s']:.0f} | "
+                     f"{s['train_s']:.0f} |")
     return "\n".join(lines) + "\n\n" + per_oracle(summary)
+
+
+def guard_cell(s: dict) -> str:
+    """"published/runs (mean win rate with refused runs at 0.5)", or - where the rows do not say."""
+    return "-" if s["published"] is None else f"{s['published']}/{s['runs']} ({s['published_win']:.2f})"
 
 
 def per_oracle(summary: list[dict]) -> str:

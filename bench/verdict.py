@@ -147,3 +147,22 @@ def keeps_voice(row: dict) -> bool:
     (the same sampled replies of both)."""
     return (row["distinct_2"] >= row["base_distinct_2"] - DISTINCT_SLACK - 1e-9
             and row["repetition"] <= row["base_repetition"] + REPETITION_SLACK + 1e-9)
+
+
+def guard_voice(method_metrics: dict, gate_view: bool) -> bool | None:
+    """Whether the weights a PPO run published pass the voice rules of the gate's guard (distinct-2, repeated
+    3-grams, length against the base's replies), as its voice check read them on the very replies the guard reads
+    (``gate_view``: ``ppo.voice_check_gate`` was on). None when the run does not say: another method, or the check
+    did not read the gate's replies. A version these rules fail is refused, and the team keeps the base."""
+    if not gate_view or "ppo/reward_after" not in method_metrics:
+        return None
+    if method_metrics.get("voice_watch/by") != "check":
+        return True  # the check passed the final weights (a watch's stop was checked too)
+    return method_metrics.get("voice_watch/passes") == "every view"
+
+
+def published_win(row: dict) -> float | None:
+    """The win rate over the base of what the team gets: the run's, or 0.5 when the guard's voice rules refuse it
+    (the base stays); None when the row does not say whether they would (``guard_voice``)."""
+    passes = row.get("guard_voice")
+    return None if passes is None else (row["oracle_win_rate"] if passes else 0.5)

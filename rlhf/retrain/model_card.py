@@ -48,7 +48,7 @@ class CardFacts:
     gate_high: Optional[float] = None
     gate_reason: Optional[str] = None
     kl_to_base: Optional[float] = None
-    voice_stop: Optional[dict] = None  # {step, kept, of, by}: the voice watch stopped training, or the check went back
+    voice_stop: Optional[dict] = None  # {step, kept, of, by, passes}: the voice watch stopped training, or the check went back
     method: Optional[str] = None  # retrain.method of the run that trained it (None: imported, or not known)
     arena_rating: Optional[float] = None
     arena_low: Optional[float] = None
@@ -153,7 +153,8 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         method=((policy.config.get("retrain") or {}).get("method") or m.get("retrain/method")) if trained else None,
         kl_to_base=_number(m.get("eval/kl")),
         voice_stop={**{k: m[f"voice_watch/{k}"] for k in ("step", "kept", "of")},
-                    "by": m.get("voice_watch/by", "watch")} if "voice_watch/step" in m else None,
+                    "by": m.get("voice_watch/by", "watch"), "passes": m.get("voice_watch/passes")}
+        if "voice_watch/step" in m else None,
         arena_rating=_number(row.get("bt")) if rated else None, arena_low=_number(row.get("ci_low")) if rated else None,
         arena_high=_number(row.get("ci_high")) if rated else None, arena_votes=int(row.get("votes", 0)),
         lora={k: adapter_cfg.get(k) for k in ("r", "lora_alpha", "target_modules") if k in adapter_cfg})
@@ -215,7 +216,9 @@ def _voice_sentence(stop: dict) -> str:
         return (f"- After step {stop['step']} of {stop['of']} its replies to held-out prompts repeated themselves or "
                 f"varied less than at the start, so "
                 + (f"it kept the weights after step {stop['kept']} (the voice check)." if stop["kept"] < stop["step"]
-                   else "the voice check looked for earlier weights that did not, and found none."))
+                   else "the voice check looked for earlier weights that did not, and found none.")
+                + (f" No checkpoint passed in every view the check reads; these weights' {stop['passes']} did."
+                   if stop.get("passes") not in (None, "every view", "none") and stop["kept"] < stop["step"] else ""))
     return (f"- Training stopped at step {stop['step']} of {stop['of']}: its replies had begun to repeat themselves or "
             f"vary less than at the start, so it kept the weights after step {stop['kept']} (the voice watch).")
 

@@ -111,3 +111,27 @@ def test_the_watch_command_refuses_thresholds_that_watch_nothing(tmp_path, capsy
         assert "--rise and --drop" in capsys.readouterr().err
     assert loop_table.main(["watch", str(path), "--label", "ppo (default)"]) == 0
     assert "| ppo (default) | 32 | a | 0 | 0.80 | kept | runs on |" in capsys.readouterr().out
+
+
+def test_the_table_counts_what_the_guards_voice_rules_would_publish():
+    """A refused run leaves the team on the base (0.5); rows that do not say show -."""
+    rows = [{**row("a", "ppo", 0, 0.9), "guard_voice": True}, {**row("a", "ppo", 1, 0.9), "guard_voice": False},
+            {**row("b", "ppo", 0, 0.6), "guard_voice": True}, {**row("b", "ppo", 1, 0.8), "guard_voice": True},
+            row("a", "dpo", 0, 0.9)]
+    by = {s["method"]: s for s in loop_table.summarise(rows)}
+    assert by["ppo"]["published"] == 3 and abs(by["ppo"]["published_win"] - (0.7 + 0.7) / 2) < 1e-9
+    assert by["dpo"]["published"] is None
+    out = loop_table.markdown(rows)
+    assert "| 4/4 | 3/4 (0.70) |" in out and "| 1/1 | - |" in out  # voice kept, then what is published
+
+
+def test_a_ppo_runs_guard_voice_is_read_from_its_voice_check():
+    from bench.verdict import guard_voice
+
+    ppo = {"ppo/reward_after": 0.3}
+    assert guard_voice(ppo, gate_view=True) is True  # the check passed the final weights
+    went_back = {**ppo, "voice_watch/by": "check", "voice_watch/kept": 8, "voice_watch/step": 16}
+    assert guard_voice({**went_back, "voice_watch/passes": "every view"}, gate_view=True) is True
+    assert guard_voice({**went_back, "voice_watch/passes": "sampled replies"}, gate_view=True) is False
+    assert guard_voice({**ppo, "voice_watch/by": "watch"}, gate_view=True) is True
+    assert guard_voice(ppo, gate_view=False) is None and guard_voice({"dpo/loss": 0.1}, gate_view=True) is None

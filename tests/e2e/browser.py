@@ -103,7 +103,13 @@ def set_max_tokens(page, n: int) -> None:
     slider = page.get_by_label("range slider for Max new tokens", exact=True)
     if not number.is_visible():
         page.get_by_role("button", name=re.compile("^Generation settings")).click()
+    # A key pressed while the accordion still opens goes to the page, not the slider (the slider then kept its
+    # old value on a loaded CI machine): wait until both inputs show.
+    expect(slider).to_be_visible(timeout=SLOW)
+    expect(number).to_be_visible(timeout=SLOW)
     if str(n) == slider.get_attribute("max"):
+        slider.focus()
+        expect(slider).to_be_focused()
         slider.press("End")  # the slider's own key: the value moves with the knob
     else:
         number.fill(str(n))

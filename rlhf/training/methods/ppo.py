@@ -28,7 +28,7 @@ class PPO(PolicyMethod):
     def result_metrics(self, trained, pairs):
         stop = trained.voice_stop or {}  # the voice watch's stop or the voice check's (rlhf.training.ppo.voice_watch)
         return {"ppo/reward_after": trained.reward_after,
-                **{f"voice_watch/{k}": stop[k] for k in ("step", "kept", "of", "reason", "by") if k in stop}}
+                **{f"voice_watch/{k}": stop[k] for k in ("step", "kept", "of", "reason", "by", "passes") if k in stop}}
 
 
 METHOD = PPO()

@@ -22,7 +22,9 @@ chatting hear) and (``ppo.voice_check_gate``) the very replies the retrain's eva
 repetition or length check against the starting weights' (same prompts, same sampling noise), the check goes back
 through the run's checkpoints, latest first, and keeps the first whose replies pass in both: a retrain that
 overshoots then publishes the last weights that still sounded like the version it started from, instead of a version
-the gate's guard will refuse.
+the gate's guard will refuse. When no checkpoint passes in both views, it keeps the latest weights whose sampled
+replies pass (the guard will refuse them, but what an admin may still promote by hand sounds like the policy), and
+the final weights when none does.
 """
 from __future__ import annotations
 
@@ -157,21 +159,35 @@ class VoiceCheck:
         return {view: voice_of(sample()) for view, sample in self.samplers.items()}
 
     def settle(self, start: dict, run_dir: Path, final_step: int) -> Optional[dict]:
-        """None when the final weights keep the voice of ``start``; else ``{step, kept, reason}`` with the policy on
-        the latest earlier checkpoint whose replies pass (``kept`` = ``step``, the final weights, when none does:
-        the gate's guard then decides)."""
-        reason = views_lost(self.measure(), start, self.gate)
+        """None when the final weights keep the voice of ``start``; else ``{step, kept, reason, passes}`` with the
+        policy on the latest earlier checkpoint whose replies pass in every view. When none does, the policy is on the
+        latest weights (the final ones included) whose replies pass in the first view (what people chatting hear),
+        else on the final weights (``kept`` = ``step``); the gate's guard then decides. ``passes``: "every view", the
+        view the kept weights pass in, or "none"."""
+        now = self.measure()
+        reason = views_lost(now, start, self.gate)
         if reason is None:
             return None
         final = trainable_copy(self.policy)
+        first = next(iter(self.samplers))
+        heard = final_step if views_lost({first: now[first]}, start, self.gate) is None else None
         earlier = sorted(((int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
                           if (m := STEP_DIR.match(d.name)) and int(m.group(1)) < final_step), reverse=True)
         for step, checkpoint in earlier:
             load_policy_weights(self.policy, checkpoint)
-            if views_lost(self.measure(), start, self.gate) is None:
+            now = self.measure()
+            if views_lost(now, start, self.gate) is None:
                 log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
                             final_step, step)
-                return {"step": final_step, "kept": step, "reason": reason}
-        restore(self.policy, final)
-        log.warning("PPO voice check: %s after step %d, and no earlier checkpoint keeps the voice", reason, final_step)
-        return {"step": final_step, "kept": final_step, "reason": reason}
+                return {"step": final_step, "kept": step, "reason": reason, "passes": "every view"}
+            if heard is None and views_lost({first: now[first]}, start, self.gate) is None:
+                heard = step
+        passes = VIEWS.get(first, first) if heard is not None else "none"
+        if heard is None or heard == final_step:
+            restore(self.policy, final)
+            heard = final_step
+        else:
+            load_policy_weights(self.policy, dict(earlier)[heard])
+        log.warning("PPO voice check: %s after step %d, and no earlier checkpoint keeps the voice in every view; "
+                    "keeping the weights after step %d (passes: %s)", reason, final_step, heard, passes)
+        return {"step": final_step, "kept": heard, "reason": reason, "passes": passes}

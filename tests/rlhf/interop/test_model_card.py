@@ -409,9 +409,10 @@ def test_the_card_says_when_the_voice_check_went_back_to_earlier_weights(shipped
     agent = store.get_agent(shipped["v1"].agent_id)
     reason = "repeated 3-grams 0.019 -> 0.096 (gate.max_repetition_ratio=2.0, gate.max_repetition_rise=0.02)"
     cards = []
-    for i, kept in enumerate((12, 16)):  # went back to step 12; found no earlier weights that kept the voice
+    # went back to step 12; found no earlier weights that kept the voice; kept step 12's, whose sampled replies passed
+    for i, (kept, passes) in enumerate(((12, "every view"), (16, "none"), (12, "sampled replies"))):
         checked = {**METRICS, "voice_watch/step": 16, "voice_watch/kept": kept, "voice_watch/of": 16,
-                   "voice_watch/reason": reason, "voice_watch/by": "check"}
+                   "voice_watch/reason": reason, "voice_watch/by": "check", "voice_watch/passes": passes}
         version = publish_version(store, config, agent.name,
                                   make_adapter(shipped["local_base"], tmp_path / f"v{i}", seed=8 + i),
                                   parent_id=shipped["v1"].id, promote=False, job_id=None,
@@ -420,4 +421,6 @@ def test_the_card_says_when_the_voice_check_went_back_to_earlier_weights(shipped
         cards.append(render_card(card_facts(store, version)))
     assert "After step 16 of 16" in cards[0] and "kept the weights after step 12 (the voice check)" in cards[0]
     assert "found none" in cards[1] and "kept the weights" not in cards[1]
+    assert "No checkpoint passed" not in cards[0] + cards[1]
+    assert "kept the weights after step 12" in cards[2] and "these weights' sampled replies did" in cards[2]
     assert all("Training stopped" not in card for card in cards)

@@ -132,6 +132,25 @@ def test_a_final_whose_sampled_replies_pass_but_the_gates_loop_goes_back(policy,
     assert not config("ppo.voice_check_gate=false").ppo.voice_check_gate and config().ppo.voice_check_gate
 
 
+def test_when_no_checkpoint_passes_both_views_the_latest_whose_sampled_replies_pass_stays(policy, tmp_path):
+    """Measured in the loop table: the greedy replies looped at every checkpoint, and keeping the final weights then
+    published sampled replies that had lost the voice where the sampled view alone had kept step 12's."""
+    with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
+    sampled = loops_after(2)
+    check = VoiceCheck(config(), policy, {"sampled": lambda: sampled(policy), "gate": lambda: LOOPING})
+    stop = check.settle({"sampled": voice_of(VARIED), "gate": voice_of(VARIED)}, tmp_path, final_step=4)
+    assert (stop["step"], stop["kept"]) == (4, 2) and stop["reason"].startswith("sampled replies: ")
+    assert torch.all(marker(policy) == 2.0)
+
+
+def test_when_no_checkpoint_passes_both_views_final_weights_whose_sampled_replies_pass_stay(policy, tmp_path):
+    with_checkpoints(policy, tmp_path, [1, 2, 3])
+    check = VoiceCheck(config(), policy, {"sampled": lambda: VARIED, "gate": lambda: LOOPING})
+    stop = check.settle({"sampled": voice_of(VARIED), "gate": voice_of(VARIED)}, tmp_path, final_step=3)
+    assert stop["kept"] == stop["step"] == 3 and stop["reason"].startswith("the gate's replies: ")
+    assert torch.all(marker(policy) == 3.0)
+
+
 def test_the_gate_view_reads_the_replies_the_guard_reads(policy, tiny_model_dir):
     """Fresh LoRA weights answer as the base: the check's gate view of them is the evaluation's greedy reply of the
     base (``generate_replies`` with no adapter, as the guard reads the active version's), prompt for prompt."""
