@@ -1,7 +1,9 @@
 """Evaluate a candidate policy against the active one on held-out prompts, and gate its promotion.
 
-Both versions answer the same prompts, greedily by default (``eval.reply_temperature``: one sample per prompt at
-temperature 1 made the verdict mostly noise on a dozen prompts); the new reward model scores both (blind pairwise
+Both versions answer the same prompts, one reply each sampled at ``eval.reply_temperature`` (by default the serving
+temperature, 0.7, so the gate reads replies as people are served them; 0 = greedy, which magnifies a formula nobody
+hears; temperature 1 made the verdict mostly noise on a dozen prompts) with the same seed for both versions; the new
+reward model scores both (blind pairwise
 win rate = share of prompts where the candidate scores higher, ties half). KL to the base is the Monte-Carlo estimate
 E_y~π[log π(y|x) − log π_base(y|x)] on the candidate's own *sampled* replies (the sequence-level KL of
 Ziegler et al. 2019), since greedy replies would not be draws from π; the retrain takes it from PPO's final

@@ -6,9 +6,9 @@ Order of the rules (``decide``), each a reason a team lead can read in the job r
 2. No held-out judge (too few pairs, pointwise feedback, ``gate.judge_share`` 0): inconclusive — people decide.
 3. The judge's accuracy on votes it never saw cannot be told from chance (95% Wilson interval includes 0.5):
    inconclusive. Its win rate would be a coin flip dressed as a number.
-4. The judge's win rate of candidate over active (greedy replies to the held-out prompts, bootstrap over prompts
-   and judge members): promote when the lower bound is above ``retrain.min_win_rate``, reject when the upper
-   bound is below 0.5, otherwise inconclusive.
+4. The judge's win rate of candidate over active (replies to the held-out prompts at ``eval.reply_temperature``,
+   bootstrap over prompts and judge members): promote when the lower bound is above ``retrain.min_win_rate``,
+   reject when the upper bound is below 0.5, otherwise inconclusive.
 5. A promote stands only when the reward model PPO followed can itself be told from chance (its cross-validated
    interval excludes 0.5) and the guard (``rlhf.retrain.guard``) did not trip; otherwise inconclusive.
 

@@ -18,11 +18,11 @@ replies at the length people read, to the held-out eval prompts. The rollouts ar
 step, and replayed on 83 runs the watch stopped 12 runs that kept the voice and 8 that lost it (BENCHMARKS.md).
 It reads two views of the replies: sampled ones (PPO's temperature, ``ppo.voice_check_tokens`` long, what people
 chatting hear) and (``ppo.voice_check_gate``) the very replies the retrain's evaluation will show the gate's guard
-(greedy by default, ``eval.max_new_tokens`` long). When either view's replies trip the gate's own distinct-2,
-repetition or length check against the starting weights' (same prompts, same sampling noise), the check goes back
-through the run's checkpoints, latest first, and keeps the first whose replies pass in both: a retrain that
-overshoots then publishes the last weights that still sounded like the version it started from, instead of a version
-the gate's guard will refuse. When no checkpoint passes in both views, it keeps the latest weights whose sampled
+(at ``eval.reply_temperature``, the serving temperature by default, ``eval.max_new_tokens`` long). When either
+view's replies trip the gate's own distinct-2, repetition or length check against the starting weights' (same
+prompts, same sampling noise), the check goes back through the run's checkpoints, latest first, and keeps the first
+whose replies pass in both: a retrain that overshoots then publishes the last weights that still sounded like the
+version it started from, instead of a version the gate's guard will refuse. When no checkpoint passes in both views, it keeps the latest weights whose sampled
 replies pass (the guard will refuse them, but what an admin may still promote by hand sounds like the policy), and
 the final weights when none does.
 """

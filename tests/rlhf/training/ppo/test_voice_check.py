@@ -152,8 +152,9 @@ def test_when_no_checkpoint_passes_both_views_final_weights_whose_sampled_replie
 
 
 def test_the_gate_view_reads_the_replies_the_guard_reads(policy, tiny_model_dir):
-    """Fresh LoRA weights answer as the base: the check's gate view of them is the evaluation's greedy reply of the
-    base (``generate_replies`` with no adapter, as the guard reads the active version's), prompt for prompt."""
+    """Fresh LoRA weights answer as the base: the check's gate view of them is the evaluation's reply of the base at
+    ``eval.reply_temperature`` (``generate_replies`` with no adapter, as the guard reads the active version's), prompt
+    for prompt."""
     from rlhf.base_models import load_tokenizer
     from rlhf.training.generation import generate_replies
     from rlhf.training.ppo.trainer import gate_replies
