@@ -113,10 +113,10 @@ class PPOConfig(Checked):
                                   "kept the voice on every cell of #40's table that had lost it (BENCHMARKS.md).",
                                   "guards")
     voice_check_gate: bool = opt(True, "The voice check also reads the replies the gate's guard reads (one a "
-                                 "prompt at eval.reply_temperature, eval.max_new_tokens long), beside its sampled ones, "
-                                 "and keeps only weights that pass in both: a retrain driven through the app passed "
-                                 "the sampled check and was refused by the guard for its greedy replies' repeated "
-                                 "3-grams (BENCHMARKS.md).", "guards")
+                                 "prompt at eval.reply_temperature, eval.max_new_tokens long), beside its sampled "
+                                 "ones, and keeps only weights that pass in both: a retrain driven through the app "
+                                 "passed the sampled check and was refused by the guard for its greedy replies' "
+                                 "repeated 3-grams (BENCHMARKS.md).", "guards")
     max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.", "guards")
     ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].", "guards")
     reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.", "shaping")

@@ -22,9 +22,9 @@ chatting hear) and (``ppo.voice_check_gate``) the very replies the retrain's eva
 view's replies trip the gate's own distinct-2, repetition or length check against the starting weights' (same
 prompts, same sampling noise), the check goes back through the run's checkpoints, latest first, and keeps the first
 whose replies pass in both: a retrain that overshoots then publishes the last weights that still sounded like the
-version it started from, instead of a version the gate's guard will refuse. When no checkpoint passes in both views, it keeps the latest weights whose sampled
-replies pass (the guard will refuse them, but what an admin may still promote by hand sounds like the policy), and
-the final weights when none does.
+version it started from, instead of a version the gate's guard will refuse. When no checkpoint passes in both views,
+it keeps the latest weights whose sampled replies pass (the guard will refuse them, but what an admin may still
+promote by hand sounds like the policy), and the final weights when none does.
 """
 from __future__ import annotations
 
