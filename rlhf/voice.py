@@ -51,14 +51,20 @@ def length_changed(candidate_words: float, active_words: float, min_ratio: float
     return not min_ratio <= length_ratio(candidate_words, active_words) <= max_ratio
 
 
-def shared_elsewhere(texts: Sequence[str], prompts: Sequence, n: int = 2) -> list[float]:
+def shared_elsewhere(texts: Sequence[str], prompts: Sequence, n: int = 2,
+                     others: Sequence[tuple[str, object]] = ()) -> list[float]:
     """Per reply, the share of its word n-grams that a reply to another prompt also uses (0 without n-grams): a
     phrase reused whatever the question, which is what distinct-n over replies loses. Replies to the same prompt
-    are not compared, since they may share the answer."""
-    grams = [[tuple(w[i:i + n]) for i in range(len(w) - n + 1)] for w in map(words, texts)]
+    are not compared, since they may share the answer. ``others``: more (reply, prompt) pairs to compare with,
+    earlier replies that are not scored themselves."""
+    def grams(text: str) -> list[tuple]:
+        w = words(text)
+        return [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+
+    pool = [(grams(t), p) for t, p in zip(texts, prompts)] + [(grams(t), p) for t, p in others]
     out = []
-    for i, mine in enumerate(grams):
-        elsewhere = {g for j, theirs in enumerate(grams) if prompts[j] != prompts[i] for g in theirs}
+    for mine, prompt in pool[:len(texts)]:
+        elsewhere = {g for theirs, their_prompt in pool if their_prompt != prompt for g in theirs}
         out.append(sum(g in elsewhere for g in mine) / len(mine) if mine else 0.0)
     return out
 

@@ -137,6 +137,9 @@ class PPOConfig(Checked):
     novelty_weight: float = opt(1.0, "Penalty on the share of a reply's word pairs that the batch's replies to other "
                                 "prompts also use (a stock phrase reused whatever the question: what the guard's "
                                 "distinct-2 check sees).", "shaping")
+    novelty_memory: int = opt(0, "Earlier PPO steps whose rollouts ppo.novelty_weight's term also compares a reply "
+                              "with (0 = its own step's only): a stock phrase that spreads across steps is paid "
+                              "for before it fills a step.", "shaping")
     reward_functions: dict = opt({}, "Extra rewards: import path 'mod:fn' -> weight; fn(messages, reply) -> float.",
                                  "shaping")
     vote_weight: float = opt(1.0, "Weight of DPO's loss on the decided votes, one batch of them after each PPO update "
@@ -147,6 +150,9 @@ class PPOConfig(Checked):
     vote_nll_weight: float = opt(0.0, "Weight, inside ppo.vote_weight's loss, of the chosen replies' negative "
                                  "log-likelihood per token (RPO's term, Pang et al. 2024; 0 = DPO's loss alone): "
                                  "holds the policy near replies people chose as written.", "votes")
+    vote_smoothing: float = opt(0.0, "cDPO's label smoothing in ppo.vote_weight's loss: each vote read as right "
+                                "with probability 1 - this (0 = DPO's loss), so a pair already won is pulled back "
+                                "toward a finite margin instead of widened.", "votes")
     vote_batch: int = opt(4, "Decided pairs per step in ppo.vote_weight's loss.", "votes")
     vote_batch_max: int = opt(4, "Most decided pairs per step: ppo.vote_batch is raised up to this when "
                               "ppo.vote_passes passes over the pairs would not fit in ppo.steps (a larger pool "
@@ -178,9 +184,11 @@ class PPOConfig(Checked):
         if self.ratio_limit <= 1 or self.max_guard_events < 1:
             raise ConfigError("ppo.ratio_limit must be > 1 and ppo.max_guard_events >= 1")
         if min(self.vote_weight, self.vote_nll_weight, self.vote_passes) < 0 or self.vote_beta <= 0 \
-                or self.vote_batch < 1 or self.vote_batch_max < 1:
+                or self.vote_batch < 1 or self.vote_batch_max < 1 or not 0 <= self.vote_smoothing < 0.5:
             raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_nll_weight >= 0, ppo.vote_beta > 0, "
-                              "ppo.vote_batch and ppo.vote_batch_max >= 1 and ppo.vote_passes >= 0")
+                              "ppo.vote_batch and ppo.vote_batch_max >= 1, ppo.vote_passes >= 0 and 0 <= ppo.vote_smoothing < 0.5")
+        if self.novelty_memory < 0:
+            raise ConfigError("ppo.novelty_memory must be >= 0 (earlier steps remembered; 0 = none)")
         if not (self.stop_repetition_rise >= 0 and self.stop_distinct_drop >= 0 and self.stop_window >= 1):
             raise ConfigError("ppo.stop_repetition_rise and ppo.stop_distinct_drop must be >= 0 and "
                               "ppo.stop_window >= 1")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import deque
 from typing import Callable, Optional, Sequence
 
 from rlhf.plugins import load_callable
@@ -69,6 +70,8 @@ class RewardShaper:
         self.cfg = ppo_config
         self.reward_fn = reward_fn
         self.whole_sentences = whole_sentences  # the reward model reads a cut reply's whole sentences (``as_read``)
+        # The last ``ppo.novelty_memory`` training steps' (replies, prompts), for the novelty term.
+        self.recent: deque = deque(maxlen=ppo_config.novelty_memory)
         self.functions = {path: (load_reward_function(path), float(weight))
                           for path, weight in (ppo_config.reward_functions or {}).items()}
         if reward_fn is None and not self.has_rules():
@@ -82,13 +85,14 @@ class RewardShaper:
             or c.novelty_weight != 0
 
     def __call__(self, prompts: list[list[dict]], replies: list[str], n_tokens: Sequence[int],
-                 finished: Sequence[bool], relevance: Optional[Sequence[float]] = None
-                 ) -> tuple[list[float], dict[str, list[float]]]:
+                 finished: Sequence[bool], relevance: Optional[Sequence[float]] = None,
+                 training: bool = False) -> tuple[list[float], dict[str, list[float]]]:
         """(clipped total score per reply, each part per reply). A part that fails gives NaN for that reply.
 
         ``relevance``: each reply's relevance to its prompt (``rlhf.training.ppo.core.relevance``), which the
         caller computes from the reference model; its shortfall below ``ppo.relevance_floor`` costs
-        ``ppo.relevance_weight`` per nat."""
+        ``ppo.relevance_weight`` per nat. ``training``: a PPO step's rollouts, which the novelty term also compares
+        with the last ``ppo.novelty_memory`` steps' and then remembers (an evaluation's replies do neither)."""
         c = self.cfg
         n = len(replies)
         parts: dict[str, list[float]] = {}
@@ -104,7 +108,10 @@ class RewardShaper:
         if c.repetition_weight != 0:
             parts["repetition"] = [c.repetition_weight * repetition_term(r) for r in replies]
         if c.novelty_weight != 0:
-            parts["novelty"] = [-c.novelty_weight * v for v in shared_elsewhere(replies, prompts)]
+            earlier = [pair for batch in self.recent for pair in zip(*batch)] if training else []
+            parts["novelty"] = [-c.novelty_weight * v for v in shared_elsewhere(replies, prompts, others=earlier)]
+        if training and self.recent.maxlen:
+            self.recent.append((list(replies), list(prompts)))
         if c.polite_weight != 0:
             parts["polite"] = [c.polite_weight * polite_ending(p, r, f)
                                for p, r, f in zip(prompts, replies, finished)]

@@ -207,12 +207,19 @@ def ppo_policy_loss(
 
 
 def preference_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-                    ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    ref_rejected: torch.Tensor, beta: float,
+                    smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """DPO's loss on whole replies' summed log-probs (Rafailov et al. 2023, eq. 7), one entry per pair:
-    ``-log σ(β [(log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))])``. Returns (mean loss, the
-    margins β[...] detached): a margin above 0 means the policy prefers the chosen reply more than the reference."""
+    ``-log σ(β [(log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))])``. With ``smoothing`` ε > 0, the
+    conservative form (cDPO: each vote read as right with probability 1 − ε): ``−(1−ε) log σ(m) − ε log σ(−m)``,
+    whose optimum is the finite margin ``log((1−ε)/ε)``, so a pair already won is pulled back instead of widened.
+    Returns (mean loss, the margins β[...] detached): a margin above 0 means the policy prefers the chosen reply
+    more than the reference."""
     margins = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
-    return -torch.nn.functional.logsigmoid(margins).mean(), margins.detach()
+    loss = -(1 - smoothing) * torch.nn.functional.logsigmoid(margins)
+    if smoothing > 0:
+        loss = loss - smoothing * torch.nn.functional.logsigmoid(-margins)
+    return loss.mean(), margins.detach()
 
 
 def value_loss(

@@ -94,7 +94,7 @@ def ppo_step(step: int, model, policy, optimizer, tokenizer, buffer: PromptBuffe
     t2 = time.perf_counter()
 
     # Score
-    scores_list, parts = shaper(prompts, ro.replies, ro.n_tokens, ro.finished, rel)
+    scores_list, parts = shaper(prompts, ro.replies, ro.n_tokens, ro.finished, rel, training=True)
     scores, mask = _finite_scores(scores_list, ro.mask, guard, step, len(prompts), cfg, acc)
     t3 = time.perf_counter()
 

@@ -108,7 +108,8 @@ class VoteTerm:
         rows = self.rows(idx)
         lp, n = self._logprobs(model, rows), len(idx)  # the first n rows are the chosen replies
         ref = self.reference[idx].to(lp.device)
-        loss, margins = preference_loss(lp[:n], lp[n:], ref[:, 0], ref[:, 1], self.cfg.vote_beta)
+        loss, margins = preference_loss(lp[:n], lp[n:], ref[:, 0], ref[:, 1], self.cfg.vote_beta,
+                                        self.cfg.vote_smoothing)
         if self.cfg.vote_nll_weight > 0:
             loss = loss + self.cfg.vote_nll_weight * chosen_nll(lp[:n], rows.mask[:n])
         return loss, margins

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from rlhf.config import load_config
+from rlhf.config import ConfigError, load_config
 from rlhf.training.shaping import (RewardShaper, length_term, load_reward_function, polite_ending, repetition_term)
 from rlhf.voice import shared_elsewhere
 
@@ -142,3 +142,21 @@ def test_novelty_costs_the_share_of_a_reply_s_word_pairs_that_replies_to_other_p
         [PROMPT, PROMPT, other], replies, [5, 5, 5], [True] * 3)
     assert parts["novelty"] == [pytest.approx(-2.0), 0.0, pytest.approx(-2.0)]
     assert "novelty" not in RewardShaper(ppo(), lambda p, r: [0.0] * len(r))([PROMPT], ["a b"], [2], [True])[1]
+
+
+def test_novelty_memory_also_compares_a_step_with_the_steps_before_it():
+    """ppo.novelty_memory: a training step's replies are compared with the last N steps' replies to other prompts
+    too, then remembered; an evaluation's replies (training=False) are neither."""
+    other = [{"role": "user", "content": "Name a colour."}]
+    shaper = RewardShaper(ppo(novelty_weight=1.0, novelty_memory=1), lambda p, r: [0.0] * len(r))
+    step = lambda prompts, replies, training=True: shaper(prompts, replies, [5] * len(replies), [True] * len(replies),
+                                                          training=training)[1]["novelty"]
+    assert step([PROMPT], ["Happy to help! Paris."]) == [0.0]  # nothing earlier
+    # The next step's reply to another prompt reuses "happy to", "to help": 2 of its 3 word pairs.
+    assert step([other], ["Happy to help! Blue."], training=False) == [0.0]  # an evaluation reads no memory
+    assert step([other], ["Happy to help! Blue."]) == [pytest.approx(-2 / 3)]
+    assert step([PROMPT], ["Happy to help! Paris."]) == [pytest.approx(-2 / 3)]  # memory 1: the last step only
+    assert step([PROMPT], ["Happy to help! Paris."]) == [0.0]  # the step before was to the same prompt
+    assert shared_elsewhere(["a b"], [PROMPT], others=[("a b", other), ("a b", PROMPT)]) == [1.0]
+    with pytest.raises(ConfigError, match="novelty_memory"):
+        ppo(novelty_memory=-1)

@@ -38,6 +38,32 @@ def test_preference_loss_is_dpos():
     assert not margins.requires_grad
 
 
+def test_smoothing_pulls_a_won_pair_back_toward_a_finite_margin():
+    """cDPO (ppo.vote_smoothing ε): the loss is lowest at the margin log((1-ε)/ε), so past it the gradient on the
+    chosen reply's log-prob turns negative; DPO's (ε 0) still pushes the margin wider, however slightly."""
+    eps, beta = 0.1, 0.5
+    best = math.log((1 - eps) / eps) / beta  # the log-ratio difference (nats) at the optimum
+    zero = torch.zeros(1)
+
+    def grad(nats: float, smoothing: float) -> float:
+        chosen = torch.tensor([nats], requires_grad=True)
+        preference_loss(chosen, zero, zero, zero, beta, smoothing)[0].backward()
+        return chosen.grad.item()
+
+    assert grad(best - 1, eps) < 0 < grad(best + 1, eps)  # the loss falls toward the optimum from both sides
+    assert grad(best, eps) == pytest.approx(0.0, abs=1e-6)
+    assert grad(40.0, 0.0) < 0  # DPO: a pair won by 40 nats is still widened
+    assert grad(40.0, eps) == pytest.approx(beta * eps, rel=1e-3)
+    loss, _ = preference_loss(zero, zero, zero, zero, beta, eps)  # at margin 0 the two forms agree
+    assert loss.item() == pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize("value", [-0.1, 0.5, 0.7])
+def test_vote_smoothing_out_of_range_is_refused(value):
+    with pytest.raises(ConfigError, match="vote_smoothing"):
+        load_config(env={}, overrides=[f"ppo.vote_smoothing={value}"])
+
+
 def test_chosen_nll_is_minus_the_log_prob_per_token():
     # Two chosen replies: -6 nats over 3 tokens and -2 over 4 (the padding after them is not read).
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
