@@ -186,7 +186,8 @@ class PPOConfig(Checked):
         if min(self.vote_weight, self.vote_nll_weight, self.vote_passes) < 0 or self.vote_beta <= 0 \
                 or self.vote_batch < 1 or self.vote_batch_max < 1 or not 0 <= self.vote_smoothing < 0.5:
             raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_nll_weight >= 0, ppo.vote_beta > 0, "
-                              "ppo.vote_batch and ppo.vote_batch_max >= 1, ppo.vote_passes >= 0 and 0 <= ppo.vote_smoothing < 0.5")
+                              "ppo.vote_batch and ppo.vote_batch_max >= 1, ppo.vote_passes >= 0 and "
+                              "0 <= ppo.vote_smoothing < 0.5")
         if self.novelty_memory < 0:
             raise ConfigError("ppo.novelty_memory must be >= 0 (earlier steps remembered; 0 = none)")
         if not (self.stop_repetition_rise >= 0 and self.stop_distinct_drop >= 0 and self.stop_window >= 1):

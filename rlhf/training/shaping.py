@@ -70,7 +70,8 @@ class RewardShaper:
         self.cfg = ppo_config
         self.reward_fn = reward_fn
         self.whole_sentences = whole_sentences  # the reward model reads a cut reply's whole sentences (``as_read``)
-        # The last ``ppo.novelty_memory`` training steps' (replies, prompts), for the novelty term.
+        # The last ``ppo.novelty_memory`` training steps' (replies, prompts), for the novelty term (not part of a
+        # checkpoint: a resumed run starts it empty).
         self.recent: deque = deque(maxlen=ppo_config.novelty_memory)
         self.functions = {path: (load_reward_function(path), float(weight))
                           for path, weight in (ppo_config.reward_functions or {}).items()}

@@ -39,8 +39,8 @@ def test_preference_loss_is_dpos():
 
 
 def test_smoothing_pulls_a_won_pair_back_toward_a_finite_margin():
-    """cDPO (ppo.vote_smoothing ε): the loss is lowest at the margin log((1-ε)/ε), so past it the gradient on the
-    chosen reply's log-prob turns negative; DPO's (ε 0) still pushes the margin wider, however slightly."""
+    """cDPO (ppo.vote_smoothing ε): the loss is lowest at the margin log((1-ε)/ε), so past it the loss rises with
+    the chosen reply's log-prob and a step lowers it; DPO's (ε 0) still pushes the margin wider, however slightly."""
     eps, beta = 0.1, 0.5
     best = math.log((1 - eps) / eps) / beta  # the log-ratio difference (nats) at the optimum
     zero = torch.zeros(1)
