@@ -45,6 +45,9 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
     result = train_policy(cfg, base_source, scorer, pairs, prompts, eval_prompts, run_dir, init_adapter=init_adapter,
                           resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
     stop = method.result_metrics(result, len(pairs))
+    if "voice_probe/step" in stop:
+        ctx.log(f"voice probe: {stop['voice_probe/reason']} after step {stop['voice_probe/step']}; back to the "
+                f"weights after step {stop['voice_probe/kept']}, no more vote steps", level="warning")
     if "voice_watch/step" in stop:
         kept = stop["voice_watch/kept"]
         ctx.log(f"voice {stop.get('voice_watch/by', 'watch')}: {stop['voice_watch/reason']} at step "

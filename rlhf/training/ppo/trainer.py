@@ -32,7 +32,7 @@ from rlhf.config import AppConfig
 from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
-from rlhf.training.ppo.voice_watch import VoiceCheck, VoiceWatch
+from rlhf.training.ppo.voice_watch import VoiceCheck, VoiceProbe, VoiceWatch, trainable_copy
 from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
@@ -60,6 +60,7 @@ class PPOResult:
     history: list = field(default_factory=list)
     guard_events: int = 0
     voice_stop: Optional[dict] = None  # {step, kept, reason} when the voice watch stopped the run early
+    voice_probe: Optional[dict] = None  # {step, kept, reason} when the voice probe went back and ended the vote steps
     policy: Any = field(default=None, repr=False, compare=False)  # the trained PolicyWithValue, in memory
 
     def summary(self) -> dict:
@@ -250,32 +251,39 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         state["phase_seconds"]["reference"] += time.perf_counter() - t
     watch = VoiceWatch(cfg, run.policy, state["step"]) if VoiceWatch.wanted(cfg) else None
     check = _voice_check(run)
+    probe = VoiceProbe(cfg.voice_probe_every, run.policy, state["step"]) \
+        if VoiceProbe.wanted(cfg) and run.eval_prompts else None
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
         if check is not None and state["step"] == 0:  # the starting weights' voice, kept in checkpoints for a resume
             state["voice_start"] = run.timed("eval", check.measure)
+        if probe is not None and state["step"] == 0 and "voice_start" in state:
+            probe.seen[0] = state["voice_start"]
         for step in range(state["step"] + 1, cfg.steps + 1):
             if state.get("voice_stop"):  # resumed after the watch had stopped the run
                 break
             metrics = ppo_step(step, run.model, run.policy, run.optimizer, run.tokenizer, buffer, run.shaper,
-                               run.kl_ctl, guard, cfg, acc, votes)
+                               run.kl_ctl, guard, cfg, acc, None if state.get("voice_probe") else votes)
             reason = watch.check([*state["history"], metrics]) if watch is not None else None
             if reason is not None:  # the policy is back on the weights kept; the checkpoint saves those
                 state["voice_stop"] = {"step": step, "kept": watch.vouched_step, "of": cfg.steps, "reason": reason,
                                        "by": "watch"}
+            elif probe is not None and probe.due(step):
+                _probe(run, probe, check, step, metrics, watch)
             run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None
         if check is not None and "voice_start" in state:
-            settled = run.timed("eval", lambda: check.settle(state["voice_start"], run.run_dir, len(state["history"])))
+            settled = run.timed("eval", lambda: check.settle(state["voice_start"], run.run_dir, len(state["history"]),
+                                                             probe.seen if probe is not None else None))
             if settled is not None:
                 state["voice_stop"] = {**settled, "of": cfg.steps, "by": "check"}
         if run.main:
             result = _finish(run.policy, run.run_dir, state, run.evaluate(), guard.events, run.elapsed(),
                              {"step": len(state["history"]), "base": base_source, "init_adapter": init_adapter,
                               "processes": acc.num_processes, "device": str(acc.device),
-                              "voice_stop": state.get("voice_stop")})
+                              "voice_stop": state.get("voice_stop"), "voice_probe": state.get("voice_probe")})
         acc.wait_for_everyone()
         return result
     except PPOFailed as exc:
@@ -284,6 +292,32 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         raise
     finally:
         acc.end_training()
+
+
+def _probe(run: _Run, probe: VoiceProbe, check: Optional[VoiceCheck], step: int, metrics: dict,
+           watch: Optional[VoiceWatch]) -> None:
+    """The voice probe after ``step``: the main process measures, every process follows its verdict. The first
+    loss ends the vote steps (``state["voice_probe"]``), a second ends the run (``state["voice_stop"]``, by
+    "probe"); either way the policy is back on the last weights that passed, which the step's checkpoint saves."""
+    state = run.state
+    reason = None
+    if run.main and check is not None and "voice_start" in state:
+        reason = run.timed("eval", lambda: probe.measure(check, state["voice_start"], step))
+    if run.acc.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        reason = broadcast_object_list([reason])[0]
+    kept = probe.settle(step, reason)
+    metrics["voice_probe/passed"] = float(reason is None)
+    if reason is None:
+        return
+    if watch is not None:  # the next step's rollouts come from the weights put back
+        watch.pending, watch.pending_step = trainable_copy(run.policy), kept
+    trip = {"step": step, "kept": kept, "reason": reason}
+    if state.get("voice_probe") is None:
+        state["voice_probe"] = trip
+    else:
+        state["voice_stop"] = {**trip, "of": run.config.ppo.steps, "by": "probe"}
 
 
 def _voice_check(run: _Run) -> Optional[VoiceCheck]:
@@ -325,4 +359,5 @@ def _finish(policy, run_dir: Path, state: dict, final: dict, guard_events: int, 
     (run_dir / "eval_samples.json").write_text(json.dumps(final["samples"], indent=1))
     return PPOResult(run_dir, info["step"], state["reward_before"], final["reward"], final["kl"], seconds,
                      dict(state["phase_seconds"]), final_dir / "adapter", run_dir / "best" / "adapter",
-                     final["samples"], state["history"], guard_events, info.get("voice_stop"), policy)
+                     final["samples"], state["history"], guard_events, info.get("voice_stop"), info.get("voice_probe"),
+                     policy)

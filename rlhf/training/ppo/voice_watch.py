@@ -158,13 +158,23 @@ class VoiceCheck:
     def measure(self) -> dict:
         return {view: voice_of(sample()) for view, sample in self.samplers.items()}
 
-    def settle(self, start: dict, run_dir: Path, final_step: int) -> Optional[dict]:
+    def settle(self, start: dict, run_dir: Path, final_step: int, known: Optional[dict] = None) -> Optional[dict]:
         """None when the final weights keep the voice of ``start``; else ``{step, kept, reason, passes}`` with the
         policy on the latest earlier checkpoint whose replies pass in every view. When none does, the policy is on the
         latest weights (the final ones included) whose replies pass in the first view (what people chatting hear),
         else on the final weights (``kept`` = ``step``); the gate's guard then decides. ``passes``: "every view", the
-        view the kept weights pass in, or "none"."""
-        now = self.measure()
+        view the kept weights pass in, or "none". ``known``: step -> the voice already measured of the weights a
+        checkpoint (or the final weights) holds after that step (the probe's), read instead of measured again."""
+        known = known or {}
+
+        def measured(step: int, checkpoint: Optional[Path] = None) -> dict:
+            if step in known:
+                return known[step]
+            if checkpoint is not None:
+                load_policy_weights(self.policy, checkpoint)
+            return self.measure()
+
+        now = measured(final_step)
         reason = views_lost(now, start, self.gate)
         if reason is None:
             return None
@@ -174,9 +184,9 @@ class VoiceCheck:
         earlier = sorted(((int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
                           if (m := STEP_DIR.match(d.name)) and int(m.group(1)) < final_step), reverse=True)
         for step, checkpoint in earlier:
-            load_policy_weights(self.policy, checkpoint)
-            now = self.measure()
+            now = measured(step, checkpoint)
             if views_lost(now, start, self.gate) is None:
+                load_policy_weights(self.policy, checkpoint)
                 log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
                             final_step, step)
                 return {"step": final_step, "kept": step, "reason": reason, "passes": "every view"}
@@ -191,3 +201,48 @@ class VoiceCheck:
         log.warning("PPO voice check: %s after step %d, and no earlier checkpoint keeps the voice in every view; "
                     "keeping the weights after step %d (passes: %s)", reason, final_step, heard, passes)
         return {"step": final_step, "kept": heard, "reason": reason, "passes": passes}
+
+
+class VoiceProbe:
+    """The voice probe (``ppo.voice_probe_every``): the voice check's views, measured during the run on the weights
+    after every N-th step. The end-of-run check can only go back to a checkpoint, throwing away every step after
+    it; the probe sees the loss when it happens. On the first loss the policy goes back to the last weights the
+    probe passed (the starting ones until one passes) and the vote steps (``ppo.vote_weight``) end: on a few
+    votes their second pass mostly widens margins already won, and the voice goes with it (BENCHMARKS.md), while
+    the reward model's PPO steps that follow kept it. A second loss ends the run on the last weights that passed.
+
+    ``measure`` runs on the main process (the check's samplers live there); ``settle`` on every process with the
+    main one's verdict, so all of them go back to the same weights."""
+
+    def __init__(self, every: int, policy, step: int = 0):
+        self.every, self.policy = every, policy
+        self.passed, self.passed_step = trainable_copy(policy), step
+        self.seen: dict = {}  # step -> the voice of the weights the policy held after that step (for the check)
+
+    @staticmethod
+    def wanted(cfg) -> bool:
+        return cfg.voice_probe_every > 0 and VoiceCheck.wanted(cfg)
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def measure(self, check: VoiceCheck, start: dict, step: int) -> Optional[str]:
+        """Why the weights after ``step`` lost the voice of ``start`` in some view of ``check``; None while kept."""
+        now = check.measure()
+        self.seen[step] = now
+        return views_lost(now, start, check.gate)
+
+    def settle(self, step: int, reason: Optional[str]) -> int:
+        """After the verdict on ``step``: the weights now kept (as the last that passed), or, on a loss, the policy
+        put back on the last weights that passed; returns the step after which the policy's weights were taken."""
+        if reason is None:
+            self.passed, self.passed_step = trainable_copy(self.policy), step
+            return step
+        restore(self.policy, self.passed)
+        if self.passed_step in self.seen:
+            self.seen[step] = self.seen[self.passed_step]
+        else:
+            self.seen.pop(step, None)
+        log.warning("PPO voice probe: %s after step %d; back to the weights after step %d", reason, step,
+                    self.passed_step)
+        return self.passed_step

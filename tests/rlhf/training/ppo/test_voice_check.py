@@ -7,7 +7,7 @@ import torch
 
 from rlhf.config import ConfigError, load_config
 from rlhf.training.checkpoint import save_checkpoint
-from rlhf.training.ppo.voice_watch import VoiceCheck, views_lost, voice_lost, voice_of
+from rlhf.training.ppo.voice_watch import VoiceCheck, VoiceProbe, views_lost, voice_lost, voice_of
 
 VARIED = ["the cat sat on a warm mat today", "a dog ran through the park at noon", "rain fell on the old roof all night"]
 LOOPING = ["the cat sat the cat sat the cat sat", "a dog ran a dog ran a dog ran", "rain fell rain fell rain fell"]
@@ -166,3 +166,45 @@ def test_the_gate_view_reads_the_replies_the_guard_reads(policy, tiny_model_dir)
     (base,) = generate_replies(policy.policy, tokenizer, prompts, [None], 12, cfg.eval.reply_temperature,
                                cfg.ppo.seed + cfg.eval.seed_offset, max_prompt_tokens=cfg.eval.max_prompt_tokens)
     assert mine == base.texts and all(mine)
+
+
+def test_the_check_reads_what_the_probe_measured_instead_of_sampling_again(policy, tmp_path):
+    """``known`` (the probe's measures by step) stands for the final weights and for each checkpoint it names: the
+    final and step 3 are read from it, step 2 is sampled, and the policy ends on step 2's checkpoint."""
+    with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
+    sample, calls = loops_after(2), []
+
+    def counted():
+        calls.append(marker(policy).flatten()[0].item())
+        return sample(policy)
+    check = VoiceCheck(config(), policy, {"sampled": counted})
+    looped = {"sampled": voice_of(LOOPING)}
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4, known={4: looped, 3: looped})
+    assert (stop["step"], stop["kept"]) == (4, 2) and calls == [2.0]
+    assert torch.all(marker(policy) == 2.0)
+
+
+def test_the_probe_keeps_the_weights_that_pass_and_goes_back_to_them_on_a_loss(policy):
+    """Step 1's weights pass and are kept; step 2's loop, so the policy goes back to step 1's, and what the check
+    will read of step 2 is step 1's voice (the weights the policy holds there)."""
+    start = {"sampled": voice_of(VARIED)}
+    sample = loops_after(1)
+    check = VoiceCheck(config(), policy, {"sampled": lambda: sample(policy)})
+    probe = VoiceProbe(1, policy)
+    for step in (1, 2):
+        with torch.no_grad():
+            marker(policy).fill_(float(step))
+        reason = probe.measure(check, start, step)
+        assert (reason is None) == (step == 1)
+        assert probe.settle(step, reason) == 1
+    assert "gate.max_distinct_drop" in reason and torch.all(marker(policy) == 1.0)
+    assert probe.seen[2] == probe.seen[1] == start
+    assert probe.due(3) and not VoiceProbe(4, policy).due(3)
+
+
+def test_the_probe_is_off_by_default_needs_the_check_and_refuses_bad_values():
+    assert config().ppo.voice_probe_every == 0 and not VoiceProbe.wanted(config().ppo)
+    assert VoiceProbe.wanted(config("ppo.voice_probe_every=4").ppo)
+    assert not VoiceProbe.wanted(config("ppo.voice_probe_every=4", "ppo.voice_check_tokens=0").ppo)
+    with pytest.raises(ConfigError, match="ppo.voice_probe_every"):
+        config("ppo.voice_probe_every=-1")
