@@ -118,10 +118,11 @@ class PPOConfig(Checked):
                                  "passed the sampled check and was refused by the guard for its greedy replies' "
                                  "repeated 3-grams (BENCHMARKS.md).", "guards")
     voice_probe_every: int = opt(0, "Voice probe (0 = off): every N steps measure the voice check's views of the "
-                                 "policy; on the first loss go back to the last weights that passed and take no "
-                                 "more vote steps (ppo.vote_weight), on a second end the run there "
-                                 "(rlhf.training.ppo.voice_watch.VoiceProbe). Needs ppo.voice_check_tokens.",
-                                 "guards")
+                                 "policy; each time they have lost the voice, multiply the KL coefficient by "
+                                 "ppo.voice_probe_kl (rlhf.training.ppo.voice_watch.VoiceProbe). Needs "
+                                 "ppo.voice_check_tokens.", "guards")
+    voice_probe_kl: float = opt(4.0, "Voice probe: the factor on the KL coefficient at each loss it finds.",
+                                "guards")
     max_guard_events: int = opt(8, "Guard events (skipped minibatches, NaN rewards) before the run fails.", "guards")
     ratio_limit: float = opt(10.0, "Guard: skip a minibatch whose mean policy ratio leaves [1/this, this].", "guards")
     reward_clip: float = opt(10.0, "Clip the scalar reward to +-this.", "shaping")
@@ -193,8 +194,9 @@ class PPOConfig(Checked):
             raise ConfigError("ppo.vote_weight must be >= 0, ppo.vote_nll_weight >= 0, ppo.vote_beta > 0, "
                               "ppo.vote_batch and ppo.vote_batch_max >= 1, ppo.vote_passes >= 0 and "
                               "0 <= ppo.vote_smoothing < 0.5")
-        if self.voice_probe_every < 0:
-            raise ConfigError(f"ppo.voice_probe_every must be >= 0 (0 = off), got {self.voice_probe_every}")
+        if self.voice_probe_every < 0 or not self.voice_probe_kl >= 1:
+            raise ConfigError("ppo.voice_probe_every must be >= 0 (0 = off) and ppo.voice_probe_kl >= 1, got "
+                              f"{self.voice_probe_every} and {self.voice_probe_kl}")
         if self.novelty_memory < 0:
             raise ConfigError("ppo.novelty_memory must be >= 0 (earlier steps remembered; 0 = none)")
         if not (self.stop_repetition_rise >= 0 and self.stop_distinct_drop >= 0 and self.stop_window >= 1):

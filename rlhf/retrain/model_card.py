@@ -220,8 +220,7 @@ def _voice_sentence(stop: dict) -> str:
                 + (f" No checkpoint passed in every view the check reads; these weights' {stop['passes']} did."
                    if stop.get("passes") not in (None, "every view", "none") and stop["kept"] < stop["step"] else ""))
     return (f"- Training stopped at step {stop['step']} of {stop['of']}: its replies had begun to repeat themselves or "
-            f"vary less than at the start, so it kept the weights after step {stop['kept']} "
-            + ("(the voice probe)." if stop.get("by") == "probe" else "(the voice watch)."))
+            f"vary less than at the start, so it kept the weights after step {stop['kept']} (the voice watch).")
 
 
 def _method_words(method: Optional[str]) -> str:

@@ -46,8 +46,9 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
                           resume=resume, on_step=on_step, device=device, base=base, evaluate_before=False)
     stop = method.result_metrics(result, len(pairs))
     if "voice_probe/step" in stop:
-        ctx.log(f"voice probe: {stop['voice_probe/reason']} after step {stop['voice_probe/step']}; back to the "
-                f"weights after step {stop['voice_probe/kept']}, no more vote steps", level="warning")
+        ctx.log(f"voice probe: {stop['voice_probe/reason']} after step {stop['voice_probe/step']}; the KL "
+                f"coefficient raised {stop['voice_probe/losses']} time(s), to {stop['voice_probe/kl_coef']:.3g}",
+                level="warning")
     if "voice_watch/step" in stop:
         kept = stop["voice_watch/kept"]
         ctx.log(f"voice {stop.get('voice_watch/by', 'watch')}: {stop['voice_watch/reason']} at step "

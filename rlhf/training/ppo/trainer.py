@@ -32,7 +32,7 @@ from rlhf.config import AppConfig
 from rlhf.training.ppo.core import AdaptiveKLController, FixedKLController
 from rlhf.training.ppo.rollout import build_policy, encode_prompts, generate, reply_relevance, score_tokens
 from rlhf.training.ppo.step import Guard, PPOFailed, ppo_step, seed_step
-from rlhf.training.ppo.voice_watch import VoiceCheck, VoiceProbe, VoiceWatch, trainable_copy
+from rlhf.training.ppo.voice_watch import VoiceCheck, VoiceProbe, VoiceWatch
 from rlhf.training.ppo.votes import VoteTerm
 from rlhf.training.prompts import PromptBuffer
 from rlhf.training.run_metrics import MetricsLog, finite_numbers, start_trackers, tracker_for
@@ -60,7 +60,7 @@ class PPOResult:
     history: list = field(default_factory=list)
     guard_events: int = 0
     voice_stop: Optional[dict] = None  # {step, kept, reason} when the voice watch stopped the run early
-    voice_probe: Optional[dict] = None  # {step, kept, reason} when the voice probe went back and ended the vote steps
+    voice_probe: Optional[dict] = None  # {step, reason, losses, kl_coef}: the voice probe found the voice lost
     policy: Any = field(default=None, repr=False, compare=False)  # the trained PolicyWithValue, in memory
 
     def summary(self) -> dict:
@@ -251,26 +251,23 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         state["phase_seconds"]["reference"] += time.perf_counter() - t
     watch = VoiceWatch(cfg, run.policy, state["step"]) if VoiceWatch.wanted(cfg) else None
     check = _voice_check(run)
-    probe = VoiceProbe(cfg.voice_probe_every, run.policy, state["step"]) \
-        if VoiceProbe.wanted(cfg) and run.eval_prompts else None
+    probe = VoiceProbe(cfg.voice_probe_every) if VoiceProbe.wanted(cfg) and run.eval_prompts else None
     try:
         if state["reward_before"] is None and run.main:
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
         if check is not None and state["step"] == 0:  # the starting weights' voice, kept in checkpoints for a resume
             state["voice_start"] = run.timed("eval", check.measure)
-        if probe is not None and state["step"] == 0 and "voice_start" in state:
-            probe.seen[0] = state["voice_start"]
         for step in range(state["step"] + 1, cfg.steps + 1):
             if state.get("voice_stop"):  # resumed after the watch had stopped the run
                 break
             metrics = ppo_step(step, run.model, run.policy, run.optimizer, run.tokenizer, buffer, run.shaper,
-                               run.kl_ctl, guard, cfg, acc, None if state.get("voice_probe") else votes)
+                               run.kl_ctl, guard, cfg, acc, votes)
             reason = watch.check([*state["history"], metrics]) if watch is not None else None
             if reason is not None:  # the policy is back on the weights kept; the checkpoint saves those
                 state["voice_stop"] = {"step": step, "kept": watch.vouched_step, "of": cfg.steps, "reason": reason,
                                        "by": "watch"}
             elif probe is not None and probe.due(step):
-                _probe(run, probe, check, step, metrics, watch)
+                _probe(run, probe, check, step, metrics)
             run.record(step, metrics, guard, on_step)
             acc.wait_for_everyone()
         result = None
@@ -294,11 +291,9 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
         acc.end_training()
 
 
-def _probe(run: _Run, probe: VoiceProbe, check: Optional[VoiceCheck], step: int, metrics: dict,
-           watch: Optional[VoiceWatch]) -> None:
-    """The voice probe after ``step``: the main process measures, every process follows its verdict. The first
-    loss ends the vote steps (``state["voice_probe"]``), a second ends the run (``state["voice_stop"]``, by
-    "probe"); either way the policy is back on the last weights that passed, which the step's checkpoint saves."""
+def _probe(run: _Run, probe: VoiceProbe, check: Optional[VoiceCheck], step: int, metrics: dict) -> None:
+    """The voice probe after ``step``: the main process measures, every process follows its verdict; a loss
+    multiplies the KL coefficient by ``ppo.voice_probe_kl`` (``state["voice_probe"]``: the first loss, how many)."""
     state = run.state
     reason = None
     if run.main and check is not None and "voice_start" in state:
@@ -307,17 +302,13 @@ def _probe(run: _Run, probe: VoiceProbe, check: Optional[VoiceCheck], step: int,
         from accelerate.utils import broadcast_object_list
 
         reason = broadcast_object_list([reason])[0]
-    kept = probe.settle(step, reason)
     metrics["voice_probe/passed"] = float(reason is None)
     if reason is None:
         return
-    if watch is not None:  # the next step's rollouts come from the weights put back
-        watch.pending, watch.pending_step = trainable_copy(run.policy), kept
-    trip = {"step": step, "kept": kept, "reason": reason}
-    if state.get("voice_probe") is None:
-        state["voice_probe"] = trip
-    else:
-        state["voice_stop"] = {**trip, "of": run.config.ppo.steps, "by": "probe"}
+    run.kl_ctl.value *= run.config.ppo.voice_probe_kl  # saved with the controller in the step's checkpoint
+    first = state.get("voice_probe") or {"step": step, "reason": reason, "losses": 0}
+    state["voice_probe"] = {**first, "losses": first["losses"] + 1, "kl_coef": run.kl_ctl.value}
+    log.warning("PPO voice probe: %s after step %d; KL coefficient now %.3g", reason, step, run.kl_ctl.value)
 
 
 def _voice_check(run: _Run) -> Optional[VoiceCheck]:

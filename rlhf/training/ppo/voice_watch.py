@@ -205,18 +205,17 @@ class VoiceCheck:
 
 class VoiceProbe:
     """The voice probe (``ppo.voice_probe_every``): the voice check's views, measured during the run on the weights
-    after every N-th step. The end-of-run check can only go back to a checkpoint, throwing away every step after
-    it; the probe sees the loss when it happens. On the first loss the policy goes back to the last weights the
-    probe passed (the starting ones until one passes) and the vote steps (``ppo.vote_weight``) end: on a few
-    votes their second pass mostly widens margins already won, and the voice goes with it (BENCHMARKS.md), while
-    the reward model's PPO steps that follow kept it. A second loss ends the run on the last weights that passed.
+    after every N-th step; each time they have lost the voice of the start, the trainer raises the KL coefficient
+    (``ppo.voice_probe_kl`` times), pulling the policy back toward the base while the votes and the reward model go
+    on teaching. The weights stay where they are: the voice measured on the eval prompts is noisy from one
+    checkpoint to the next (a run whose step 4 lost it had it back at step 8), so going back is left to the
+    end-of-run check, which reads what the probe measured (``seen``) instead of sampling the same weights again.
+    Ending the vote steps instead let the reward model's steps drift further (BENCHMARKS.md).
 
-    ``measure`` runs on the main process (the check's samplers live there); ``settle`` on every process with the
-    main one's verdict, so all of them go back to the same weights."""
+    ``measure`` runs on the main process (the check's samplers live there); the trainer shares its verdict."""
 
-    def __init__(self, every: int, policy, step: int = 0):
-        self.every, self.policy = every, policy
-        self.passed, self.passed_step = trainable_copy(policy), step
+    def __init__(self, every: int):
+        self.every = every
         self.seen: dict = {}  # step -> the voice of the weights the policy held after that step (for the check)
 
     @staticmethod
@@ -231,18 +230,3 @@ class VoiceProbe:
         now = check.measure()
         self.seen[step] = now
         return views_lost(now, start, check.gate)
-
-    def settle(self, step: int, reason: Optional[str]) -> int:
-        """After the verdict on ``step``: the weights now kept (as the last that passed), or, on a loss, the policy
-        put back on the last weights that passed; returns the step after which the policy's weights were taken."""
-        if reason is None:
-            self.passed, self.passed_step = trainable_copy(self.policy), step
-            return step
-        restore(self.policy, self.passed)
-        if self.passed_step in self.seen:
-            self.seen[step] = self.seen[self.passed_step]
-        else:
-            self.seen.pop(step, None)
-        log.warning("PPO voice probe: %s after step %d; back to the weights after step %d", reason, step,
-                    self.passed_step)
-        return self.passed_step

@@ -400,13 +400,6 @@ def test_the_card_says_when_the_voice_watch_stopped_training(shipped, tmp_path):
     text = render_card(card_facts(store, v2))
     assert "Training stopped at step 9 of 16" in text and "kept the weights after step 7 (the voice watch)" in text
     assert "Training stopped" not in render_card(card_facts(store, shipped["v1"]))
-    probed = {**stopped, "voice_watch/step": 12, "voice_watch/kept": 4, "voice_watch/by": "probe"}
-    v3 = publish_version(store, config, agent.name, make_adapter(shipped["local_base"], tmp_path / "v3", seed=11),
-                         parent_id=shipped["v1"].id, promote=False, job_id=None,
-                         data_snapshot=store.feedback_watermark(agent.id), run_config=config.to_dict(),
-                         metrics=probed)
-    text = render_card(card_facts(store, v3))
-    assert "Training stopped at step 12 of 16" in text and "kept the weights after step 4 (the voice probe)" in text
 
 
 def test_the_card_says_when_the_voice_check_went_back_to_earlier_weights(shipped, tmp_path):

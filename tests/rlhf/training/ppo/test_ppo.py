@@ -273,33 +273,32 @@ def test_the_voice_check_samples_the_start_and_end_without_touching_training(tmp
     assert recorded["voice_watch/by"] == "check" and recorded["voice_watch/kept"] == stop["kept"]
 
 
-def test_the_voice_probe_goes_back_ends_the_vote_steps_then_the_run(tmp_path, few_words):
+def test_each_loss_the_voice_probe_finds_raises_the_kl_coefficient(tmp_path, few_words):
     """Gate thresholds so small that any loss of variety or rise in repetition counts, probed after every step
-    (deterministic: fixed seeds, one thread): the first loss puts the policy back on the last weights that passed and
-    ends the vote steps, the second ends the run on the last weights that passed, which it publishes."""
+    (deterministic: fixed seeds, one thread), on votes for a loop: each step whose weights lost the voice multiplies
+    the (fixed) KL coefficient the next step pays by ppo.voice_probe_kl; the vote steps go on."""
     pairs = [{"prompt": p, "chosen": "cat cat cat cat cat cat cat cat", "rejected": "dog tea rain sun sky"}
-             for p in PROMPTS[:4]]  # votes for a loop: the voice is lost while the vote steps go on
-    config = ppo_config(tmp_path, few_words, "ppo.steps=6", "ppo.save_every=1", "ppo.max_new_tokens=12",
-                        "ppo.eval_prompts=4", "ppo.voice_check_tokens=24", "ppo.voice_probe_every=1",
-                        "ppo.vote_passes=0", "ppo.kl_limit=1e6", "gate.max_distinct_drop=1e-9", "gate.max_repetition_ratio=1",
-                        "gate.max_repetition_rise=0")
+             for p in PROMPTS[:4]]
+    common = ("ppo.steps=4", "ppo.max_new_tokens=12", "ppo.eval_prompts=4", "ppo.voice_check_tokens=24",
+              "ppo.vote_passes=0", "ppo.kl_limit=1e6", "ppo.kl_target=0", "ppo.kl_init=0.05")
+    config = ppo_config(tmp_path, few_words, *common, "ppo.voice_probe_every=1", "ppo.voice_probe_kl=3",
+                        "gate.max_distinct_drop=1e-9", "gate.max_repetition_ratio=1", "gate.max_repetition_rise=0")
     run = train_ppo(config, str(few_words), reply_length, PROMPTS, PROMPTS[:4], tmp_path / "probed", pairs=pairs)
-    probe, stop = run.voice_probe, run.voice_stop
-    assert probe is not None and probe["kept"] < probe["step"] and "gate.max_distinct_drop" in probe["reason"]
-    assert stop is not None and stop["by"] == "probe" and probe["step"] < stop["step"] == len(run.history) < 6
-    voted = ["votes/loss" in m for m in run.history]
-    assert voted == [step <= probe["step"] for step in range(1, len(run.history) + 1)]
-    assert [m["voice_probe/passed"] for m in run.history][probe["step"] - 1:] == [0.0] + [1.0] * (
-        stop["step"] - probe["step"] - 1) + [0.0]
-    assert stop["kept"] > 0  # (on these seeds) a step after the first loss passed
-    kept = adapter_tensors(tmp_path / "probed" / "checkpoints" / f"step-{stop['kept']:06d}" / "adapter")
-    final = adapter_tensors(run.final_dir)
-    assert kept.keys() == final.keys()
-    for key in kept:
-        assert_close(final[key], kept[key])
+    probe, history = run.voice_probe, run.history
+    assert probe is not None and "gate.max_distinct_drop" in probe["reason"] and probe["losses"] >= 1
+    lost = [m["voice_probe/passed"] == 0.0 for m in history]
+    assert lost.index(True) + 1 == probe["step"] and sum(lost) == probe["losses"]
+    assert [m["ppo/kl_coef"] for m in history] == pytest.approx([0.05 * 3 ** sum(lost[:i]) for i in range(4)])
+    assert probe["kl_coef"] == pytest.approx(0.05 * 3 ** probe["losses"])
+    assert all("votes/loss" in m for m in history)
+    unprobed = train_ppo(ppo_config(tmp_path, few_words, *common), str(few_words), reply_length, PROMPTS,
+                         PROMPTS[:4], tmp_path / "unprobed", pairs=pairs)
+    # up to the first loss the probed run is the unprobed one: the probe reads the weights and changes nothing
+    assert [m["reward/mean"] for m in history][:probe["step"]] == \
+        [m["reward/mean"] for m in unprobed.history][:probe["step"]]
     from rlhf.training.methods import get_method
     recorded = get_method("ppo").result_metrics(run, len(pairs))
-    assert recorded["voice_probe/step"] == probe["step"] and recorded["voice_watch/by"] == "probe"
+    assert recorded["voice_probe/step"] == probe["step"] and recorded["voice_probe/losses"] == probe["losses"]
 
 
 # ---------------------------------------------------------------- guards

@@ -184,27 +184,28 @@ def test_the_check_reads_what_the_probe_measured_instead_of_sampling_again(polic
     assert torch.all(marker(policy) == 2.0)
 
 
-def test_the_probe_keeps_the_weights_that_pass_and_goes_back_to_them_on_a_loss(policy):
-    """Step 1's weights pass and are kept; step 2's loop, so the policy goes back to step 1's, and what the check
-    will read of step 2 is step 1's voice (the weights the policy holds there)."""
+def test_the_probe_measures_the_checks_views_and_keeps_what_it_saw(policy):
+    """Step 1's weights keep the voice, step 2's loop; the probe says why and keeps both measures for the end
+    check, without touching the weights."""
     start = {"sampled": voice_of(VARIED)}
     sample = loops_after(1)
     check = VoiceCheck(config(), policy, {"sampled": lambda: sample(policy)})
-    probe = VoiceProbe(1, policy)
+    probe = VoiceProbe(1)
+    reasons = []
     for step in (1, 2):
         with torch.no_grad():
             marker(policy).fill_(float(step))
-        reason = probe.measure(check, start, step)
-        assert (reason is None) == (step == 1)
-        assert probe.settle(step, reason) == 1
-    assert "gate.max_distinct_drop" in reason and torch.all(marker(policy) == 1.0)
-    assert probe.seen[2] == probe.seen[1] == start
-    assert probe.due(3) and not VoiceProbe(4, policy).due(3)
+        reasons.append(probe.measure(check, start, step))
+    assert reasons[0] is None and "gate.max_distinct_drop" in reasons[1]
+    assert probe.seen == {1: start, 2: {"sampled": voice_of(LOOPING)}} and torch.all(marker(policy) == 2.0)
+    assert probe.due(4) and not VoiceProbe(4).due(3)
 
 
 def test_the_probe_is_off_by_default_needs_the_check_and_refuses_bad_values():
     assert config().ppo.voice_probe_every == 0 and not VoiceProbe.wanted(config().ppo)
     assert VoiceProbe.wanted(config("ppo.voice_probe_every=4").ppo)
     assert not VoiceProbe.wanted(config("ppo.voice_probe_every=4", "ppo.voice_check_tokens=0").ppo)
-    with pytest.raises(ConfigError, match="ppo.voice_probe_every"):
-        config("ppo.voice_probe_every=-1")
+    assert config().ppo.voice_probe_kl == 4.0
+    for bad in ("ppo.voice_probe_every=-1", "ppo.voice_probe_kl=0.5", "ppo.voice_probe_kl=nan"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            config(bad)
