@@ -186,7 +186,8 @@ class VoiceCheck:
         for step, checkpoint in earlier:
             now = measured(step, checkpoint)
             if views_lost(now, start, self.gate) is None:
-                load_policy_weights(self.policy, checkpoint)
+                if step in known:  # read from the probe's measures: the policy is not on this checkpoint yet
+                    load_policy_weights(self.policy, checkpoint)
                 log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
                             final_step, step)
                 return {"step": final_step, "kept": step, "reason": reason, "passes": "every view"}
