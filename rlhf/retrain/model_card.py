@@ -48,7 +48,7 @@ class CardFacts:
     gate_high: Optional[float] = None
     gate_reason: Optional[str] = None
     kl_to_base: Optional[float] = None
-    voice_stop: Optional[dict] = None  # {step, kept, of, by, passes}: the voice watch stopped training, or the check went back
+    voice_stop: Optional[dict] = None  # {step, kept, of, by, passes[, blend]}: the voice watch stopped training, or the check went back
     method: Optional[str] = None  # retrain.method of the run that trained it (None: imported, or not known)
     arena_rating: Optional[float] = None
     arena_low: Optional[float] = None
@@ -153,7 +153,8 @@ def card_facts(store: Store, policy: Policy) -> CardFacts:
         method=((policy.config.get("retrain") or {}).get("method") or m.get("retrain/method")) if trained else None,
         kl_to_base=_number(m.get("eval/kl")),
         voice_stop={**{k: m[f"voice_watch/{k}"] for k in ("step", "kept", "of")},
-                    "by": m.get("voice_watch/by", "watch"), "passes": m.get("voice_watch/passes")}
+                    "by": m.get("voice_watch/by", "watch"), "passes": m.get("voice_watch/passes"),
+                    **({"blend": m["voice_watch/blend"]} if "voice_watch/blend" in m else {})}
         if "voice_watch/step" in m else None,
         arena_rating=_number(row.get("bt")) if rated else None, arena_low=_number(row.get("ci_low")) if rated else None,
         arena_high=_number(row.get("ci_high")) if rated else None, arena_votes=int(row.get("votes", 0)),
@@ -215,10 +216,13 @@ def _voice_sentence(stop: dict) -> str:
     if stop.get("by") == "check":
         return (f"- After step {stop['step']} of {stop['of']} its replies to held-out prompts repeated themselves or "
                 f"varied less than at the start, so "
-                + (f"it kept the weights after step {stop['kept']} (the voice check)." if stop["kept"] < stop["step"]
+                + (f"it kept {stop['blend']:.0%} of the change its training made, the rest of the way back to the "
+                   "version it started from (the voice check)." if "blend" in stop
+                   else f"it kept the weights after step {stop['kept']} (the voice check)." if stop["kept"] < stop["step"]
                    else "the voice check looked for earlier weights that did not, and found none.")
-                + (f" No checkpoint passed in every view the check reads; these weights' {stop['passes']} did."
-                   if stop.get("passes") not in (None, "every view", "none") and stop["kept"] < stop["step"] else ""))
+                + (f" No earlier weights passed in every view the check reads; these weights' {stop['passes']} did."
+                   if stop.get("passes") not in (None, "every view", "none")
+                   and ("blend" in stop or stop["kept"] < stop["step"]) else ""))
     return (f"- Training stopped at step {stop['step']} of {stop['of']}: its replies had begun to repeat themselves or "
             f"vary less than at the start, so it kept the weights after step {stop['kept']} (the voice watch).")
 

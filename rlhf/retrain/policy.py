@@ -53,8 +53,9 @@ def train_policy_phase(ctx: JobContext, phases: Phases, agent: str, base_source:
         kept = stop["voice_watch/kept"]
         ctx.log(f"voice {stop.get('voice_watch/by', 'watch')}: {stop['voice_watch/reason']} at step "
                 f"{stop['voice_watch/step']} of {stop['voice_watch/of']}; "
-                + (f"keeping the weights after step {kept}" if kept < stop["voice_watch/step"]
-                   else "no earlier weights kept the voice")
+                + (f"keeping {stop['voice_watch/blend']:.0%} of the change the run made (a blend with the start)"
+                   if "voice_watch/blend" in stop else f"keeping the weights after step {kept}"
+                   if kept < stop["voice_watch/step"] else "no earlier weights kept the voice")
                 + (f" (in every view the check reads, none did; these pass: {stop['voice_watch/passes']})"
                    if stop.get("voice_watch/passes") not in (None, "every view", "none") else ""), level="warning")
     return result, eval_prompts

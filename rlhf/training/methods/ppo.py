@@ -29,7 +29,7 @@ class PPO(PolicyMethod):
         stop = trained.voice_stop or {}  # the voice watch's stop or the voice check's (rlhf.training.ppo.voice_watch)
         probe = trained.voice_probe or {}  # the voice probe found the voice lost and raised the KL coefficient
         return {"ppo/reward_after": trained.reward_after,
-                **{f"voice_watch/{k}": stop[k] for k in ("step", "kept", "of", "reason", "by", "passes") if k in stop},
+                **{f"voice_watch/{k}": stop[k] for k in ("step", "kept", "blend", "of", "reason", "by", "passes") if k in stop},
                 **{f"voice_probe/{k}": probe[k] for k in ("step", "reason", "losses", "kl_coef") if k in probe}}
 
 

@@ -257,6 +257,7 @@ def train_ppo(config: AppConfig, base_source: str, reward_fn, prompts: PromptBuf
             state["reward_before"] = run.evaluate()["reward"] if evaluate_before else math.nan
         if check is not None and state["step"] == 0:  # the starting weights' voice, kept in checkpoints for a resume
             state["voice_start"] = run.timed("eval", check.measure)
+            check.keep_start(run.run_dir)
         for step in range(state["step"] + 1, cfg.steps + 1):
             if state.get("voice_stop"):  # resumed after the watch had stopped the run
                 break

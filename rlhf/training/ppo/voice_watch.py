@@ -25,6 +25,13 @@ whose replies pass in both: a retrain that overshoots then publishes the last we
 version it started from, instead of a version the gate's guard will refuse. When no checkpoint passes in both views,
 it keeps the latest weights whose sampled replies pass (the guard will refuse them, but what an admin may still
 promote by hand sounds like the policy), and the final weights when none does.
+
+With ``ppo.voice_check_blends`` N the way back has more stops than the checkpoints: the final weights' change from
+the start, scaled to (N-1)/N, ..., 1/N of itself (the trainable weights interpolated toward the ones the run started
+from, saved in ``run_dir/start``). A blend goes back along the direction the whole run learned rather than to where
+the run was earlier, as WiSE-FT (Wortsman et al. 2022) and WARP's interpolation toward the initialisation (Ramé et
+al. 2024) do for fine-tuned and RL-tuned weights. Blends and checkpoints are tried together, furthest along first: a
+blend of a/1 sits at the progress of the checkpoint after step a x the final step, and is tried before it.
 """
 from __future__ import annotations
 
@@ -35,10 +42,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from rlhf.training.checkpoint import STEP_DIR, checkpoints_dir, load_policy_weights
+from rlhf.training.checkpoint import STEP_DIR, checkpoints_dir, load_policy_weights, save_policy
 from rlhf.voice import distinct_dropped, distinct_n, length_changed, repeats_more, repetition, words
 
 log = logging.getLogger(__name__)
+
+START = "start"  # run_dir/start: the weights the run started from, where the voice check's blends lead back
 
 
 def trainable_copy(policy) -> dict:
@@ -145,11 +154,13 @@ def views_lost(now: dict, start: dict, gate) -> Optional[str]:
 class VoiceCheck:
     """The end-of-run voice check: ``measure`` reads the policy's voice on the eval prompts in each view
     (``samplers``: view -> a function returning the policy's replies, the same noise each call), ``settle`` keeps
-    the final weights or the latest checkpoint whose voice passes in every view."""
+    the final weights, or the weights furthest along the run (a checkpoint, or with ``ppo.voice_check_blends`` a
+    blend of the final weights with the start) whose voice passes in every view."""
 
     def __init__(self, config, policy, samplers: dict):
         self.gate, self.policy = config.gate, policy
         self.samplers = samplers
+        self.blends = config.ppo.voice_check_blends
 
     @staticmethod
     def wanted(cfg) -> bool:
@@ -158,50 +169,78 @@ class VoiceCheck:
     def measure(self) -> dict:
         return {view: voice_of(sample()) for view, sample in self.samplers.items()}
 
+    def keep_start(self, run_dir: Path) -> None:
+        """Save the weights the run starts from (``run_dir/start``), where the blends lead back; only with blends."""
+        if self.blends:
+            save_policy(self.policy, Path(run_dir) / START, {"step": 0})
+
+    def _candidates(self, run_dir: Path, final_step: int, final: dict) -> list[tuple]:
+        """``(step, blend, put)`` for every earlier weights the check may keep, furthest along first: the checkpoints
+        before ``final_step`` (``blend`` None) and the blends a/1 of ``final`` with the start (``step`` = the final
+        step); ``put()`` puts those weights into the policy."""
+        found = [(int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
+                 if (m := STEP_DIR.match(d.name)) and 0 < int(m.group(1)) < final_step]
+        out = [(step / final_step, 0, step, None, lambda d=d: load_policy_weights(self.policy, d)) for step, d in found]
+        start_dir = Path(run_dir) / START
+        if self.blends and not start_dir.is_dir():
+            log.info("PPO voice check: no %s (a run resumed from before blends were on): checkpoints only", start_dir)
+        elif self.blends:
+            load_policy_weights(self.policy, start_dir)
+            begin = trainable_copy(self.policy)
+            restore(self.policy, final)
+            for k in range(self.blends - 1, 0, -1):
+                a = k / self.blends
+                mixed = {n: begin[n] + a * (w - begin[n]) for n, w in final.items()}
+                out.append((a, 1, final_step, round(a, 4), lambda mixed=mixed: restore(self.policy, mixed)))
+        return [c[2:] for c in sorted(out, key=lambda c: (c[0], c[1]), reverse=True)]
+
     def settle(self, start: dict, run_dir: Path, final_step: int, known: Optional[dict] = None) -> Optional[dict]:
-        """None when the final weights keep the voice of ``start``; else ``{step, kept, reason, passes}`` with the
-        policy on the latest earlier checkpoint whose replies pass in every view. When none does, the policy is on the
-        latest weights (the final ones included) whose replies pass in the first view (what people chatting hear),
-        else on the final weights (``kept`` = ``step``); the gate's guard then decides. ``passes``: "every view", the
-        view the kept weights pass in, or "none". ``known``: step -> the voice already measured of the weights a
-        checkpoint (or the final weights) holds after that step (the probe's), read instead of measured again."""
+        """None when the final weights keep the voice of ``start``; else ``{step, kept, reason, passes}`` (and
+        ``blend``: the share of the final weights' change kept, when a blend is kept) with the policy on the weights
+        furthest along the run whose replies pass in every view (``_candidates``). When none does, the policy is on
+        the furthest weights (the final ones included) whose replies pass in the first view (what people chatting
+        hear), else on the final weights (``kept`` = ``step``); the gate's guard then decides. ``passes``: "every
+        view", the view the kept weights pass in, or "none". ``known``: step -> the voice already measured of the
+        weights a checkpoint (or the final weights) holds after that step (the probe's), read instead of measured
+        again."""
         known = known or {}
-
-        def measured(step: int, checkpoint: Optional[Path] = None) -> dict:
-            if step in known:
-                return known[step]
-            if checkpoint is not None:
-                load_policy_weights(self.policy, checkpoint)
-            return self.measure()
-
-        now = measured(final_step)
+        now = known[final_step] if final_step in known else self.measure()
         reason = views_lost(now, start, self.gate)
         if reason is None:
             return None
         final = trainable_copy(self.policy)
         first = next(iter(self.samplers))
-        heard = final_step if views_lost({first: now[first]}, start, self.gate) is None else None
-        earlier = sorted(((int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
-                          if (m := STEP_DIR.match(d.name)) and int(m.group(1)) < final_step), reverse=True)
-        for step, checkpoint in earlier:
-            now = measured(step, checkpoint)
+        heard = None  # (step, blend, put) of the furthest weights whose first view passes
+        if views_lost({first: now[first]}, start, self.gate) is None:
+            heard = (final_step, None, lambda: restore(self.policy, final))
+        for step, blend, put in self._candidates(run_dir, final_step, final):
+            if blend is None and step in known:  # the probe's measure: the policy is not on these weights yet
+                now, loaded = known[step], False
+            else:
+                put()
+                now, loaded = self.measure(), True
             if views_lost(now, start, self.gate) is None:
-                if step in known:  # read from the probe's measures: the policy is not on this checkpoint yet
-                    load_policy_weights(self.policy, checkpoint)
-                log.warning("PPO voice check: %s after step %d; keeping the weights after step %d", reason,
-                            final_step, step)
-                return {"step": final_step, "kept": step, "reason": reason, "passes": "every view"}
+                if not loaded:
+                    put()
+                log.warning("PPO voice check: %s after step %d; keeping %s", reason, final_step, _kept(step, blend))
+                return {"step": final_step, "kept": step, "reason": reason, "passes": "every view",
+                        **({"blend": blend} if blend is not None else {})}
             if heard is None and views_lost({first: now[first]}, start, self.gate) is None:
-                heard = step
+                heard = (step, blend, put)
         passes = VIEWS.get(first, first) if heard is not None else "none"
-        if heard is None or heard == final_step:
-            restore(self.policy, final)
-            heard = final_step
-        else:
-            load_policy_weights(self.policy, dict(earlier)[heard])
-        log.warning("PPO voice check: %s after step %d, and no earlier checkpoint keeps the voice in every view; "
-                    "keeping the weights after step %d (passes: %s)", reason, final_step, heard, passes)
-        return {"step": final_step, "kept": heard, "reason": reason, "passes": passes}
+        step, blend, put = heard or (final_step, None, lambda: restore(self.policy, final))
+        put()
+        log.warning("PPO voice check: %s after step %d, and no earlier weights keep the voice in every view; "
+                    "keeping %s (passes: %s)", reason, final_step, _kept(step, blend), passes)
+        return {"step": final_step, "kept": step, "reason": reason, "passes": passes,
+                **({"blend": blend} if blend is not None else {})}
+
+
+def _kept(step: int, blend: Optional[float]) -> str:
+    """The weights the check keeps, in words."""
+    if blend is None:
+        return f"the weights after step {step}"
+    return f"{blend:.0%} of the change the run made by step {step} (a blend with the start)"
 
 
 class VoiceProbe:

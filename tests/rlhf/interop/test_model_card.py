@@ -410,9 +410,13 @@ def test_the_card_says_when_the_voice_check_went_back_to_earlier_weights(shipped
     reason = "repeated 3-grams 0.019 -> 0.096 (gate.max_repetition_ratio=2.0, gate.max_repetition_rise=0.02)"
     cards = []
     # went back to step 12; found no earlier weights that kept the voice; kept step 12's, whose sampled replies passed
-    for i, (kept, passes) in enumerate(((12, "every view"), (16, "none"), (12, "sampled replies"))):
+    # and (ppo.voice_check_blends) kept half the final weights' change, passing in every view or in one
+    cases = ((12, "every view", None), (16, "none", None), (12, "sampled replies", None), (16, "every view", 0.5),
+             (16, "sampled replies", 0.75))
+    for i, (kept, passes, blend) in enumerate(cases):
         checked = {**METRICS, "voice_watch/step": 16, "voice_watch/kept": kept, "voice_watch/of": 16,
-                   "voice_watch/reason": reason, "voice_watch/by": "check", "voice_watch/passes": passes}
+                   "voice_watch/reason": reason, "voice_watch/by": "check", "voice_watch/passes": passes,
+                   **({"voice_watch/blend": blend} if blend is not None else {})}
         version = publish_version(store, config, agent.name,
                                   make_adapter(shipped["local_base"], tmp_path / f"v{i}", seed=8 + i),
                                   parent_id=shipped["v1"].id, promote=False, job_id=None,
@@ -421,6 +425,8 @@ def test_the_card_says_when_the_voice_check_went_back_to_earlier_weights(shipped
         cards.append(render_card(card_facts(store, version)))
     assert "After step 16 of 16" in cards[0] and "kept the weights after step 12 (the voice check)" in cards[0]
     assert "found none" in cards[1] and "kept the weights" not in cards[1]
-    assert "No checkpoint passed" not in cards[0] + cards[1]
+    assert "No earlier weights passed" not in cards[0] + cards[1] + cards[3]
     assert "kept the weights after step 12" in cards[2] and "these weights' sampled replies did" in cards[2]
+    assert "it kept 50% of the change its training made" in cards[3] and "found none" not in cards[3]
+    assert "it kept 75% of the change" in cards[4] and "these weights' sampled replies did" in cards[4]
     assert all("Training stopped" not in card for card in cards)

@@ -273,6 +273,31 @@ def test_the_voice_check_samples_the_start_and_end_without_touching_training(tmp
     assert recorded["voice_watch/by"] == "check" and recorded["voice_watch/kept"] == stop["kept"]
 
 
+def test_the_voice_checks_blend_keeps_the_voice_where_no_checkpoint_does(tmp_path, few_words):
+    """``ppo.voice_check_blends`` on a real run, with the gate thresholds of the test above, where no checkpoint
+    keeps the voice: the starting weights are saved in ``run_dir/start`` (a fresh adapter: LoRA's B at zero), and
+    half of the final weights' change passes in every view, so it is kept: each published tensor is the unchecked
+    run's final one blended half way with the start. The training itself is the unchecked run's."""
+    common = ("ppo.steps=4", "ppo.save_every=1", "ppo.max_new_tokens=12", "ppo.eval_prompts=4")
+    free = train_ppo(ppo_config(tmp_path, few_words, *common), str(few_words), reply_length, PROMPTS, PROMPTS[:4],
+                     tmp_path / "free")
+    config = ppo_config(tmp_path, few_words, *common, "ppo.voice_check_tokens=24", "ppo.voice_check_blends=2",
+                        "gate.max_distinct_drop=1e-9", "gate.max_repetition_ratio=1", "gate.max_repetition_rise=0")
+    checked = train_ppo(config, str(few_words), reply_length, PROMPTS, PROMPTS[:4], tmp_path / "checked")
+    assert [m["voice/distinct2"] for m in checked.history] == [m["voice/distinct2"] for m in free.history]
+    start = adapter_tensors(tmp_path / "checked" / "start" / "adapter")
+    assert any("lora_B" in k for k in start) and all(torch.count_nonzero(w) == 0 for k, w in start.items()
+                                                     if "lora_B" in k)
+    stop = checked.voice_stop
+    assert (stop["step"], stop["kept"], stop["blend"], stop["passes"]) == (4, 4, 0.5, "every view")
+    unchecked, published = adapter_tensors(free.final_dir), adapter_tensors(checked.final_dir)
+    assert unchecked.keys() == published.keys() == start.keys()
+    for key in unchecked:
+        assert_close(published[key], start[key] + 0.5 * (unchecked[key] - start[key]))
+    from rlhf.training.methods import get_method
+    assert get_method("ppo").result_metrics(checked, 0)["voice_watch/blend"] == 0.5
+
+
 def test_each_loss_the_voice_probe_finds_raises_the_kl_coefficient(tmp_path, few_words):
     """Gate thresholds so small that any loss of variety or rise in repetition counts, probed after every step
     (deterministic: fixed seeds, one thread), on votes for a loop: each step whose weights lost the voice multiplies

@@ -107,6 +107,74 @@ def test_a_final_that_kept_its_voice_is_left_alone(policy, tmp_path):
     assert len(calls) == 1 and torch.all(marker(policy) == 2.0)
 
 
+def second(policy) -> torch.nn.Parameter:
+    """Another LoRA weight (the blends move every trainable weight, not only the marker)."""
+    return [p for p in policy.parameters() if p.requires_grad][1]
+
+
+def started(policy, run_dir, blends: int) -> VoiceCheck:
+    """A check with ``blends`` whose run started from weights with the marker and ``second`` at 0 (saved in
+    ``run_dir/start``)."""
+    with torch.no_grad():
+        marker(policy).fill_(0.0)
+        second(policy).fill_(0.0)
+    check = VoiceCheck(config(f"ppo.voice_check_blends={blends}"), policy, {})
+    check.keep_start(run_dir)
+    return check
+
+
+def test_a_blend_of_the_final_weights_with_the_start_is_tried_before_the_checkpoint_as_far_along(policy, tmp_path):
+    check = started(policy, tmp_path, blends=4)
+    with_checkpoints(policy, tmp_path, [2, 4])  # the final weights: the marker at 4
+    with torch.no_grad():
+        second(policy).fill_(8.0)
+    tried = []
+
+    def sample():
+        tried.append(marker(policy).flatten()[0].item())
+        return loops_after(2.5)(policy)
+    check.samplers = {"sampled": sample}
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4)
+    # final 4 loops, blend 3/4 (marker 3) loops, blend 1/2 (marker 2) passes: it is kept, before checkpoint 2
+    assert tried == [4.0, 3.0, 2.0]
+    assert stop == {"step": 4, "kept": 4, "blend": 0.5, "reason": stop["reason"], "passes": "every view"}
+    assert torch.allclose(marker(policy), torch.full_like(marker(policy), 2.0))
+    assert torch.allclose(second(policy), torch.full_like(second(policy), 4.0))  # half way from 0 to 8
+
+
+def test_a_later_checkpoint_that_keeps_the_voice_comes_before_an_earlier_blend(policy, tmp_path):
+    check = started(policy, tmp_path, blends=2)
+    with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
+    check.samplers = {"sampled": lambda: loops_after(3.5)(policy)}
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4)
+    assert (stop["kept"], "blend" in stop) == (3, False) and torch.all(marker(policy) == 3.0)
+
+
+def test_when_no_weights_keep_the_voice_in_every_view_the_furthest_heard_blend_is_kept(policy, tmp_path):
+    check = started(policy, tmp_path, blends=4)
+    with_checkpoints(policy, tmp_path, [2, 4])
+    check.samplers = {"sampled": lambda: loops_after(3.5)(policy), "gate": lambda: LOOPING}
+    stop = check.settle({"sampled": voice_of(VARIED), "gate": voice_of(VARIED)}, tmp_path, final_step=4)
+    assert (stop["kept"], stop["blend"], stop["passes"]) == (4, 0.75, "sampled replies")
+    assert torch.allclose(marker(policy), torch.full_like(marker(policy), 3.0))
+
+
+def test_blends_without_a_saved_start_fall_back_to_the_checkpoints(policy, tmp_path):
+    with_checkpoints(policy, tmp_path, [1, 2, 3, 4])
+    check = VoiceCheck(config("ppo.voice_check_blends=4"), policy, {"sampled": lambda: loops_after(1.5)(policy)})
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4)  # a run resumed from before blends
+    assert (stop["kept"], "blend" in stop) == (1, False)
+
+
+def test_blends_are_off_by_default_and_bad_counts_are_refused(policy, tmp_path):
+    assert config().ppo.voice_check_blends == 0
+    VoiceCheck(config(), policy, {}).keep_start(tmp_path)
+    assert not (tmp_path / "start").exists()  # nothing saved without blends
+    for bad in ("ppo.voice_check_blends=-1", "ppo.voice_check_blends=17", "ppo.voice_check_blends=0.5"):
+        with pytest.raises(ConfigError, match="ppo.voice_check_blends"):
+            config(bad)
+
+
 def test_each_view_is_checked_and_the_reason_names_the_one_that_lost_the_voice():
     gate = config().gate
     start = {"sampled": voice_of(VARIED), "gate": voice_of(VARIED)}
