@@ -118,9 +118,13 @@ class PPOConfig(Checked):
                                  "passed the sampled check and was refused by the guard for its greedy replies' "
                                  "repeated 3-grams (BENCHMARKS.md).", "guards")
     voice_check_blends: int = opt(0, "Voice check: besides the checkpoints, try the final weights' change from the "
-                                  "start scaled to (N-1)/N, ..., 1/N of itself (0 = off), furthest along first, a "
-                                  "blend before the checkpoint of equal progress (rlhf.training.ppo.voice_watch).",
-                                  "guards")
+                                  "start scaled to (N-1)/N, ..., 1/N of itself (0 = off), in the order "
+                                  "ppo.voice_check_blend_order gives (rlhf.training.ppo.voice_watch).", "guards")
+    voice_check_blend_order: str = opt("last", "Voice check with blends: 'last' tries them only after every "
+                                       "checkpoint has lost the voice (a run the check would otherwise refuse); "
+                                       "'progress' tries them among the checkpoints, furthest along first, a blend "
+                                       "before the checkpoint of equal progress (it learned less on five of six "
+                                       "cells: BENCHMARKS.md).", "guards")
     voice_probe_every: int = opt(0, "Voice probe (0 = off): every N steps measure the voice check's views of the "
                                  "policy; each time they have lost the voice, multiply the KL coefficient by "
                                  "ppo.voice_probe_kl (rlhf.training.ppo.voice_watch.VoiceProbe). Needs "
@@ -200,6 +204,7 @@ class PPOConfig(Checked):
                               "0 <= ppo.vote_smoothing < 0.5")
         if not 0 <= self.voice_check_blends <= 16:
             raise ConfigError(f"ppo.voice_check_blends must be in 0..16 (0 = off), got {self.voice_check_blends}")
+        one_of("ppo.voice_check_blend_order", self.voice_check_blend_order, ("last", "progress"))
         if self.voice_probe_every < 0 or not self.voice_probe_kl >= 1:
             raise ConfigError("ppo.voice_probe_every must be >= 0 (0 = off) and ppo.voice_probe_kl >= 1, got "
                               f"{self.voice_probe_every} and {self.voice_probe_kl}")

@@ -30,8 +30,11 @@ With ``ppo.voice_check_blends`` N the way back has more stops than the checkpoin
 the start, scaled to (N-1)/N, ..., 1/N of itself (the trainable weights interpolated toward the ones the run started
 from, saved in ``run_dir/start``). A blend goes back along the direction the whole run learned rather than to where
 the run was earlier, as WiSE-FT (Wortsman et al. 2022) and WARP's interpolation toward the initialisation (Ramé et
-al. 2024) do for fine-tuned and RL-tuned weights. Blends and checkpoints are tried together, furthest along first: a
-blend of a/1 sits at the progress of the checkpoint after step a x the final step, and is tried before it.
+al. 2024) do for fine-tuned and RL-tuned weights. By default (``ppo.voice_check_blend_order`` "last") the blends
+are tried, furthest first, only once every checkpoint has lost the voice: on the runs a checkpoint rescues, a blend
+of equal progress had learned less (BENCHMARKS.md), so blends are for the runs the guard would otherwise refuse.
+With "progress", blends and checkpoints are tried together, furthest along first: a blend of a/1 sits at the
+progress of the checkpoint after step a x the final step, and is tried before it.
 """
 from __future__ import annotations
 
@@ -154,13 +157,14 @@ def views_lost(now: dict, start: dict, gate) -> Optional[str]:
 class VoiceCheck:
     """The end-of-run voice check: ``measure`` reads the policy's voice on the eval prompts in each view
     (``samplers``: view -> a function returning the policy's replies, the same noise each call), ``settle`` keeps
-    the final weights, or the weights furthest along the run (a checkpoint, or with ``ppo.voice_check_blends`` a
-    blend of the final weights with the start) whose voice passes in every view."""
+    the final weights, or the first earlier weights in ``_candidates``' order (the checkpoints furthest along first,
+    and with ``ppo.voice_check_blends`` blends of the final weights with the start) whose voice passes in every
+    view."""
 
     def __init__(self, config, policy, samplers: dict):
         self.gate, self.policy = config.gate, policy
         self.samplers = samplers
-        self.blends = config.ppo.voice_check_blends
+        self.blends, self.blends_last = config.ppo.voice_check_blends, config.ppo.voice_check_blend_order == "last"
 
     @staticmethod
     def wanted(cfg) -> bool:
@@ -175,9 +179,10 @@ class VoiceCheck:
             save_policy(self.policy, Path(run_dir) / START, {"step": 0})
 
     def _candidates(self, run_dir: Path, final_step: int, final: dict) -> list[tuple]:
-        """``(step, blend, put)`` for every earlier weights the check may keep, furthest along first: the checkpoints
-        before ``final_step`` (``blend`` None) and the blends a/1 of ``final`` with the start (``step`` = the final
-        step); ``put()`` puts those weights into the policy."""
+        """``(step, blend, put)`` for every earlier weights the check may keep, in the order it tries them: the
+        checkpoints before ``final_step`` (``blend`` None) and the blends a/1 of ``final`` with the start (``step`` =
+        the final step), furthest along first, the blends after every checkpoint (order "last") or each before the
+        checkpoint as far along ("progress"); ``put()`` puts those weights into the policy."""
         found = [(int(m.group(1)), d) for d in checkpoints_dir(run_dir).glob("step-*")
                  if (m := STEP_DIR.match(d.name)) and 0 < int(m.group(1)) < final_step]
         out = [(step / final_step, 0, step, None, lambda d=d: load_policy_weights(self.policy, d)) for step, d in found]
@@ -192,7 +197,10 @@ class VoiceCheck:
                 a = k / self.blends
                 mixed = {n: begin[n] + a * (w - begin[n]) for n, w in final.items()}
                 out.append((a, 1, final_step, round(a, 4), lambda mixed=mixed: restore(self.policy, mixed)))
-        return [c[2:] for c in sorted(out, key=lambda c: (c[0], c[1]), reverse=True)]
+        ordered = sorted(out, key=lambda c: (c[0], c[1]), reverse=True)
+        if self.blends_last:
+            ordered.sort(key=lambda c: c[1])  # stable: checkpoints (0) before blends (1), each furthest first
+        return [c[2:] for c in ordered]
 
     def settle(self, start: dict, run_dir: Path, final_step: int, known: Optional[dict] = None) -> Optional[dict]:
         """None when the final weights keep the voice of ``start``; else ``{step, kept, reason, passes}`` (and

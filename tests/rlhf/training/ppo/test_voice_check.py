@@ -112,13 +112,13 @@ def second(policy) -> torch.nn.Parameter:
     return [p for p in policy.parameters() if p.requires_grad][1]
 
 
-def started(policy, run_dir, blends: int) -> VoiceCheck:
-    """A check with ``blends`` whose run started from weights with the marker and ``second`` at 0 (saved in
-    ``run_dir/start``)."""
+def started(policy, run_dir, blends: int, order: str = "progress") -> VoiceCheck:
+    """A check with ``blends`` tried in ``order`` whose run started from weights with the marker and ``second`` at 0
+    (saved in ``run_dir/start``)."""
     with torch.no_grad():
         marker(policy).fill_(0.0)
         second(policy).fill_(0.0)
-    check = VoiceCheck(config(f"ppo.voice_check_blends={blends}"), policy, {})
+    check = VoiceCheck(config(f"ppo.voice_check_blends={blends}", f"ppo.voice_check_blend_order={order}"), policy, {})
     check.keep_start(run_dir)
     return check
 
@@ -140,6 +140,39 @@ def test_a_blend_of_the_final_weights_with_the_start_is_tried_before_the_checkpo
     assert stop == {"step": 4, "kept": 4, "blend": 0.5, "reason": stop["reason"], "passes": "every view"}
     assert torch.allclose(marker(policy), torch.full_like(marker(policy), 2.0))
     assert torch.allclose(second(policy), torch.full_like(second(policy), 4.0))  # half way from 0 to 8
+
+
+def trying(policy, sample_after: float) -> tuple[list, callable]:
+    """The markers the check tries, in order, and a sampler whose replies loop above ``sample_after``."""
+    tried = []
+
+    def sample():
+        tried.append(round(marker(policy).flatten()[0].item(), 4))
+        return loops_after(sample_after)(policy)
+    return tried, sample
+
+
+def test_by_default_blends_are_tried_only_after_every_checkpoint_lost_the_voice(policy, tmp_path):
+    assert config().ppo.voice_check_blend_order == "last"
+    check = started(policy, tmp_path, blends=4, order="last")
+    with_checkpoints(policy, tmp_path, [2, 4])
+    tried, check.samplers["sampled"] = trying(policy, 2.5)
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4)
+    # final 4 loops; checkpoint 2 passes before any blend is read: what the check keeps without blends
+    assert tried == [4.0, 2.0] and (stop["kept"], "blend" in stop) == (2, False)
+
+
+def test_a_blend_is_kept_last_when_no_checkpoint_keeps_the_voice(policy, tmp_path):
+    check = started(policy, tmp_path, blends=4, order="last")
+    with_checkpoints(policy, tmp_path, [3, 4])
+    with torch.no_grad():
+        marker(policy).fill_(8.0)  # the final weights moved further than the checkpoint
+    tried, check.samplers["sampled"] = trying(policy, 2.5)
+    stop = check.settle({"sampled": voice_of(VARIED)}, tmp_path, final_step=4)
+    # the only checkpoint (3) loops; then blends 3/4 (6), 1/2 (4) and 1/4 (2): the last passes
+    assert tried == [8.0, 3.0, 6.0, 4.0, 2.0]
+    assert stop == {"step": 4, "kept": 4, "blend": 0.25, "reason": stop["reason"], "passes": "every view"}
+    assert torch.allclose(marker(policy), torch.full_like(marker(policy), 2.0))
 
 
 def test_a_later_checkpoint_that_keeps_the_voice_comes_before_an_earlier_blend(policy, tmp_path):
@@ -173,6 +206,8 @@ def test_blends_are_off_by_default_and_bad_counts_are_refused(policy, tmp_path):
     for bad in ("ppo.voice_check_blends=-1", "ppo.voice_check_blends=17", "ppo.voice_check_blends=0.5"):
         with pytest.raises(ConfigError, match="ppo.voice_check_blends"):
             config(bad)
+    with pytest.raises(ConfigError, match="ppo.voice_check_blend_order"):
+        config("ppo.voice_check_blend_order=first")
 
 
 def test_each_view_is_checked_and_the_reason_names_the_one_that_lost_the_voice():
