@@ -250,12 +250,13 @@ def test_the_voice_check_samples_the_start_and_end_without_touching_training(tmp
     """Gate thresholds so small that any loss of variety or rise in repetition counts. The check samples the start
     and the end on the eval prompts without touching training, so the checked run trains as the unchecked one on
     the same seeds. The six-word model's replies loop more from the first step on (distinct-2 0.033 -> 0.022 on
-    these prompts), so no checkpoint passes and the final weights stay; test_voice_check.py has the way back."""
+    these prompts), so no checkpoint passes and, without blends (the test below), the final weights stay;
+    test_voice_check.py has the way back."""
     common = ("ppo.steps=4", "ppo.save_every=1", "ppo.max_new_tokens=12", "ppo.eval_prompts=4")
     free = train_ppo(ppo_config(tmp_path, few_words, *common), str(few_words), reply_length, PROMPTS, PROMPTS[:4],
                      tmp_path / "free")
-    config = ppo_config(tmp_path, few_words, *common, "ppo.voice_check_tokens=24", "gate.max_distinct_drop=1e-9",
-                        "gate.max_repetition_ratio=1", "gate.max_repetition_rise=0")
+    config = ppo_config(tmp_path, few_words, *common, "ppo.voice_check_tokens=24", "ppo.voice_check_blends=0",
+                        "gate.max_distinct_drop=1e-9", "gate.max_repetition_ratio=1", "gate.max_repetition_rise=0")
     checked = train_ppo(config, str(few_words), reply_length, PROMPTS, PROMPTS[:4], tmp_path / "checked")
     assert [m["voice/distinct2"] for m in checked.history] == [m["voice/distinct2"] for m in free.history]
     start = json.loads((tmp_path / "checked" / "checkpoints" / "step-000001" / "trainer_state.json").read_text())
